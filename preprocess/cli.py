@@ -1,0 +1,192 @@
+"""``tilefeed``: preprocess, info, verify, bench and demo subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from preprocess.errors import TilefeedError
+from preprocess.format import CODECS
+from preprocess.settings import DEFAULT_MAX_PIXELS, FITS, MODES, RESAMPLERS
+
+EPILOG = """examples:
+  tilefeed preprocess ~/data/train store/train --size 256 --codec lz4
+  tilefeed preprocess scans.csv store/scans --mode grid --size 512 --stride 448 --codec jpeg
+  tilefeed info store/train
+  tilefeed verify store/train --deep
+  tilefeed bench --images ~/data/train --store store/train --loaders baseline,tilefeed
+"""
+
+
+def _colour(text: str) -> tuple[int, int, int]:
+    text = text.strip()
+    try:
+        if text.startswith("#") and len(text) == 7:
+            return (int(text[1:3], 16), int(text[3:5], 16), int(text[5:7], 16))
+        parts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or not all(0 <= p <= 255 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected R,G,B (0..255 each) or #rrggbb, got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tilefeed",
+        description="Pre-tile an image dataset into sharded Zarr v3, feed it to the GPU with DALI, "
+        "and measure how long training waits for data.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "preprocess", help="convert images into a tiled, sharded Zarr v3 store",
+        description="Decode every source image once, cut it into TxT RGB tiles and store them as a "
+        "sharded Zarr v3 array. Unusable inputs are listed in the store's rejects with a reason. "
+        "Rerunning the same command after an interruption resumes where it stopped.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC",
+                   help="folder with one subfolder per class, or a manifest (.csv or .jsonl of "
+                   "path,label; relative paths resolve against the manifest's folder)")
+    p.add_argument("out", metavar="OUT", help="store folder to create (new or empty)")
+    p.add_argument("--size", type=_positive, default=256, help="tile side T in pixels")
+    p.add_argument("--mode", choices=MODES, default="resize",
+                   help="resize: one tile per image; grid: cut each image into TxT tiles")
+    p.add_argument("--fit", choices=FITS, default="crop",
+                   help="resize mode: centre-crop the short side, pad the long side, or stretch")
+    p.add_argument("--stride", type=_positive, default=None,
+                   help="grid mode: pixels between tile origins (default: T, no overlap)")
+    p.add_argument("--resample", choices=sorted(RESAMPLERS), default="bicubic",
+                   help="antialiased resampling filter")
+    p.add_argument("--background", type=_colour, default=(255, 255, 255),
+                   help="R,G,B or #rrggbb under transparent pixels, pad borders and grid edges")
+    p.add_argument("--codec", choices=CODECS, default="lz4",
+                   help="tile codec: lz4 (blosc) or zstd are lossless and fast to read on the CPU; "
+                   "none stores raw pixels; jpeg is lossy and decodes on the GPU (nvJPEG)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --codec jpeg")
+    p.add_argument("--shard-size", type=_positive, default=1024, help="tiles per shard file")
+    p.add_argument("--workers", type=_positive, default=None,
+                   help="worker processes (default: all available cores)")
+    p.add_argument("--max-pixels", type=_positive, default=DEFAULT_MAX_PIXELS,
+                   help="reject larger images (decompression-bomb limit)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a tilefeed store already at OUT (other folders are never touched)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+
+    i = sub.add_parser("info", help="describe a store: samples, classes, codec, shards, rejects")
+    i.add_argument("store", metavar="STORE")
+    i.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    v = sub.add_parser("verify", help="check every shard index and chunk checksum (crc32c)",
+                       description="Exit 0 when the store is sound; otherwise print each problem, "
+                       "naming the shard file and sample, and exit 1.")
+    v.add_argument("store", metavar="STORE")
+    v.add_argument("--deep", action="store_true", help="also decode every tile")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    b = sub.add_parser("bench", help="benchmarks (see `tilefeed bench --help`)", add_help=False)
+    b.add_argument("args", nargs=argparse.REMAINDER)
+    d = sub.add_parser("demo", help="generate images, preprocess, benchmark: the end-to-end tour",
+                       add_help=False)
+    d.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "preprocess":
+            return _preprocess(args)
+        if args.command == "info":
+            return _info(args)
+        if args.command == "verify":
+            return _verify(args)
+        from bench import cli as bench_cli
+
+        if args.command == "bench":
+            return bench_cli.bench_main(args.args)
+        return bench_cli.demo_main(args.args)
+    except TilefeedError as e:
+        print(f"tilefeed: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tilefeed: interrupted (rerun the same command to resume)", file=sys.stderr)
+        return 130
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from preprocess.settings import StoreSettings, TileSettings
+    from preprocess.writer import preprocess, progress_bar
+
+    tiles = TileSettings(
+        size=args.size, mode=args.mode, fit=args.fit, stride=args.stride or 0,
+        resample=args.resample, background=args.background, max_pixels=args.max_pixels,
+    )
+    store = StoreSettings(codec=args.codec, quality=args.quality, shard_size=args.shard_size)
+    s = preprocess(
+        args.src, args.out, tiles, store, workers=args.workers, overwrite=args.overwrite,
+        progress=progress_bar(sys.stderr.isatty() and not args.quiet),
+    )
+    if not args.quiet:
+        state = "already complete, nothing to do" if s.up_to_date else f"{s.seconds:.1f} s"
+        rate = f", {s.sources / s.seconds:.0f} img/s" if s.seconds and not s.up_to_date else ""
+        print(f"{args.out}: {state}{rate}")
+        print(f"  sources {s.sources}: accepted {s.accepted}, rejected {s.rejected}")
+        for reason, n in s.rejects_by_reason.items():
+            print(f"    {n:>6}  {reason}")
+        print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
+        if s.resumed_parts:
+            print(f"  resumed: {s.resumed_parts} parts were already done")
+    if args.strict and s.rejected:
+        print(f"tilefeed: error: --strict: {s.rejected} inputs were rejected "
+              f"(see `tilefeed info {args.out}`)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from preprocess.inspect import format_info, info
+
+    d = info(args.store)
+    print(json.dumps(d, indent=2) if args.json else format_info(d))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from preprocess.format import load_attrs
+    from preprocess.inspect import verify
+
+    shards = load_attrs(args.store)["shards"]
+    with tqdm(total=shards, unit="shard", disable=args.quiet or not sys.stderr.isatty(),
+              file=sys.stderr) as bar:
+        problems = verify(args.store, deep=args.deep, on_shard=lambda: bar.update(1))
+    for line in problems:
+        print(line)
+    what = "decoded and checked" if args.deep else "checked"
+    if problems:
+        print(f"tilefeed: error: {len(problems)} problems in {args.store}", file=sys.stderr)
+        return 1
+    print(f"{args.store}: sound ({shards} shards {what})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

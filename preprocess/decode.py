@@ -1,0 +1,173 @@
+"""One source image -> RGB uint8 tiles, or a one-line reason it cannot be used.
+
+Everything a worker does per image lives here: open, size check, JPEG draft (DCT scaling),
+EXIF orientation, conversion of every PIL mode to RGB, and the resize or grid cut.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from preprocess.settings import TileSettings
+
+
+@dataclass(frozen=True)
+class Tiles:
+    pixels: np.ndarray  # (n, T, T, 3) uint8
+    rows: np.ndarray  # (n,) int32, grid row of each tile (0 in resize mode)
+    cols: np.ndarray  # (n,) int32
+
+
+class Rejected(Exception):
+    """A source image that cannot enter the store; str() is the one-line reason."""
+
+
+def load_tiles(path: str, settings: TileSettings) -> Tiles:
+    """Decode ``path`` and cut it into tiles; raises Rejected with the reason on any bad input."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise Rejected("missing: file not found") from None
+    except OSError as e:
+        raise Rejected(f"unreadable: {e.strerror or e}") from None
+    if size == 0:
+        raise Rejected("empty file (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PIL's per-file warnings become reasons or are noise
+            with Image.open(path) as im:
+                rgb = _to_rgb(_open_checked(im, settings), settings)
+    except Rejected:
+        raise
+    except UnidentifiedImageError:
+        raise Rejected("not an image: no decoder recognises the file") from None
+    except PermissionError as e:
+        raise Rejected(f"unreadable: {e.strerror}") from None
+    except Image.DecompressionBombError as e:
+        raise Rejected(f"too large: {e}") from None
+    except (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, MemoryError) as e:
+        # PIL reports truncated and corrupt streams with any of these.
+        raise Rejected(f"corrupt or truncated: {_one_line(e)}") from None
+    if settings.mode == "grid":
+        return _grid(rgb, settings)
+    tile = _fit(rgb, settings)
+    zero = np.zeros(1, dtype=np.int32)
+    return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:200]
+
+
+def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
+    width, height = im.size
+    if width * height > settings.max_pixels:
+        raise Rejected(
+            f"too large: {width}x{height} = {width * height} pixels exceeds "
+            f"--max-pixels {settings.max_pixels}"
+        )
+    if width < 1 or height < 1:
+        raise Rejected(f"corrupt: image size {width}x{height}")
+    if getattr(im, "n_frames", 1) > 1:
+        im.seek(0)  # animations: the first frame
+    if settings.mode == "resize" and im.format == "JPEG":
+        # DCT scaling: libjpeg decodes at 1/2, 1/4 or 1/8 scale while both sides stay >= T,
+        # which is enough for every fit mode and far cheaper than a full decode.
+        im.draft("RGB", (settings.size, settings.size))
+    im.load()
+    return ImageOps.exif_transpose(im) or im
+
+
+def _to_rgb(im: Image.Image, settings: TileSettings) -> Image.Image:
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info):
+        return _composite(im.convert("RGBA"), settings.background)
+    if mode in ("L", "1", "P", "CMYK", "YCbCr", "HSV"):
+        return im.convert("RGB")
+    if mode.startswith("I") or mode == "F":
+        return _wide_to_rgb(im)
+    if mode == "LAB":
+        from PIL import ImageCms
+
+        lab = ImageCms.createProfile("LAB")
+        srgb = ImageCms.createProfile("sRGB")
+        return ImageCms.profileToProfile(im, lab, srgb, outputMode="RGB")
+    raise Rejected(f"unsupported: PIL mode {mode}")
+
+
+def _composite(rgba: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+    canvas = Image.new("RGB", rgba.size, background)
+    canvas.paste(rgba, mask=rgba.getchannel("A"))
+    return canvas
+
+
+def _wide_to_rgb(im: Image.Image) -> Image.Image:
+    """16/32-bit integer and float greyscale -> 8-bit RGB without clipping.
+
+    Integer data is taken as 16-bit (scaled by 255/65535) when it fits in 16 bits, which is what
+    16-bit PNG and TIFF hold; floats in [0, 1] are scaled by 255; anything else is min-max scaled.
+    """
+    a = np.asarray(im)
+    if a.ndim == 3:
+        a = a[..., 0]
+    a = a.astype(np.float64)
+    if not np.isfinite(a).all():
+        a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+    lo, hi = float(a.min()), float(a.max())
+    if im.mode == "F" and lo >= 0.0 and hi <= 1.0:
+        scaled = a * 255.0
+    elif im.mode != "F" and lo >= 0 and hi <= 65535:
+        scaled = a * (255.0 / 65535.0)
+    else:
+        scaled = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
+    grey = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+    return Image.fromarray(np.repeat(grey[..., None], 3, axis=2), "RGB")
+
+
+def _fit(im: Image.Image, settings: TileSettings) -> Image.Image:
+    t = settings.size
+    w, h = im.size
+    resample = settings.resample_filter
+    if settings.fit == "stretch":
+        return im.resize((t, t), resample)
+    if settings.fit == "crop":
+        # Scale the short side to T and take the centre, in one resize over the source box.
+        side = min(w, h)
+        left, top = (w - side) / 2, (h - side) / 2
+        return im.resize((t, t), resample, box=(left, top, left + side, top + side))
+    scale = t / max(w, h)
+    nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+    canvas = Image.new("RGB", (t, t), settings.background)
+    canvas.paste(im.resize((nw, nh), resample), ((t - nw) // 2, (t - nh) // 2))
+    return canvas
+
+
+def grid_positions(length: int, tile: int, stride: int) -> list[int]:
+    """Tile origins along one axis: every ``stride`` pixels until the image is covered."""
+    count = 1 if length <= tile else math.ceil((length - tile) / stride) + 1
+    return [i * stride for i in range(count)]
+
+
+def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
+    t = settings.size
+    a = np.asarray(im, dtype=np.uint8)
+    h, w = a.shape[:2]
+    ys, xs = grid_positions(h, t, settings.stride), grid_positions(w, t, settings.stride)
+    n = len(ys) * len(xs)
+    tiles = np.empty((n, t, t, 3), dtype=np.uint8)
+    tiles[...] = np.asarray(settings.background, dtype=np.uint8)  # edge tiles are padded
+    rows = np.repeat(np.arange(len(ys), dtype=np.int32), len(xs))
+    cols = np.tile(np.arange(len(xs), dtype=np.int32), len(ys))
+    for k, (r, c) in enumerate(zip(rows, cols)):
+        patch = a[ys[r] : ys[r] + t, xs[c] : xs[c] + t]
+        tiles[k, : patch.shape[0], : patch.shape[1]] = patch
+    return Tiles(tiles, rows, cols)

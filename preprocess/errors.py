@@ -1,0 +1,42 @@
+"""Every error tilefeed raises on purpose.
+
+Each also subclasses the builtin a caller would naturally catch, so ``except ValueError`` and
+``except OSError`` keep working; messages name the parameter or file and say what to do.
+"""
+
+from __future__ import annotations
+
+
+class TilefeedError(Exception):
+    """Base of all tilefeed errors."""
+
+
+class ConfigError(TilefeedError, ValueError):
+    """An option has a value tilefeed cannot use."""
+
+
+class SourceError(TilefeedError, ValueError):
+    """The image source (folder tree or manifest) is missing, empty or malformed."""
+
+
+class StoreExistsError(TilefeedError, FileExistsError):
+    """The output folder already holds something that is not this run's store."""
+
+
+class StoreFormatError(TilefeedError, ValueError):
+    """A folder is not a complete tilefeed store of a version this code reads."""
+
+
+class StoreWriteError(TilefeedError, OSError):
+    """Writing the store failed (disk full, permissions); the partial store can be resumed."""
+
+
+class CorruptChunkError(TilefeedError, OSError):
+    """A shard index or chunk failed its crc32c check or does not decode."""
+
+    def __init__(self, shard: str, sample: int | None, detail: str) -> None:
+        where = f"sample {sample}" if sample is not None else "shard index"
+        super().__init__(f"{shard}: {where}: {detail}")
+        self.shard = shard
+        self.sample = sample
+        self.detail = detail

@@ -1,0 +1,257 @@
+"""The store format: the one contract between the writer (preprocess) and the reader (pipeline).
+
+A tilefeed store is a Zarr v3 group. ``images`` is a uint8 array of shape (N, T, T, 3) with one
+tile per chunk, packed S tiles to a shard by the ``sharding_indexed`` codec. Each shard file is
+the concatenation of its encoded chunks followed by the shard index: S pairs of little-endian
+uint64 (offset, nbytes) and a crc32c of those bytes. Every encoded chunk ends with its own crc32c
+(the ``crc32c`` codec is the last of the inner codecs), so a reader can check any tile alone.
+
+Both sides use the functions here; neither re-derives offsets, names or codec settings.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import crc32c as _crc32c
+import numpy as np
+from numcodecs import Blosc, Zstd
+
+from preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
+
+FORMAT_NAME: Final = "tilefeed"
+FORMAT_VERSION: Final = 1
+ATTRS_KEY: Final = "tilefeed"  # group attribute holding the store description; written last
+
+IMAGES: Final = "images"
+LABELS: Final = "labels"
+SOURCES: Final = "sources"  # index of the source image of each tile, into the sorted source list
+ROWS: Final = "rows"  # grid mode: tile row within its source image
+COLS: Final = "cols"  # grid mode: tile column within its source image
+SOURCE_PATHS: Final = "source_paths"  # the sorted source list, as UTF-8 strings
+
+CODECS: Final = ("lz4", "zstd", "none", "jpeg")
+JPEG_CODEC_ID: Final = "tilefeed.jpeg"
+JPEG_SUBSAMPLING: Final = "4:4:4"  # full chroma: tiles are training data, not thumbnails
+LZ4_LEVEL: Final = 5
+ZSTD_LEVEL: Final = 3
+
+CRC_NBYTES: Final = 4
+EMPTY_CHUNK: Final = np.uint64(2**64 - 1)  # offset/nbytes of a chunk that is not written
+
+
+def crc32c(data: bytes | memoryview | np.ndarray) -> int:
+    return int(_crc32c.crc32c(data))
+
+
+def crc_bytes(data: bytes | memoryview | np.ndarray) -> bytes:
+    return crc32c(data).to_bytes(4, "little")
+
+
+def shard_count(samples: int, tiles_per_shard: int) -> int:
+    return -(-samples // tiles_per_shard)
+
+
+def shard_relpath(shard: int) -> str:
+    """The shard file's key under the store root (zarr's default '/'-separated chunk keys)."""
+    return f"{IMAGES}/c/{shard}/0/0/0"
+
+
+def shard_path(root: Path, shard: int) -> Path:
+    return root / shard_relpath(shard)
+
+
+def index_nbytes(tiles_per_shard: int) -> int:
+    return 16 * tiles_per_shard + CRC_NBYTES
+
+
+def encode_index(offsets: np.ndarray) -> bytes:
+    """(S, 2) uint64 (offset, nbytes) -> the shard index bytes, crc32c appended."""
+    raw = np.ascontiguousarray(offsets, dtype="<u8").tobytes()
+    return raw + crc_bytes(raw)
+
+
+def decode_index(buf: bytes | memoryview, tiles_per_shard: int, shard_name: str) -> np.ndarray:
+    """Shard index bytes -> (S, 2) uint64, after checking the crc32c."""
+    expected = index_nbytes(tiles_per_shard)
+    if len(buf) != expected:
+        raise CorruptChunkError(shard_name, None, f"index is {len(buf)} bytes, expected {expected}")
+    raw = memoryview(buf)[:-CRC_NBYTES]
+    if crc_bytes(raw) != bytes(buf[-CRC_NBYTES:]):
+        raise CorruptChunkError(shard_name, None, "index crc32c mismatch")
+    return np.frombuffer(raw, dtype="<u8").reshape(tiles_per_shard, 2)
+
+
+@dataclass(frozen=True)
+class TileCodec:
+    """Encodes one (T, T, 3) uint8 tile into chunk bytes (crc32c appended) and back.
+
+    This is the fast path both sides share: plain numcodecs/PIL calls, no zarr machinery, and
+    byte-for-byte what zarr-python writes and reads for the codecs ``zarr_codecs`` declares.
+    """
+
+    name: str
+    tile: int
+    quality: int = 90
+
+    def __post_init__(self) -> None:
+        if self.name not in CODECS:
+            raise ConfigError(f"codec must be one of {', '.join(CODECS)}, got {self.name!r}")
+        if not 1 <= self.quality <= 100:
+            raise ConfigError(f"quality must be in 1..100, got {self.quality}")
+        if self.tile < 8:
+            raise ConfigError(f"tile size must be at least 8 pixels, got {self.tile}")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.tile, self.tile, 3)
+
+    @property
+    def is_image_coded(self) -> bool:
+        """True when chunk payloads are images a decoder (nvJPEG) reads, not raw pixels."""
+        return self.name == "jpeg"
+
+    def encode(self, tile: np.ndarray) -> bytes:
+        if tile.shape != self.shape or tile.dtype != np.uint8:
+            raise ValueError(f"tile must be uint8 {self.shape}, got {tile.dtype} {tile.shape}")
+        payload = self._compress(np.ascontiguousarray(tile))
+        return payload + crc_bytes(payload)
+
+    def _compress(self, tile: np.ndarray) -> bytes:
+        if self.name == "lz4":
+            return bytes(_blosc_lz4().encode(tile))
+        if self.name == "zstd":
+            return bytes(Zstd(level=ZSTD_LEVEL).encode(tile))
+        if self.name == "none":
+            return tile.tobytes()
+        return encode_jpeg(tile, self.quality)
+
+    def decode(self, payload: bytes | memoryview, out: np.ndarray | None = None) -> np.ndarray:
+        """Chunk payload (crc32c already stripped) -> (T, T, 3) uint8."""
+        if out is None:
+            out = np.empty(self.shape, dtype=np.uint8)
+        if self.name == "lz4":
+            _blosc_lz4().decode(payload, out=out)
+        elif self.name == "zstd":
+            Zstd().decode(payload, out=out)
+        elif self.name == "none":
+            out[...] = np.frombuffer(payload, dtype=np.uint8).reshape(self.shape)
+        else:
+            out[...] = decode_jpeg(payload)
+        return out
+
+
+def _blosc_lz4() -> Blosc:
+    return Blosc(cname="lz4", clevel=LZ4_LEVEL, shuffle=Blosc.NOSHUFFLE, blocksize=0)
+
+
+def encode_jpeg(tile: np.ndarray, quality: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(tile, "RGB").save(buf, "JPEG", quality=quality, subsampling=JPEG_SUBSAMPLING)
+    return buf.getvalue()
+
+
+def decode_jpeg(payload: bytes | memoryview) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(payload)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def zarr_codecs(codec: str, quality: int) -> dict[str, Any]:
+    """The serializer and compressors zarr.create_array needs to declare ``images``'s inner codecs."""
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
+
+    from preprocess.jpeg_codec import JpegCodec
+
+    serializer: Any = JpegCodec(quality=quality) if codec == "jpeg" else BytesCodec()
+    compressors: list[Any] = {
+        "lz4": [BloscCodec(cname="lz4", clevel=LZ4_LEVEL, shuffle="noshuffle", typesize=1)],
+        "zstd": [ZstdCodec(level=ZSTD_LEVEL)],
+        "none": [],
+        "jpeg": [],
+    }[codec]
+    return {"serializer": serializer, "compressors": [*compressors, Crc32cCodec()]}
+
+
+WORK_DIR: Final = ".tilefeed-partial"  # present while a store is being written
+
+
+def read_attrs(root: Path) -> dict[str, Any] | None:
+    """The store's tilefeed attributes, or None when the group metadata is absent or not ours."""
+    try:
+        meta = json.loads((root / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return None
+    attrs = meta.get("attributes", {}).get(ATTRS_KEY) if isinstance(meta, dict) else None
+    return attrs if isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME else None
+
+
+def load_attrs(root: str | Path) -> dict[str, Any]:
+    """The attributes of a complete tilefeed store this code can read, or a StoreFormatError."""
+    root = Path(root)
+    if not root.is_dir():
+        raise StoreFormatError(f"store {str(root)!r} does not exist or is not a folder")
+    attrs = read_attrs(root)
+    if attrs is None:
+        if (root / WORK_DIR).exists():
+            raise StoreFormatError(
+                f"store {str(root)!r} is incomplete: preprocessing did not finish; rerun the same "
+                "`tilefeed preprocess` command to resume it"
+            )
+        raise StoreFormatError(f"{str(root)!r} is not a tilefeed store (no tilefeed group metadata)")
+    version = attrs.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise StoreFormatError(
+            f"store {str(root)!r} has format version {version}; this tilefeed reads versions up to "
+            f"{FORMAT_VERSION}: upgrade tilefeed"
+        )
+    return attrs
+
+
+class ShardFile:
+    """One shard, memory-mapped, its index parsed once; chunks come out as crc-checked views."""
+
+    def __init__(self, root: Path, shard: int, tiles_per_shard: int) -> None:
+        self.path = shard_path(root, shard)
+        self.first = shard * tiles_per_shard
+        try:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise CorruptChunkError(str(self.path), None, f"cannot map shard: {e}") from None
+        self._view = memoryview(self._map)
+        tail = index_nbytes(tiles_per_shard)
+        if len(self._view) < tail:
+            raise CorruptChunkError(str(self.path), None, "file is shorter than its index")
+        self.index = decode_index(self._view[-tail:], tiles_per_shard, str(self.path)).copy()
+        self._data_end = len(self._view) - tail
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.index[:, 0] != EMPTY_CHUNK))
+
+    def chunk(self, local: int, check: bool = True) -> memoryview:
+        """The payload (crc32c stripped) of this shard's ``local``-th tile."""
+        offset, nbytes = (int(v) for v in self.index[local])
+        sample = self.first + local
+        if offset == int(EMPTY_CHUNK) or nbytes < CRC_NBYTES or offset + nbytes > self._data_end:
+            raise CorruptChunkError(str(self.path), sample, f"index entry ({offset}, {nbytes}) is invalid")
+        data = self._view[offset : offset + nbytes]
+        payload = data[:-CRC_NBYTES]
+        if check and crc_bytes(payload) != bytes(data[-CRC_NBYTES:]):
+            raise CorruptChunkError(str(self.path), sample, "chunk crc32c mismatch")
+        return payload
+
+    def close(self) -> None:
+        try:
+            self._view.release()
+            self._map.close()
+        except BufferError:
+            pass  # a caller still holds a chunk view; the map closes when the last one goes

@@ -1,0 +1,105 @@
+"""Describe a store (``tilefeed info``) and check it end to end (``tilefeed verify``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from preprocess import format as fmt
+from preprocess.errors import CorruptChunkError
+
+
+def info(store: str | Path) -> dict[str, Any]:
+    root = Path(store)
+    attrs = fmt.load_attrs(root)
+    on_disk = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return {
+        "path": str(root),
+        "format": f"{attrs['format']} v{attrs['version']}",
+        "samples": attrs["samples"],
+        "sources": attrs["sources"],
+        "accepted": attrs["accepted"],
+        "rejected": attrs["rejected"],
+        "classes": attrs["classes"],
+        "tile": attrs["tile"],
+        "codec": attrs["codec"],
+        "quality": attrs["quality"],
+        "shard_size": attrs["shard_size"],
+        "shards": attrs["shards"],
+        "bytes": on_disk,
+        "made": attrs["made"],
+        "rejects": attrs["rejects"],
+    }
+
+
+def format_info(d: dict[str, Any], max_rejects: int = 20) -> str:
+    made = ", ".join(f"{k}={v}" for k, v in d["made"].items())
+    classes = d["classes"]
+    shown = ", ".join(classes[:8]) + (f", ... ({len(classes)} in all)" if len(classes) > 8 else "")
+    lines = [
+        f"store      {d['path']}  ({d['format']})",
+        f"samples    {d['samples']} tiles from {d['accepted']} of {d['sources']} sources "
+        f"({d['rejected']} rejected)",
+        f"tile       {'x'.join(map(str, d['tile']))} uint8, codec {d['codec']}"
+        + (f" q{d['quality']}" if d["quality"] else ""),
+        f"shards     {d['shards']} x {d['shard_size']} tiles, {d['bytes'] / 2**20:.1f} MiB on disk",
+        f"classes    {len(classes)}: {shown}",
+        f"made with  {made}",
+    ]
+    for r in d["rejects"][:max_rejects]:
+        lines.append(f"rejected   {r['path']}: {r['reason']}")
+    if len(d["rejects"]) > max_rejects:
+        lines.append(f"rejected   ... and {len(d['rejects']) - max_rejects} more (see --json)")
+    return "\n".join(lines)
+
+
+def verify(
+    store: str | Path, *, deep: bool = False, on_shard: Callable[[], None] | None = None
+) -> list[str]:
+    """Every problem found, one line each naming the shard and sample; empty when sound."""
+    import zarr
+
+    root = Path(store)
+    attrs = fmt.load_attrs(root)
+    samples, per_shard, tile = attrs["samples"], attrs["shard_size"], attrs["tile"][0]
+    codec = fmt.TileCodec(attrs["codec"], tile, attrs["quality"] or 90)
+    problems: list[str] = []
+    group = zarr.open_group(str(root), mode="r")
+    for name in (fmt.IMAGES, fmt.LABELS, fmt.SOURCES):
+        if name not in group or group[name].shape[0] != samples:
+            problems.append(f"array {name!r} is missing or does not hold {samples} entries")
+    labels = np.asarray(group[fmt.LABELS][:]) if fmt.LABELS in group else np.zeros(0)
+    if labels.size and (labels.min() < 0 or labels.max() >= len(attrs["classes"])):
+        problems.append(f"labels fall outside 0..{len(attrs['classes']) - 1}")
+    for shard in range(attrs["shards"]):
+        problems += _verify_shard(root, shard, per_shard, samples, codec, deep)
+        if on_shard:
+            on_shard()
+    return problems
+
+
+def _verify_shard(
+    root: Path, shard: int, per_shard: int, samples: int, codec: fmt.TileCodec, deep: bool
+) -> list[str]:
+    try:
+        f = fmt.ShardFile(root, shard, per_shard)
+    except CorruptChunkError as e:
+        return [str(e)]
+    problems = []
+    held = min(per_shard, samples - shard * per_shard)
+    if len(f) != held:
+        problems.append(f"{f.path}: index lists {len(f)} chunks, expected {held}")
+    for local in range(held):
+        try:
+            payload = f.chunk(local)
+            if deep:
+                codec.decode(payload)
+        except CorruptChunkError as e:
+            problems.append(str(e))
+        except Exception as e:  # noqa: BLE001 - any decoder failure is a finding, not a crash
+            problems.append(f"{f.path}: sample {shard * per_shard + local}: does not decode: {e}")
+    f.close()
+    return problems

@@ -1,0 +1,70 @@
+"""Shared fixtures: every test makes its own images."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def photo(seed: int, width: int, height: int) -> Image.Image:
+    """A smooth random picture: JPEG-friendly, and different per seed."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    return Image.fromarray(coarse, "RGB").resize((width, height), Image.Resampling.BICUBIC)
+
+
+def write_folder(root: Path, classes: int = 3, per_class: int = 5, size: tuple[int, int] = (96, 72),
+                 seed: int = 0) -> Path:
+    for c in range(classes):
+        d = root / f"c{c}"
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            photo(seed * 1000 + c * 100 + i, *size).save(d / f"{i:03d}.jpg", quality=92)
+    return root
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    return write_folder(tmp_path / "src")
+
+
+@pytest.fixture
+def bad_folder(tmp_path: Path) -> Path:
+    """A class tree with one good image and one of every kind of bad input."""
+    root = write_folder(tmp_path / "src", classes=2, per_class=2)
+    bad = root / "c1"
+    (bad / "zero.jpg").write_bytes(b"")
+    good = (root / "c0" / "000.jpg").read_bytes()
+    (bad / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (bad / "text.jpg").write_text("not an image at all")
+    corrupt = bytearray(good)
+    corrupt[200:400] = os.urandom(200)
+    (bad / "garbled.jpg").write_bytes(bytes(corrupt[:300]))
+    photo(7, 400, 300).save(bad / "huge.png")  # over the --max-pixels the tests set
+    return root

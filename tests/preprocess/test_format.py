@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from preprocess import format as fmt
+from preprocess.errors import CorruptChunkError, StoreFormatError
+from tests.conftest import photo
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.parametrize("codec", fmt.CODECS)
+@pytest.mark.parametrize("tile", [16, 64])
+def test_tile_codec_round_trip(codec: str, tile: int) -> None:
+    pixels = np.asarray(photo(tile, tile, tile))
+    tc = fmt.TileCodec(codec, tile, quality=95)
+    chunk = tc.encode(pixels)
+    assert fmt.crc_bytes(chunk[:-4]) == chunk[-4:]
+    back = tc.decode(chunk[:-4])
+    if codec == "jpeg":
+        assert psnr(pixels, back) > 35
+    else:
+        np.testing.assert_array_equal(back, pixels)
+
+
+@pytest.mark.parametrize("codec", fmt.CODECS)
+def test_chunks_and_index_match_what_zarr_writes(tmp_path: Path, codec: str) -> None:
+    """The fast encoder and zarr-python's sharding codec produce the very same shard bytes."""
+    t, s, n = 16, 4, 6
+    data = np.stack([np.asarray(photo(i, t, t)) for i in range(n)])
+    arr = zarr.create_array(str(tmp_path), name=fmt.IMAGES, shape=(n, t, t, 3), dtype="uint8",
+                            chunks=(1, t, t, 3), shards=(s, t, t, 3), fill_value=0,
+                            **fmt.zarr_codecs(codec, 90))
+    arr[:] = data
+    tc = fmt.TileCodec(codec, t, 90)
+    for shard in range(fmt.shard_count(n, s)):
+        raw = fmt.shard_path(tmp_path, shard).read_bytes()
+        index = fmt.decode_index(raw[-fmt.index_nbytes(s):], s, "x")
+        for local in range(s):
+            sample = shard * s + local
+            offset, nbytes = (int(v) for v in index[local])
+            if sample >= n:
+                assert index[local, 0] == fmt.EMPTY_CHUNK
+                continue
+            assert raw[offset : offset + nbytes] == tc.encode(data[sample])
+        f = fmt.ShardFile(tmp_path, shard, s)
+        assert len(f) == min(s, n - shard * s)
+        f.close()
+
+
+def test_index_corruption_is_named(tmp_path: Path) -> None:
+    index = np.array([[0, 10], [10, 10]], dtype=np.uint64)
+    raw = bytearray(fmt.encode_index(index))
+    np.testing.assert_array_equal(fmt.decode_index(bytes(raw), 2, "s"), index)
+    raw[3] ^= 0xFF
+    with pytest.raises(CorruptChunkError, match="s: shard index: index crc32c mismatch"):
+        fmt.decode_index(bytes(raw), 2, "s")
+
+
+def test_codec_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="codec must be one of"):
+        fmt.TileCodec("png", 16)
+    with pytest.raises(ValueError, match="quality"):
+        fmt.TileCodec("jpeg", 16, quality=0)
+
+
+def test_load_attrs_refuses_what_is_not_a_complete_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreFormatError, match="does not exist"):
+        fmt.load_attrs(tmp_path / "none")
+    with pytest.raises(StoreFormatError, match="not a tilefeed store"):
+        fmt.load_attrs(tmp_path)
+    (tmp_path / fmt.WORK_DIR).mkdir()
+    with pytest.raises(StoreFormatError, match="incomplete"):
+        fmt.load_attrs(tmp_path)
+    zarr.open_group(str(tmp_path), mode="a").update_attributes(
+        {fmt.ATTRS_KEY: {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION + 1}})
+    with pytest.raises(StoreFormatError, match="upgrade tilefeed"):
+        fmt.load_attrs(tmp_path)
