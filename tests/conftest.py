@@ -63,8 +63,9 @@ def bad_folder(tmp_path: Path) -> Path:
     good = (root / "c0" / "000.jpg").read_bytes()
     (bad / "truncated.jpg").write_bytes(good[: len(good) // 2])
     (bad / "text.jpg").write_text("not an image at all")
-    corrupt = bytearray(good)
-    corrupt[200:400] = os.urandom(200)
-    (bad / "garbled.jpg").write_bytes(bytes(corrupt[:300]))
+    photo(3, 64, 64).save(bad / "garbled.png")
+    png = bytearray((bad / "garbled.png").read_bytes())
+    png[len(png) // 2 : len(png) // 2 + 16] = os.urandom(16)  # breaks the IDAT crc / zlib stream
+    (bad / "garbled.png").write_bytes(bytes(png))
     photo(7, 400, 300).save(bad / "huge.png")  # over the --max-pixels the tests set
     return root

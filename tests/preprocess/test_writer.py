@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from preprocess import StoreSettings, TileSettings, preprocess
+from preprocess import format as fmt
+from preprocess.errors import SourceError, StoreExistsError, StoreFormatError
+from preprocess.inspect import info, verify
+from tests.conftest import photo, tree_bytes, write_folder
+
+SMALL = TileSettings(size=32)
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "preprocess.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("codec", fmt.CODECS)
+def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec: str) -> None:
+    out = tmp_path / "store"
+    summary = preprocess(image_folder, out, SMALL, StoreSettings(codec=codec, shard_size=4),
+                         workers=1)
+    assert (summary.sources, summary.accepted, summary.tiles, summary.shards) == (15, 15, 15, 4)
+    group = zarr.open_group(str(out), mode="r")
+    images = group["images"]
+    assert images.shape == (15, 32, 32, 3) and images.dtype == np.uint8
+    assert list(group["labels"][:]) == [0] * 5 + [1] * 5 + [2] * 5
+    assert list(group["sources"][:]) == list(range(15))
+    paths = sorted(image_folder.rglob("*.jpg"))
+    assert list(group["source_paths"][:]) == [str(p) for p in paths]
+    codec_obj = fmt.TileCodec(codec, 32)
+    for i in (0, 6, 14):
+        tile = images[i]
+        assert tile.shape == (32, 32, 3)
+        shard = fmt.ShardFile(out, i // 4, 4)
+        np.testing.assert_array_equal(codec_obj.decode(shard.chunk(i % 4)), tile)
+        shard.close()
+    assert not (out / fmt.WORK_DIR).exists()
+    assert verify(out, deep=True) == []
+
+
+def test_bad_inputs_are_listed_and_nothing_is_lost(tmp_path: Path, bad_folder: Path) -> None:
+    (bad_folder / "stray.jpg").write_bytes(b"outside any class")
+    out = tmp_path / "store"
+    s = preprocess(bad_folder, out, TileSettings(size=32, max_pixels=100_000), workers=2)
+    d = info(out)
+    assert d["sources"] == 2 + 2 + 5 + 1
+    assert d["accepted"] + d["rejected"] == d["sources"]
+    assert (s.accepted, s.rejected, s.tiles) == (4, 6, 4) and d["samples"] == 4
+    reasons = {Path(r["path"]).name: r["reason"] for r in d["rejects"]}
+    assert reasons.keys() == {"zero.jpg", "truncated.jpg", "text.jpg", "garbled.png", "huge.png",
+                              "stray.jpg"}
+    assert reasons["huge.png"].startswith("too large")
+    assert reasons["stray.jpg"] == "outside any class folder"
+    assert set(s.rejects_by_reason) >= {"empty file (0 bytes)", "too large", "not an image"}
+
+
+def test_grid_mode_stores_provenance(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    photo(1, 100, 64).save(src / "0.png")
+    photo(2, 40, 40).save(src / "1.png")
+    out = tmp_path / "store"
+    preprocess(tmp_path / "src", out, TileSettings(size=32, mode="grid"), StoreSettings(codec="none"),
+               workers=1)
+    g = zarr.open_group(str(out), mode="r")
+    assert list(g["sources"][:]) == [0] * 8 + [1] * 4
+    assert list(g["rows"][:]) == [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1]
+    assert list(g["cols"][:]) == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 0, 1]
+    full = np.asarray(photo(1, 100, 64))
+    np.testing.assert_array_equal(g["images"][5], full[32:64, 32:64])
+
+
+def test_store_is_the_same_for_any_worker_count(tmp_path: Path) -> None:
+    src = write_folder(tmp_path / "src", classes=2, per_class=80)  # several parts
+    stores = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        preprocess(src, out, SMALL, StoreSettings(shard_size=50), workers=workers)
+        stores.append(tree_bytes(out))
+    assert stores[0] == stores[1]
+
+
+def test_manifests(tmp_path: Path, image_folder: Path) -> None:
+    files = sorted(image_folder.rglob("*.jpg"))[:4]
+    csv = tmp_path / "m.csv"
+    csv.write_text("path,label\n" + "".join(
+        f"{p.relative_to(tmp_path)},{'cat' if i % 2 else 'dog'}\n" for i, p in enumerate(files)))
+    preprocess(csv, tmp_path / "a", SMALL, workers=1)
+    g = zarr.open_group(str(tmp_path / "a"), mode="r")
+    assert g.attrs["tilefeed"]["classes"] == ["cat", "dog"] and list(g["labels"][:]) == [1, 0, 1, 0]
+    jsonl = tmp_path / "m.jsonl"
+    jsonl.write_text("".join(json.dumps({"path": str(p), "label": 3}) + "\n" for p in files))
+    preprocess(jsonl, tmp_path / "b", SMALL, workers=1)
+    g = zarr.open_group(str(tmp_path / "b"), mode="r")
+    assert g.attrs["tilefeed"]["classes"] == ["0", "1", "2", "3"] and list(g["labels"][:]) == [3] * 4
+    jsonl.write_text('{"path": "x.jpg"}\n')
+    with pytest.raises(SourceError, match="m.jsonl:1"):
+        preprocess(jsonl, tmp_path / "c", SMALL, workers=1)
+
+
+def test_output_folder_rules(tmp_path: Path, image_folder: Path) -> None:
+    out = tmp_path / "store"
+    first = preprocess(image_folder, out, SMALL, workers=1)
+    again = preprocess(image_folder, out, SMALL, workers=1)
+    assert again.up_to_date and again.tiles == first.tiles
+    with pytest.raises(StoreExistsError, match="--overwrite"):
+        preprocess(image_folder, out, TileSettings(size=48), workers=1)
+    preprocess(image_folder, out, TileSettings(size=48), workers=1, overwrite=True)
+    assert info(out)["tile"] == [48, 48, 3]
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    with pytest.raises(StoreExistsError, match="holds no tilefeed store"):
+        preprocess(image_folder, foreign, SMALL, workers=1, overwrite=True)
+    assert (foreign / "keep.txt").read_text() == "mine"
+
+
+def test_empty_or_missing_sources(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="does not exist"):
+        preprocess(tmp_path / "nope", tmp_path / "o", SMALL)
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    with pytest.raises(SourceError, match="holds no images"):
+        preprocess(tmp_path / "empty", tmp_path / "o", SMALL)
+    (tmp_path / "empty" / "a" / "x.jpg").write_bytes(b"")
+    with pytest.raises(SourceError, match="no usable image among 1 inputs"):
+        preprocess(tmp_path / "empty", tmp_path / "o", SMALL, workers=1)
+    with pytest.raises(StoreFormatError, match="incomplete"):
+        fmt.load_attrs(tmp_path / "o")
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, image_folder: Path) -> None:
+    r = run_cli("preprocess", str(tmp_path / "missing"), str(tmp_path / "o"))
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "does not exist" in r.stderr
+    r = run_cli("preprocess", str(image_folder), str(tmp_path / "o"), "--size", "0")
+    assert r.returncode == 2 and "--size" in r.stderr
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.geteuid() != 0:  # root ignores permissions
+        r = run_cli("preprocess", str(image_folder), str(locked / "o"))
+        assert r.returncode == 1 and "cannot write" in r.stderr
+
+
+def test_cli_summary_strict_info_and_verify(tmp_path: Path, bad_folder: Path) -> None:
+    out = tmp_path / "store"
+    r = run_cli("preprocess", str(bad_folder), str(out), "--size", "32", "--max-pixels", "100000",
+                "--strict", "--workers", "2")
+    assert r.returncode == 1 and "--strict: 5 inputs were rejected" in r.stderr
+    assert "accepted 4, rejected 5" in r.stdout and "too large" in r.stdout
+    r = run_cli("info", str(out), "--json")
+    d = json.loads(r.stdout)
+    for key in ("samples", "sources", "rejected", "rejects", "classes", "tile", "codec", "shards"):
+        assert key in d
+    assert {"path", "reason"} == set(d["rejects"][0])
+    assert run_cli("verify", str(out), "--deep").returncode == 0
+    shard = fmt.shard_path(out, 0)
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    r = run_cli("verify", str(out))
+    assert r.returncode == 1 and f"{shard}: sample 0: chunk crc32c mismatch" in r.stdout
+
+
+def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path) -> None:
+    src = write_folder(tmp_path / "src", classes=4, per_class=160, size=(320, 240))
+    args = ["--size", "64", "--shard-size", "100", "--workers", "2", "--quiet"]
+    reference = tmp_path / "reference"
+    assert run_cli("preprocess", str(src), str(reference), *args).returncode == 0
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "preprocess.cli", "preprocess", str(src),
+                             str(out), *args], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(list((out / fmt.WORK_DIR).glob("part-*.json"))) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, "run ended before the kill"
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers, mid-run
+    proc.wait()
+    with pytest.raises(StoreFormatError, match="incomplete"):
+        fmt.load_attrs(out)
+    r = run_cli("preprocess", str(src), str(out), *args[:-1])
+    assert r.returncode == 0, r.stderr
+    assert "resumed" in r.stdout
+    assert tree_bytes(out) == tree_bytes(reference)
