@@ -161,7 +161,7 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from preprocess.inspect import format_info, info
+    from preprocess.inspection import format_info, info
 
     d = info(args.store)
     print(json.dumps(d, indent=2) if args.json else format_info(d))
@@ -172,7 +172,7 @@ def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from preprocess.format import load_attrs
-    from preprocess.inspect import verify
+    from preprocess.inspection import verify
 
     shards = load_attrs(args.store)["shards"]
     with tqdm(total=shards, unit="shard", disable=args.quiet or not sys.stderr.isatty(),

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import crc32c as _crc32c
 import numpy as np
-from numcodecs import Blosc, Zstd
+from numcodecs import Blosc, Zstd, blosc
 
 from preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
 
@@ -117,10 +117,14 @@ class TileCodec:
         return self.name == "jpeg"
 
     def encode(self, tile: np.ndarray) -> bytes:
+        return b"".join(self.encode_parts(tile))
+
+    def encode_parts(self, tile: np.ndarray) -> tuple[bytes, bytes]:
+        """(payload, crc32c): the chunk is their concatenation; writers skip the copy."""
         if tile.shape != self.shape or tile.dtype != np.uint8:
             raise ValueError(f"tile must be uint8 {self.shape}, got {tile.dtype} {tile.shape}")
         payload = self._compress(np.ascontiguousarray(tile))
-        return payload + crc_bytes(payload)
+        return payload, crc_bytes(payload)
 
     def _compress(self, tile: np.ndarray) -> bytes:
         if self.name == "lz4":
@@ -147,6 +151,8 @@ class TileCodec:
 
 
 def _blosc_lz4() -> Blosc:
+    # Parallelism comes from worker processes and DALI threads; blosc's own threads only contend.
+    blosc.use_threads = False
     return Blosc(cname="lz4", clevel=LZ4_LEVEL, shuffle=Blosc.NOSHUFFLE, blocksize=0)
 
 

@@ -11,6 +11,7 @@ command skips the parts already written, so a killed run resumes and ends in the
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import multiprocessing
@@ -82,16 +83,20 @@ def preprocess(
     if _prepare_output(root, plan, overwrite):
         attrs = fmt.read_attrs(root)
         return _summary_from_attrs(attrs, root, time.perf_counter() - started)
-    work = root / fmt.WORK_DIR
-    n_parts = -(-len(sources) // PART_SOURCES)
-    done = {p for p in range(n_parts) if (work / _part_name(p, ".json")).exists()}
-    tick = progress(len(sources)) if progress else None
-    if tick:
-        for p in sorted(done):
-            tick(*_part_counts(work, p))
-    _run_parts(sources, tiles, store, work, [p for p in range(n_parts) if p not in done], workers, tick)
-    summary = _assemble(root, sources, tiles, store, plan["fingerprint"], n_parts)
-    summary.resumed_parts = len(done)
+    build = _Build(root, sources, tiles, store, progress(len(sources)) if progress else None)
+    try:
+        build.run(workers)
+        summary = build.finish(plan["fingerprint"])
+    except BrokenProcessPool:
+        raise StoreWriteError(
+            "a worker process died (out of memory or killed); rerun the same command to resume"
+        ) from None
+    except OSError as e:
+        raise StoreWriteError(
+            f"writing the store {str(root)!r} failed: {e.strerror or e}; free space or fix "
+            "permissions, then rerun the same command to resume"
+        ) from None
+    summary.resumed_parts = build.resumed
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -137,7 +142,7 @@ def _prepare_output(root: Path, plan: dict[str, Any], overwrite: bool) -> bool:
             _remove_store(root)
     try:
         work.mkdir(parents=True, exist_ok=True)
-        _atomic_write(work / PLAN_FILE, json.dumps(plan).encode())
+        _atomic_write(work / PLAN_FILE, [json.dumps(plan).encode()])
     except OSError as e:
         raise StoreWriteError(f"cannot write to OUT {str(root)!r}: {e.strerror or e}") from None
     return False
@@ -151,12 +156,18 @@ def _remove_store(root: Path) -> None:
             entry.unlink()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, chunks: list[bytes], durable: bool = False) -> None:
+    """Write under a temporary name, then rename: a reader sees all of it or none of it.
+
+    Work files skip fsync: they only need to survive the process (kill -9, crash), and the
+    store's shards and metadata, which must survive the machine, are synced.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        f.writelines(chunks)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -164,203 +175,254 @@ def _part_name(part: int, suffix: str) -> str:
     return f"part-{part:07d}{suffix}"
 
 
-def _part_counts(work: Path, part: int) -> tuple[int, int]:
-    meta = json.loads((work / _part_name(part, ".json")).read_text())
-    return meta["count"], len(meta["rejects"])
-
-
 def write_part(
     work: str, part: int, first: int, paths: list[str], tiles: TileSettings, store: StoreSettings
-) -> tuple[int, int]:
-    """Worker task: decode one part's sources, write its chunk bytes and its JSON record."""
+) -> dict[str, Any]:
+    """Worker task: decode one part's sources, write their chunk bytes, then the part's record.
+
+    Chunks stream to the file as they are encoded, so no part is ever held in memory whole.
+    """
     codec = fmt.TileCodec(store.codec, tiles.size, store.quality)
-    sizes: list[int] = []
-    owners: list[int] = []
-    rows: list[int] = []
-    cols: list[int] = []
-    rejects: list[list[Any]] = []
-    chunks: list[bytes] = []
-    for k, path in enumerate(paths):
-        try:
-            result = load_tiles(path, tiles)
-        except Rejected as e:
-            rejects.append([first + k, str(e)])
-            continue
-        for pixels in result.pixels:
-            chunks.append(codec.encode(pixels))
-            sizes.append(len(chunks[-1]))
-        owners += [first + k] * len(result.pixels)
-        rows += result.rows.tolist()
-        cols += result.cols.tolist()
+    record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
+                              "cols": [], "rejects": []}
     root = Path(work)
-    _atomic_write(root / _part_name(part, ".bin"), b"".join(chunks))
-    record = {"count": len(paths), "sizes": sizes, "sources": owners, "rows": rows, "cols": cols,
-              "rejects": rejects}
-    _atomic_write(root / _part_name(part, ".json"), json.dumps(record).encode())
-    return len(paths), len(rejects)
+    final = root / _part_name(part, ".bin")
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for k, path in enumerate(paths):
+            try:
+                result = load_tiles(path, tiles)
+            except Rejected as e:
+                record["rejects"].append([first + k, str(e)])
+                continue
+            for pixels in result.pixels:
+                payload, crc = codec.encode_parts(pixels)
+                f.write(payload)
+                f.write(crc)
+                record["sizes"].append(len(payload) + len(crc))
+            record["sources"] += [first + k] * len(result.pixels)
+            record["rows"] += result.rows.tolist()
+            record["cols"] += result.cols.tolist()
+    os.replace(tmp, final)
+    _atomic_write(root / _part_name(part, ".json"), [json.dumps(record).encode()])
+    return record
 
 
-def _run_parts(
-    sources: Sources,
-    tiles: TileSettings,
-    store: StoreSettings,
-    work: Path,
-    todo: list[int],
-    workers: int,
-    tick: ProgressFn | None,
-) -> None:
-    def args(part: int) -> tuple[Any, ...]:
-        first = part * PART_SOURCES
-        return (str(work), part, first, sources.paths[first : first + PART_SOURCES], tiles, store)
+def write_shard(root: str, work: str, shard: int, per_shard: int,
+                pieces: list[tuple[int, int, int]], sizes: list[int]) -> int:
+    """Worker task: copy chunk byte runs from part files into one shard file; returns its size.
 
-    try:
-        if workers == 1 or len(todo) <= 1:
-            for part in todo:
-                counts = write_part(*args(part))
-                if tick:
-                    tick(*counts)
+    ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
+    sizes that make up those runs. Each run is one in-kernel copy (copy_file_range).
+    """
+    index = np.full((per_shard, 2), fmt.EMPTY_CHUNK, dtype=np.uint64)
+    n = len(sizes)
+    index[:n, 1] = sizes
+    index[:n, 0] = np.cumsum(sizes, dtype=np.uint64) - index[:n, 1]
+    final = fmt.shard_path(Path(root), shard)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as out:
+        for part, offset, count in pieces:
+            with open(Path(work) / _part_name(part, ".bin"), "rb") as src:
+                _copy_range(src, out, offset, count)
+        out.write(fmt.encode_index(index))
+        out.flush()
+        os.fsync(out.fileno())
+        size = out.tell()
+    os.replace(tmp, final)
+    return size
+
+
+def _copy_range(src: Any, dst: Any, offset: int, count: int) -> None:
+    dst.flush()
+    while count:
+        try:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), count, offset)
+        except OSError:  # a filesystem or kernel without it
+            src.seek(offset)
+            dst.write(src.read(count))
+            dst.flush()
             return
+        if n == 0:
+            raise StoreWriteError(f"part file {src.name} is shorter than its record says")
+        offset += n
+        count -= n
+
+
+class _Inline:
+    """The executor for one worker: runs each task as it is submitted, in this process."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # handed to the caller through the future, as a pool would
+            fut.set_exception(e)
+        return fut
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Build:
+    """Drives parts and shards: shards are written as soon as the parts they need are done,
+    in the same pool, and part files are deleted once every shard they feed is written."""
+
+    def __init__(self, root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings,
+                 tick: ProgressFn | None) -> None:
+        self.root, self.work = root, root / fmt.WORK_DIR
+        self.sources, self.tiles, self.store, self.tick = sources, tiles, store, tick
+        self.per_shard = store.shard_size
+        n_parts = -(-len(sources) // PART_SOURCES)
+        self.records: list[dict[str, Any] | None] = [None] * n_parts
+        self.prefix = 0  # parts 0..prefix-1 have records
+        self.first_tile = [0]  # first tile of each part in the prefix, then the total
+        self.next_shard = 0  # first shard not yet submitted
+        self.shard_done: set[int] = set()
+        self.freed = 0  # parts 0..freed-1 have had their chunk file deleted
+        self.bytes = 0
+        self.resumed = 0  # parts found done on disk
+
+    def run(self, workers: int) -> None:
+        for p in range(len(self.records)):
+            path = self.work / _part_name(p, ".json")
+            if path.exists():
+                self.records[p] = json.loads(path.read_text())
+                self.resumed += 1
+                if self.tick:
+                    self.tick(self.records[p]["count"], len(self.records[p]["rejects"]))
+        todo = iter([p for p, r in enumerate(self.records) if r is None])
         ctx = multiprocessing.get_context("spawn")  # no inherited threads or locks from the driver
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
-            # A bounded window of tasks keeps the driver's memory flat on huge source lists.
-            pending: set[Future[tuple[int, int]]] = set()
-            queue = iter(todo)
-            for part in queue:
-                pending.add(pool.submit(write_part, *args(part)))
-                if len(pending) >= 4 * workers:
-                    break
+        pool = _Inline() if workers == 1 else ProcessPoolExecutor(workers, mp_context=ctx)
+        with pool:
+            pending: dict[Future[Any], tuple[str, int]] = {}
+            for _ in range(2 * workers):
+                self._submit_part(pool, pending, todo)
+            self._submit_shards(pool, pending)
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    counts = fut.result()
-                    if tick:
-                        tick(*counts)
-                    nxt = next(queue, None)
-                    if nxt is not None:
-                        pending.add(pool.submit(write_part, *args(nxt)))
-    except BrokenProcessPool:
-        raise StoreWriteError(
-            "a worker process died (out of memory or killed); rerun the same command to resume"
-        ) from None
-    except OSError as e:
-        raise StoreWriteError(
-            f"writing parts under {str(work)!r} failed: {e.strerror or e}; free space or fix "
-            "permissions, then rerun the same command to resume"
-        ) from None
+                    kind, number = pending.pop(fut)
+                    result = fut.result()
+                    if kind == "part":
+                        self.records[number] = result
+                        if self.tick:
+                            self.tick(result["count"], len(result["rejects"]))
+                        self._submit_part(pool, pending, todo)
+                    else:
+                        self.bytes += result
+                        self.shard_done.add(number)
+                        self._free_parts()
+                self._submit_shards(pool, pending)
 
+    def _submit_part(self, pool: Any, pending: dict[Future[Any], tuple[str, int]],
+                     todo: Iterator[int]) -> None:
+        part = next(todo, None)
+        if part is not None:
+            first = part * PART_SOURCES
+            args = (str(self.work), part, first, self.sources.paths[first : first + PART_SOURCES],
+                    self.tiles, self.store)
+            pending[pool.submit(write_part, *args)] = ("part", part)
 
-def _iter_part_records(work: Path, n_parts: int) -> Iterator[dict[str, Any]]:
-    for part in range(n_parts):
-        yield json.loads((work / _part_name(part, ".json")).read_text())
+    def _submit_shards(self, pool: Any, pending: dict[Future[Any], tuple[str, int]]) -> None:
+        while self.prefix < len(self.records) and self.records[self.prefix] is not None:
+            self.first_tile.append(self.first_tile[-1] + len(self.records[self.prefix]["sizes"]))
+            self.prefix += 1
+        known = self.first_tile[-1]
+        complete = self.prefix == len(self.records)
+        while True:
+            lo, hi = self.next_shard * self.per_shard, (self.next_shard + 1) * self.per_shard
+            if not (hi <= known or (complete and lo < known)):
+                return
+            shard = self.next_shard
+            self.next_shard += 1
+            final = fmt.shard_path(self.root, shard)
+            if final.exists():  # written before an interruption: atomic, so whole
+                self.bytes += final.stat().st_size
+                self.shard_done.add(shard)
+                continue
+            pieces, sizes = self._pieces(lo, min(hi, known))
+            args = (str(self.root), str(self.work), shard, self.per_shard, pieces, sizes)
+            pending[pool.submit(write_shard, *args)] = ("shard", shard)
 
+    def _pieces(self, lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[int]]:
+        pieces, sizes = [], []
+        part = bisect.bisect_right(self.first_tile, lo) - 1
+        while lo < hi:
+            record = self.records[part]
+            assert record is not None
+            start = lo - self.first_tile[part]
+            stop = min(hi, self.first_tile[part + 1]) - self.first_tile[part]
+            if stop > start:
+                chunk_sizes = record["sizes"]
+                offset = sum(chunk_sizes[:start])
+                run = chunk_sizes[start:stop]
+                pieces.append((part, offset, sum(run)))
+                sizes += run
+                lo += stop - start
+            part += 1
+        return pieces, sizes
 
-def _assemble(
-    root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings, fingerprint: str,
-    n_parts: int,
-) -> Summary:
-    work = root / fmt.WORK_DIR
-    records = list(_iter_part_records(work, n_parts))
-    owners = np.array([s for r in records for s in r["sources"]], dtype=np.int64)
-    rejects = [(sources.paths[i], reason) for r in records for i, reason in r["rejects"]]
-    rejects += sources.skipped
-    samples = len(owners)
-    if samples == 0:
+    def _free_parts(self) -> None:
+        done = 0
+        while done in self.shard_done:
+            done += 1
+        covered = done * self.per_shard
+        while self.freed < self.prefix and self.first_tile[self.freed + 1] <= covered:
+            (self.work / _part_name(self.freed, ".bin")).unlink(missing_ok=True)
+            self.freed += 1
+
+    def finish(self, fingerprint: str) -> Summary:
+        records = [r for r in self.records if r is not None]
+        owners = np.array([s for r in records for s in r["sources"]], dtype=np.int64)
+        rejects = [(self.sources.paths[i], reason) for r in records for i, reason in r["rejects"]]
+        rejects += self.sources.skipped
+        inputs = len(self.sources) + len(self.sources.skipped)
         reasons = Counter(_reason_kind(r) for _, r in rejects)
-        raise SourceError(
-            f"no usable image among {len(sources) + len(sources.skipped)} inputs "
-            f"({', '.join(f'{n} {k}' for k, n in reasons.most_common())})"
+        if len(owners) == 0:
+            raise SourceError(
+                f"no usable image among {inputs} inputs "
+                f"({', '.join(f'{n} {k}' for k, n in reasons.most_common())})"
+            )
+        accepted = inputs - len(rejects)
+        _write_metadata(self.root, self.sources, self.tiles, self.store, fingerprint, records,
+                        owners, rejects, accepted)
+        shutil.rmtree(self.work, ignore_errors=True)
+        return Summary(
+            sources=inputs, accepted=accepted, rejected=len(rejects), tiles=len(owners),
+            shards=fmt.shard_count(len(owners), self.per_shard), bytes=self.bytes, seconds=0.0,
+            rejects_by_reason=dict(reasons.most_common()),
         )
-    try:
-        _create_images_array(root, tiles.size, samples, store)  # clears any earlier shards
-        nbytes = _write_shards(root, work, records, store.shard_size)
-        _write_metadata(root, sources, tiles, store, fingerprint, records, owners, rejects)
-    except OSError as e:
-        raise StoreWriteError(
-            f"writing the store {str(root)!r} failed: {e.strerror or e}; free space or fix "
-            "permissions, then rerun the same command to resume"
-        ) from None
-    shutil.rmtree(work, ignore_errors=True)
-    reasons = Counter(_reason_kind(r) for _, r in rejects)
-    return Summary(
-        sources=len(sources) + len(sources.skipped),
-        accepted=len(sources) - sum(len(r["rejects"]) for r in records),
-        rejected=len(rejects),
-        tiles=samples,
-        shards=fmt.shard_count(samples, store.shard_size),
-        bytes=nbytes,
-        seconds=0.0,
-        rejects_by_reason=dict(reasons.most_common()),
-    )
 
 
 def _reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
-def _write_shards(root: Path, work: Path, records: list[dict[str, Any]], per_shard: int) -> int:
-    """Copy every part's chunk bytes, in sample order, into shard files; returns bytes written."""
-    total = 0
-    shard = 0
-    index = np.full((per_shard, 2), fmt.EMPTY_CHUNK, dtype=np.uint64)
-    filled = 0
-    offset = 0
-    out = None
-    tmp = final = Path()
-
-    def finish() -> None:
-        nonlocal out, total
-        assert out is not None
-        out.write(fmt.encode_index(index))
-        out.flush()
-        os.fsync(out.fileno())
-        total += out.tell()
-        out.close()
-        out = None
-        os.replace(tmp, final)
-
-    for part, record in enumerate(records):
-        data = (work / _part_name(part, ".bin")).read_bytes()
-        pos = 0
-        for size in record["sizes"]:
-            if out is None:
-                final = fmt.shard_path(root, shard)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-                out = open(tmp, "wb")
-                index[:] = fmt.EMPTY_CHUNK
-                filled = offset = 0
-            out.write(memoryview(data)[pos : pos + size])
-            index[filled] = (offset, size)
-            filled += 1
-            offset += size
-            pos += size
-            if filled == per_shard:
-                finish()
-                shard += 1
-    if out is not None:
-        finish()
-    return total
-
-
-def _create_images_array(root: Path, tile: int, samples: int, store: StoreSettings) -> None:
-    import zarr
-
-    zarr.create_array(
-        str(root), name=fmt.IMAGES, shape=(samples, tile, tile, 3), dtype="uint8",
-        chunks=(1, tile, tile, 3), shards=(store.shard_size, tile, tile, 3), fill_value=0,
-        overwrite=True, dimension_names=["sample", "y", "x", "channel"], zarr_format=3,
-        **fmt.zarr_codecs(store.codec, store.quality),
-    )
-
-
 def _write_metadata(
     root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings, fingerprint: str,
     records: list[dict[str, Any]], owners: np.ndarray, rejects: list[tuple[str, str]],
+    accepted: int,
 ) -> None:
     import zarr
 
     samples = len(owners)
     t = tiles.size
+    # zarr.create_array would clear the shards already in place, so let it write the images
+    # array's metadata in a scratch folder and move just that document into the store.
+    scratch = root / fmt.WORK_DIR / "metadata"
+    zarr.create_array(
+        str(scratch), name=fmt.IMAGES, shape=(samples, t, t, 3), dtype="uint8",
+        chunks=(1, t, t, 3), shards=(store.shard_size, t, t, 3), fill_value=0, overwrite=True,
+        dimension_names=["sample", "y", "x", "channel"], zarr_format=3,
+        **fmt.zarr_codecs(store.codec, store.quality),
+    )
+    (root / fmt.IMAGES).mkdir(exist_ok=True)
+    os.replace(scratch / fmt.IMAGES / "zarr.json", root / fmt.IMAGES / "zarr.json")
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
     labels = np.asarray(sources.labels, dtype=np.int64)[owners]
     columns: dict[str, np.ndarray] = {fmt.LABELS: labels, fmt.SOURCES: owners}
@@ -377,7 +439,7 @@ def _write_metadata(
         "version": fmt.FORMAT_VERSION,
         "samples": samples,
         "sources": len(sources) + len(sources.skipped),
-        "accepted": len(sources) - sum(len(r["rejects"]) for r in records),
+        "accepted": accepted,
         "rejected": len(rejects),
         "tile": [t, t, 3],
         "codec": store.codec,

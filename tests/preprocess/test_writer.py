@@ -15,7 +15,7 @@ import zarr
 from preprocess import StoreSettings, TileSettings, preprocess
 from preprocess import format as fmt
 from preprocess.errors import SourceError, StoreExistsError, StoreFormatError
-from preprocess.inspect import info, verify
+from preprocess.inspection import info, verify
 from tests.conftest import photo, tree_bytes, write_folder
 
 SMALL = TileSettings(size=32)
@@ -173,7 +173,16 @@ def test_cli_summary_strict_info_and_verify(tmp_path: Path, bad_folder: Path) ->
     assert r.returncode == 1 and f"{shard}: sample 0: chunk crc32c mismatch" in r.stdout
 
 
-def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path) -> None:
+def _parts_written(out: Path) -> bool:
+    return len(list((out / fmt.WORK_DIR).glob("part-*.json"))) >= 3
+
+
+def _shard_written(out: Path) -> bool:
+    return fmt.shard_path(out, 0).exists()
+
+
+@pytest.mark.parametrize("moment", [_parts_written, _shard_written])
+def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path, moment: object) -> None:
     src = write_folder(tmp_path / "src", classes=4, per_class=160, size=(320, 240))
     args = ["--size", "64", "--shard-size", "100", "--workers", "2", "--quiet"]
     reference = tmp_path / "reference"
@@ -183,7 +192,7 @@ def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path) -> None
     proc = subprocess.Popen([sys.executable, "-m", "preprocess.cli", "preprocess", str(src),
                              str(out), *args], start_new_session=True)
     deadline = time.monotonic() + 60
-    while len(list((out / fmt.WORK_DIR).glob("part-*.json"))) < 3:
+    while not moment(out):  # type: ignore[operator]
         assert proc.poll() is None and time.monotonic() < deadline, "run ended before the kill"
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers, mid-run

@@ -1,0 +1,74 @@
+"""Preprocessing throughput against the bare cost of decoding and resizing with PIL.
+
+Each round runs, back to back on the same cached images: the bare decode + resize in one
+process (storing nothing), ``preprocess`` with one worker, and ``preprocess`` with two workers.
+Rounds interleave the three so machine noise hits them alike; the report gives medians.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from preprocess import StoreSettings, TileSettings, preprocess
+from preprocess.decode import Rejected, load_tiles
+from preprocess.sources import find_sources
+
+
+@dataclass(frozen=True)
+class PreprocessBenchResult:
+    images: int
+    codec: str
+    size: int
+    bare: float  # img/s, medians over rounds
+    one_worker: float
+    two_workers: float
+    overhead: float  # median over rounds of (bare rate / 1-worker rate - 1), from the same round
+    scaling: float  # median over rounds of 2-worker rate / 1-worker rate
+
+    def table(self) -> str:
+        rows = [
+            ("PIL decode + resize, store nothing (1 process)", self.bare, "1.00x"),
+            ("tilefeed preprocess --workers 1", self.one_worker, f"{self.one_worker / self.bare:.2f}x"),
+            ("tilefeed preprocess --workers 2", self.two_workers, f"{self.two_workers / self.bare:.2f}x"),
+        ]
+        lines = [f"{self.images} images -> {self.size}px tiles, codec {self.codec}, medians",
+                 f"| {'path':<48} | {'img/s':>7} | {'vs bare':>7} |",
+                 f"|{'-' * 50}|{'-' * 9}|{'-' * 9}|"]
+        lines += [f"| {name:<48} | {rate:>7.0f} | {ratio:>7} |" for name, rate, ratio in rows]
+        lines.append(f"store overhead over bare decode (1 worker): {self.overhead * 100:+.1f}% "
+                     f"(goal < 15%); 2 workers / 1 worker: {self.scaling:.2f}x (goal >= 1.7x)")
+        return "\n".join(lines)
+
+
+def bench_preprocess(images: Path, *, size: int = 224, codec: str = "lz4", rounds: int = 5,
+                     log: bool = True) -> PreprocessBenchResult:
+    sources = find_sources(images)
+    tiles, store = TileSettings(size=size), StoreSettings(codec=codec)
+    rates: dict[str, list[float]] = {"bare": [], "1": [], "2": []}
+    with tempfile.TemporaryDirectory(prefix="tilefeed-bench-") as tmp:
+        for r in range(rounds):
+            start = time.perf_counter()
+            for path in sources.paths:
+                try:
+                    load_tiles(path, tiles)
+                except Rejected:
+                    pass
+            rates["bare"].append(len(sources) / (time.perf_counter() - start))
+            for workers in (1, 2):
+                out = Path(tmp) / f"store{workers}"
+                shutil.rmtree(out, ignore_errors=True)
+                summary = preprocess(images, out, tiles, store, workers=workers)
+                rates[str(workers)].append(len(sources) / summary.seconds)
+            if log:
+                print(f"round {r + 1}/{rounds}: " + ", ".join(
+                    f"{k}: {v[-1]:.0f} img/s" for k, v in rates.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    overhead = statistics.median(b / one - 1 for b, one in zip(rates["bare"], rates["1"]))
+    scaling = statistics.median(two / one for one, two in zip(rates["1"], rates["2"]))
+    return PreprocessBenchResult(len(sources), codec, size, med["bare"], med["1"], med["2"],
+                                 overhead, scaling)
