@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import mmap
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -43,6 +44,8 @@ ZSTD_LEVEL: Final = 3
 
 CRC_NBYTES: Final = 4
 EMPTY_CHUNK: Final = np.uint64(2**64 - 1)  # offset/nbytes of a chunk that is not written
+_EMPTY: Final = 2**64 - 1
+_CRC: Final = struct.Struct("<I")
 
 
 def crc32c(data: bytes | memoryview | np.ndarray) -> int:
@@ -144,7 +147,7 @@ class TileCodec:
         elif self.name == "zstd":
             Zstd().decode(payload, out=out)
         elif self.name == "none":
-            out[...] = np.frombuffer(payload, dtype=np.uint8).reshape(self.shape)
+            np.copyto(out, np.frombuffer(payload, dtype=np.uint8).reshape(self.shape))
         else:
             out[...] = decode_jpeg(payload)
         return out
@@ -239,20 +242,23 @@ class ShardFile:
             raise CorruptChunkError(str(self.path), None, "file is shorter than its index")
         self.index = decode_index(self._view[-tail:], tiles_per_shard, str(self.path)).copy()
         self._data_end = len(self._view) - tail
+        # Plain int lists: the hot path indexes them per tile, and numpy scalars are slow there.
+        self._offsets = self.index[:, 0].tolist()
+        self._nbytes = self.index[:, 1].tolist()
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self.index[:, 0] != EMPTY_CHUNK))
 
     def chunk(self, local: int, check: bool = True) -> memoryview:
         """The payload (crc32c stripped) of this shard's ``local``-th tile."""
-        offset, nbytes = (int(v) for v in self.index[local])
-        sample = self.first + local
-        if offset == int(EMPTY_CHUNK) or nbytes < CRC_NBYTES or offset + nbytes > self._data_end:
-            raise CorruptChunkError(str(self.path), sample, f"index entry ({offset}, {nbytes}) is invalid")
-        data = self._view[offset : offset + nbytes]
-        payload = data[:-CRC_NBYTES]
-        if check and crc_bytes(payload) != bytes(data[-CRC_NBYTES:]):
-            raise CorruptChunkError(str(self.path), sample, "chunk crc32c mismatch")
+        offset, nbytes = self._offsets[local], self._nbytes[local]
+        end = offset + nbytes - CRC_NBYTES
+        if offset == _EMPTY or nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
+            raise CorruptChunkError(str(self.path), self.first + local,
+                                    f"index entry ({offset}, {nbytes}) is invalid")
+        payload = self._view[offset:end]
+        if check and _crc32c.crc32c(payload) != _CRC.unpack_from(self._map, end)[0]:
+            raise CorruptChunkError(str(self.path), self.first + local, "chunk crc32c mismatch")
         return payload
 
     def close(self) -> None:

@@ -1,0 +1,100 @@
+"""The batch source DALI's ``external_source`` calls: this rank's samples, read ahead in threads.
+
+Reading a tile is a crc32c check and a copy or decompression, all of which release the GIL, so
+a few threads reading whole batches ahead keep up with DALI on its own threads, with no
+worker processes, no pickling and no shared-memory segments to leak.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from pipeline.reader import StoreReader
+
+Batch = tuple[Any, np.ndarray, np.ndarray]  # images (array or list of byte arrays), labels, indices
+
+
+class BatchSource:
+    """Callable for ``fn.external_source(batch=True)``: one batch per call, StopIteration at the end.
+
+    ``start(indices, first_batch)`` arms an epoch; the source then reads ``ahead`` batches in
+    advance on ``threads`` threads. Lossless batches decode into a ring of preallocated arrays
+    that DALI reads in place (``no_copy``): DALI is done with a batch ``dali_depth`` iterations
+    after taking it, so a ring of ``ahead + dali_depth + 2`` slots is never overwritten early.
+    JPEG batches are lists of fresh byte arrays that DALI copies (``copies_input``).
+    """
+
+    def __init__(self, reader: StoreReader, batch_size: int, threads: int, ahead: int,
+                 dali_depth: int) -> None:
+        self.reader = reader
+        self.batch_size = batch_size
+        self.ahead = max(1, ahead)
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tilefeed-read")
+        self._pending: deque[Future[Batch]] = deque()
+        self._indices = np.zeros(0, dtype=np.int64)
+        self._next = 0  # next batch to submit
+        self._batches = 0
+        self._ring: list[np.ndarray] = []
+        self._ring_size = self.ahead + dali_depth + 2
+        self._slot = 0
+
+    @property
+    def copies_input(self) -> bool:
+        return self.reader.is_image_coded
+
+    def start(self, indices: np.ndarray, first_batch: int = 0) -> None:
+        self.cancel()
+        self._indices = indices
+        self._batches = -(-len(indices) // self.batch_size)
+        self._next = first_batch
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._pending) < self.ahead and self._next < self._batches:
+            lo = self._next * self.batch_size
+            chunk = self._indices[lo : lo + self.batch_size]
+            self._pending.append(self._pool.submit(self._read, chunk, self._buffer(len(chunk))))
+            self._next += 1
+
+    def _buffer(self, n: int) -> np.ndarray | None:
+        if self.reader.is_image_coded:
+            return None
+        if not self._ring:
+            shape = (self.batch_size, *self.reader.codec.shape)
+            self._ring = [np.empty(shape, dtype=np.uint8) for _ in range(self._ring_size)]
+        self._slot = (self._slot + 1) % len(self._ring)
+        return self._ring[self._slot][:n]
+
+    def _read(self, indices: np.ndarray, images: Any) -> Batch:
+        reader = self.reader
+        labels = reader.labels[indices]
+        if images is None:
+            # bytes() copies out of the map: DALI may hold inputs past this call
+            images = [np.frombuffer(bytes(reader.payload(int(i))), np.uint8) for i in indices]
+        else:
+            for k, i in enumerate(indices):
+                reader.read_into(int(i), images[k])
+        return images, labels, indices
+
+    def __call__(self) -> Batch:
+        if not self._pending:
+            raise StopIteration
+        batch = self._pending.popleft().result()
+        self._fill()
+        return batch
+
+    def cancel(self) -> None:
+        for fut in self._pending:
+            fut.cancel()
+        for fut in self._pending:
+            if not fut.cancelled():
+                fut.exception()  # wait: no thread may still be reading for a dead epoch
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
