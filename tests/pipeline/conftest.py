@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preprocess import StoreSettings, TileSettings, preprocess
+from tests.conftest import write_folder
+
+
+def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: int = 8) -> Path:
+    src = write_folder(root / "src", classes=5, per_class=samples_per_class, size=(48, 40))
+    out = root / f"store-{codec}"
+    preprocess(src, out, TileSettings(size=32), StoreSettings(codec=codec, shard_size=shard_size),
+               workers=1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """50 tiles of 32x32, lz4, 8 tiles per shard (7 shards, the last partial)."""
+    return make_store(tmp_path_factory.mktemp("lz4"), "lz4")
+
+
+@pytest.fixture(scope="session")
+def jpeg_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_store(tmp_path_factory.mktemp("jpeg"), "jpeg")

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline import StoreReader, TileDataset
+
+
+def test_tile_dataset_in_a_multi_worker_dataloader(store: Path) -> None:
+    ds = TileDataset(store)
+    assert len(ds) == 50 and ds.classes == ["c0", "c1", "c2", "c3", "c4"]
+    reader = StoreReader(store)
+    loader = DataLoader(ds, batch_size=8, num_workers=2, shuffle=False,
+                        multiprocessing_context="spawn")
+    tiles, labels = [], []
+    for x, y in loader:
+        assert x.dtype == torch.uint8 and x.shape[1:] == (32, 32, 3)
+        tiles.append(x)
+        labels += y.tolist()
+    all_tiles = torch.cat(tiles)
+    assert len(all_tiles) == 50 and labels == reader.labels.tolist()
+    for i in (0, 17, 49):
+        np.testing.assert_array_equal(all_tiles[i].numpy(), reader.read(i))
+
+
+def test_tile_dataset_pickles_without_open_maps(store: Path) -> None:
+    ds = TileDataset(store, transform=lambda t: t.permute(2, 0, 1))
+    ds[0]  # opens the reader in this process
+    clone = pickle.loads(pickle.dumps(TileDataset(store)))
+    assert clone._reader is None
+    tile, label = ds[-1]
+    assert tile.shape == (3, 32, 32) and label == 4

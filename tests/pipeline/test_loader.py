@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from pipeline import ConfigError, CorruptChunkError, Loader, StoreFormatError, StoreReader
+from preprocess import format as fmt
+from tests.pipeline.conftest import make_store
+
+
+def indices_of(loader: Loader) -> list[int]:
+    return [i for *_, idx in loader for i in idx.tolist()]
+
+
+@pytest.mark.parametrize("shuffle", ["global", "shard", "none"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_exactly_once_across_ranks(store: Path, shuffle: str, world: int, drop_last: bool) -> None:
+    batch = 4
+    seen: Counter[int] = Counter()
+    lengths = set()
+    for rank in range(world):
+        with Loader(store, batch, shuffle=shuffle, rank=rank, world_size=world, drop_last=drop_last,
+                    with_index=True, train=False, dtype=torch.uint8, workers=1) as loader:
+            got = [idx.tolist() for _, _, idx in loader]
+            assert len(got) == len(loader)
+            lengths.add(len(got))
+            assert all(len(b) == batch for b in got[:-1])
+            seen.update(i for b in got for i in b)
+    assert len(lengths) == 1, "every rank gets the same number of batches"
+    if drop_last:
+        assert max(seen.values()) == 1 and 50 - len(seen) < world * batch
+    else:
+        assert len(seen) == 50 and sum(seen.values()) - 50 < world
+
+
+def test_len_batches_and_partial_last_batch(store: Path) -> None:
+    with Loader(store, 16, train=False, dtype=torch.uint8) as loader:
+        assert len(loader) == 4 and loader.batch_size == 16
+        sizes = [len(x) for x, _ in loader]
+        assert sizes == [16, 16, 16, 2]
+    with Loader(store, 16, drop_last=True, train=False, dtype=torch.uint8) as loader:
+        assert len(loader) == 3 and [len(x) for x, _ in loader] == [16, 16, 16]
+
+
+def test_eval_uint8_at_tile_size_gives_the_stored_tiles(store: Path) -> None:
+    reader = StoreReader(store)
+    with Loader(store, 8, shuffle="global", train=False, size=32, dtype=torch.uint8,
+                layout="NHWC", with_index=True) as loader:
+        for images, labels, idx in loader:
+            assert images.dtype == torch.uint8 and images.shape[1:] == (32, 32, 3)
+            for image, label, i in zip(images, labels, idx.tolist()):
+                np.testing.assert_array_equal(image.numpy(), reader.read(i))
+                assert int(label) == int(reader.labels[i])
+
+
+def test_jpeg_tiles_decode_close_to_what_was_stored(jpeg_store: Path) -> None:
+    reader = StoreReader(jpeg_store)
+    with Loader(jpeg_store, 8, shuffle="none", train=False, size=32, dtype=torch.uint8,
+                layout="NHWC", with_index=True) as loader:
+        images, _, idx = next(iter(loader))
+    for image, i in zip(images, idx.tolist()):
+        diff = image.numpy().astype(float) - reader.read(i).astype(float)
+        assert 10 * np.log10(255**2 / max(np.mean(diff**2), 1e-9)) > 35
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("train", [True, False])
+def test_dtypes_layouts_and_sizes(store: Path, dtype: torch.dtype, layout: str, train: bool) -> None:
+    with Loader(store, 8, dtype=dtype, layout=layout, train=train, size=24) as loader:
+        images, labels = next(iter(loader))
+    assert images.dtype == dtype and images.device.type == "cpu"
+    assert images.shape == ((8, 3, 24, 24) if layout == "NCHW" else (8, 24, 24, 3))
+    assert labels.dtype == torch.int64 and labels.shape == (8,)
+    if dtype != torch.uint8:
+        values = images.float()
+        assert values.min() < -0.5 and values.max() > 0.5  # normalised, not 0..255
+
+
+def test_normalisation_matches_mean_and_std(store: Path) -> None:
+    reader = StoreReader(store)
+    mean, std = (10.0, 20.0, 30.0), (2.0, 4.0, 8.0)
+    with Loader(store, 4, shuffle="none", train=False, size=32, layout="NHWC", mean=mean, std=std,
+                with_index=True) as loader:
+        images, _, idx = next(iter(loader))
+    expected = (reader.read(int(idx[0])).astype(np.float32) - mean) / std
+    np.testing.assert_allclose(images[0].numpy(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_order_is_deterministic_and_changes_per_epoch(store: Path) -> None:
+    def epochs(n: int) -> list[list[int]]:
+        with Loader(store, 8, seed=5, with_index=True) as loader:
+            return [indices_of(loader) for _ in range(n)]
+
+    first, second = epochs(2), epochs(2)
+    assert first == second
+    assert first[0] != first[1] and sorted(first[0]) == sorted(first[1]) == list(range(50))
+    with Loader(store, 8, seed=5, with_index=True) as loader:
+        loader.set_epoch(1)
+        assert indices_of(loader) == first[1]
+        assert loader.epoch_indices(1).tolist() == first[1]
+
+
+def test_augmentation_is_reproducible_for_a_seed(store: Path) -> None:
+    def first_batch(seed: int) -> torch.Tensor:
+        with Loader(store, 8, seed=seed, shuffle="none") as loader:
+            return next(iter(loader))[0].clone()
+
+    a, b, c = first_batch(1), first_batch(1), first_batch(2)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("stop_after", [0, 3, 6])
+def test_resume_yields_exactly_the_samples_left(store: Path, stop_after: int) -> None:
+    full_epoch = Loader(store, 4, seed=9, with_index=True).epoch_indices(2).tolist()
+    with Loader(store, 4, seed=9, with_index=True) as loader:
+        loader.set_epoch(2)
+        first = []
+        for n, (_, _, idx) in enumerate(loader):
+            if n == stop_after:
+                break
+            first += idx.tolist()
+        state = loader.state_dict()
+    assert state["epoch"] == 2 and state["batch"] == stop_after
+    with Loader(store, 4, seed=9, with_index=True) as resumed:
+        resumed.load_state_dict(state)
+        rest = indices_of(resumed)
+        assert resumed.state_dict()["epoch"] == 3 and resumed.state_dict()["batch"] == 0
+    assert first + rest == full_epoch
+    with Loader(store, 8, seed=9) as other, pytest.raises(ValueError, match="batch_size=4"):
+        other.load_state_dict(state)
+
+
+def test_break_and_close_leave_no_thread_or_process(store: Path) -> None:
+    me = psutil.Process()
+    before_threads = {t.ident for t in threading.enumerate()}
+    loader = Loader(store, 4, workers=2)
+    for _ in range(3):
+        for n, _batch in enumerate(loader):
+            if n == 2:
+                break
+    assert me.children(recursive=True) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("tilefeed-read")]
+    threads_mid = me.num_threads()
+    with pytest.raises(RuntimeError, match="boom"):
+        for _batch in loader:
+            raise RuntimeError("boom")
+    loader.close()
+    assert {t.ident for t in threading.enumerate()} <= before_threads
+    assert me.children(recursive=True) == []
+    assert me.num_threads() <= threads_mid  # DALI's own threads went with the pipeline
+    assert len(indices_of(Loader(store, 4, with_index=True))) == 50  # still usable afterwards
+
+
+def test_corrupt_chunk_is_named_not_yielded(tmp_path: Path) -> None:
+    out = make_store(tmp_path, "none")
+    shard = fmt.shard_path(out, 2)
+    raw = bytearray(shard.read_bytes())
+    raw[10] ^= 0x40  # inside the first chunk of shard 2: sample 16
+    shard.write_bytes(bytes(raw))
+    with Loader(out, 4, shuffle="none", train=False, dtype=torch.uint8) as loader:
+        with pytest.raises(CorruptChunkError) as err:
+            for _ in loader:
+                pass
+    assert str(shard) in str(err.value) and "sample 16" in str(err.value)
+
+
+def test_options_are_validated_up_front(store: Path) -> None:
+    bad = [
+        dict(batch_size=0), dict(shuffle="random"), dict(dtype=torch.int32), dict(layout="CHW"),
+        dict(size=3), dict(workers=0), dict(prefetch=0), dict(rank=2, world_size=2),
+        dict(rank=0), dict(scale=(0.5, 0.1)), dict(device="cuda:0") if not torch.cuda.is_available()
+        else dict(device="tpu"),
+    ]
+    for kwargs in bad:
+        batch_size = kwargs.pop("batch_size", 4)
+        with pytest.raises(ValueError):
+            Loader(store, batch_size, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(StoreFormatError, match="not a tilefeed store"):
+        Loader(store.parent, 4)
