@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 
 def cache_dir() -> Path:
@@ -37,19 +38,47 @@ def bench_main(argv: Sequence[str]) -> int:
     p.add_argument("--codec", default="lz4", help="tile codec")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
     p.add_argument("--json", type=Path, default=None, help="also write the result here")
+    q = sub.add_parser("loader", help="loader-alone throughput: tilefeed vs memcpy vs PIL DataLoader",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    q.add_argument("--images", type=Path, default=None,
+                   help="source image folder (default: a generated ImageNet-like set in the cache)")
+    q.add_argument("--store", type=Path, default=None,
+                   help="the store made from --images (default: made in the cache)")
+    q.add_argument("--count", type=int, default=1600, help="generated images, without --images")
+    q.add_argument("--batch-size", type=int, default=64)
+    q.add_argument("--workers", type=int, default=2, help="workers for every loader")
+    q.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
+    q.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
-    images = args.images or demo_images(args.count)
-    result = bench_preprocess_cmd(images, args)
+    result: Any
+    if args.what == "preprocess":
+        from bench.preprocess_bench import bench_preprocess
+
+        images = args.images or demo_images(args.count)
+        result = bench_preprocess(images, size=args.size, codec=args.codec, rounds=args.rounds)
+    else:
+        from bench.loader_bench import bench_loaders
+
+        images = args.images or demo_images(args.count)
+        store = args.store or demo_store(images)
+        result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
+                               rounds=args.rounds)
     print(result.table())
     if args.json:
         args.json.write_text(json.dumps(asdict(result), indent=2))
     return 0
 
 
-def bench_preprocess_cmd(images: Path, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from bench.preprocess_bench import bench_preprocess
+def demo_store(images: Path, size: int = 224, codec: str = "lz4") -> Path:
+    """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
+    from preprocess import StoreSettings, TileSettings, preprocess
+    from preprocess.writer import progress_bar
 
-    return bench_preprocess(images, size=args.size, codec=args.codec, rounds=args.rounds)
+    store = cache_dir() / f"{images.name}-{size}-{codec}"
+    s = preprocess(images, store, TileSettings(size=size), StoreSettings(codec=codec),
+                   progress=progress_bar(True))
+    print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})")
+    return store
 
 
 def demo_main(argv: Sequence[str]) -> int:

@@ -45,25 +45,28 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
             source=source, num_outputs=3, batch=True, dtype=[types.UINT8, types.INT64, types.INT64],
             layout=[None if jpeg else "HWC", None, None], no_copy=not source.copies_input,
         )
-        images = _decode_and_crop(raw, augment, gpu=gpu, jpeg=jpeg)
-        if augment.passthrough:
-            pass
-        elif not augment.normalize and not augment.train:
-            images = fn.transpose(images, perm=[2, 0, 1])  # uint8, NCHW: layout only
-        else:
-          images = fn.crop_mirror_normalize(
-            images,
-            dtype=types.FLOAT16 if augment.half else (types.FLOAT if augment.normalize else types.UINT8),
-            output_layout="CHW" if augment.channels_first else "HWC",
-            mean=list(augment.mean) if augment.normalize else [0.0, 0.0, 0.0],
-            std=list(augment.std) if augment.normalize else [1.0, 1.0, 1.0],
-            mirror=fn.random.coin_flip(probability=0.5) if augment.train else 0,
-        )
+        images = _finish(_decode_and_crop(raw, augment, gpu=gpu, jpeg=jpeg), augment)
         if gpu:
             labels, indices = labels.gpu(), indices.gpu()
         return images, labels, indices
 
     return tiles()
+
+
+def _finish(images: Any, a: Augment) -> Any:
+    """Flip, normalise, cast and lay out; uint8 eval output skips every per-pixel op it can."""
+    if a.passthrough:
+        return images
+    if not (a.normalize or a.train):
+        return fn.transpose(images, perm=[2, 0, 1])  # uint8 NCHW: layout only
+    return fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT16 if a.half else (types.FLOAT if a.normalize else types.UINT8),
+        output_layout="CHW" if a.channels_first else "HWC",
+        mean=list(a.mean) if a.normalize else [0.0, 0.0, 0.0],
+        std=list(a.std) if a.normalize else [1.0, 1.0, 1.0],
+        mirror=fn.random.coin_flip(probability=0.5) if a.train else 0,
+    )
 
 
 def _decode_and_crop(raw: Any, a: Augment, *, gpu: bool, jpeg: bool) -> Any:
