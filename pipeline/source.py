@@ -74,10 +74,10 @@ class BatchSource:
         labels = reader.labels[indices]
         if images is None:
             # bytes() copies out of the map: DALI may hold inputs past this call
-            images = [np.frombuffer(bytes(reader.payload(int(i))), np.uint8) for i in indices]
+            images = [np.frombuffer(bytes(reader.payload(i)), np.uint8) for i in indices.tolist()]
         else:
-            for k, i in enumerate(indices):
-                reader.read_into(int(i), images[k])
+            for k, i in enumerate(indices.tolist()):
+                reader.read_into(i, images[k])
         return images, labels, indices
 
     def __call__(self) -> Batch:

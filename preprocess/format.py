@@ -143,7 +143,7 @@ class TileCodec:
         if out is None:
             out = np.empty(self.shape, dtype=np.uint8)
         if self.name == "lz4":
-            _blosc_lz4().decode(payload, out=out)
+            blosc.decompress(payload, out)
         elif self.name == "zstd":
             Zstd().decode(payload, out=out)
         elif self.name == "none":
@@ -154,9 +154,11 @@ class TileCodec:
 
 
 def _blosc_lz4() -> Blosc:
-    # Parallelism comes from worker processes and DALI threads; blosc's own threads only contend.
-    blosc.use_threads = False
     return Blosc(cname="lz4", clevel=LZ4_LEVEL, shuffle=Blosc.NOSHUFFLE, blocksize=0)
+
+
+# Parallelism comes from worker processes and DALI threads; blosc's own threads only contend.
+blosc.use_threads = False
 
 
 def encode_jpeg(tile: np.ndarray, quality: int) -> bytes:
