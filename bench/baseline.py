@@ -66,7 +66,7 @@ class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
             im = im.resize((self.size, self.size), Image.Resampling.BILINEAR, box=box)
             if self.train and self._rng.random() < 0.5:
                 im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-            pixels = torch.from_numpy(np.asarray(im))
+            pixels = torch.from_numpy(np.array(im))  # a writable copy, as torchvision makes
         if self.dtype == torch.uint8:
             return pixels, self.labels[index]
         chw = pixels.permute(2, 0, 1).float()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose")
 
 
 def cache_dir() -> Path:
@@ -22,51 +25,9 @@ def demo_images(count: int, classes: int = 8) -> Path:
 
     per_class = -(-count // classes)
     folder = cache_dir() / f"images-{classes}x{per_class}"
-    print(f"images: {folder} ({classes} classes x {per_class}, generated once, then reused)")
+    print(f"images: {folder} ({classes} classes x {per_class}, generated once, then reused)",
+          flush=True)
     return make_image_folder(folder, classes=classes, per_class=per_class)
-
-
-def bench_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tilefeed bench", description="Benchmarks.")
-    sub = parser.add_subparsers(dest="what", required=True, metavar="WHAT")
-    p = sub.add_parser("preprocess", help="preprocessing throughput against bare PIL decode+resize",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--images", type=Path, default=None,
-                   help="image folder (default: a generated ImageNet-like set in the cache)")
-    p.add_argument("--count", type=int, default=2400, help="generated images, without --images")
-    p.add_argument("--size", type=int, default=224, help="tile side")
-    p.add_argument("--codec", default="lz4", help="tile codec")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
-    p.add_argument("--json", type=Path, default=None, help="also write the result here")
-    q = sub.add_parser("loader", help="loader-alone throughput: tilefeed vs memcpy vs PIL DataLoader",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("--images", type=Path, default=None,
-                   help="source image folder (default: a generated ImageNet-like set in the cache)")
-    q.add_argument("--store", type=Path, default=None,
-                   help="the store made from --images (default: made in the cache)")
-    q.add_argument("--count", type=int, default=1600, help="generated images, without --images")
-    q.add_argument("--batch-size", type=int, default=64)
-    q.add_argument("--workers", type=int, default=2, help="workers for every loader")
-    q.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
-    q.add_argument("--json", type=Path, default=None, help="also write the result here")
-    args = parser.parse_args(argv)
-    result: Any
-    if args.what == "preprocess":
-        from bench.preprocess_bench import bench_preprocess
-
-        images = args.images or demo_images(args.count)
-        result = bench_preprocess(images, size=args.size, codec=args.codec, rounds=args.rounds)
-    else:
-        from bench.loader_bench import bench_loaders
-
-        images = args.images or demo_images(args.count)
-        store = args.store or demo_store(images)
-        result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
-                               rounds=args.rounds)
-    print(result.table())
-    if args.json:
-        args.json.write_text(json.dumps(asdict(result), indent=2))
-    return 0
 
 
 def demo_store(images: Path, size: int = 224, codec: str = "lz4") -> Path:
@@ -76,27 +37,224 @@ def demo_store(images: Path, size: int = 224, codec: str = "lz4") -> Path:
 
     store = cache_dir() / f"{images.name}-{size}-{codec}"
     s = preprocess(images, store, TileSettings(size=size), StoreSettings(codec=codec),
-                   progress=progress_bar(True))
-    print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})")
+                   progress=progress_bar(sys.stderr.isatty()))
+    print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
+          flush=True)
     return store
+
+
+def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
+    p.add_argument("--images", type=Path, default=None, help="source JPEG folder (one subfolder "
+                   "per class); default: a generated ImageNet-like set in the cache")
+    p.add_argument("--store", type=Path, default=None,
+                   help="tilefeed store made from --images; default: made in the cache")
+    p.add_argument("--loaders", default=loaders,
+                   help="comma list of baseline, dali-files, tiles-dataloader, tilefeed")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=40, help="measured steps per loader")
+    p.add_argument("--warmup", type=int, default=3, help="steps run first and left out")
+    p.add_argument("--step", choices=("emulated", "model"), default="emulated",
+                   help="emulated: a --step-ms accelerator step that leaves the host CPU free; "
+                   "model: a ResNet-style forward/backward/optimizer step")
+    p.add_argument("--step-ms", type=float, default=20.0, help="emulated step length")
+    p.add_argument("--accumulate", type=int, default=1, help="model step: micro-batches per step")
+    p.add_argument("--model-width", type=int, default=None,
+                   help="model step: first-stage width (default 64 on a GPU = ResNet-18, 16 on CPU)")
+    p.add_argument("--workers", type=int, default=2, help="workers/threads for every loader")
+    p.add_argument("--size", type=int, default=224, help="output image side")
+    p.add_argument("--eval", action="store_true", help="eval augmentation instead of train")
+    p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
+    p.add_argument("--count", type=int, default=1600, help="generated images, without --images")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
+    import torch
+
+    from bench.loaders import LoaderSettings
+    from bench.steps import EmulatedStep, ModelStep
+
+    device = torch.device(args.device) if args.device else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    names = [n.strip() for n in args.loaders.split(",") if n.strip()]
+    images = args.images
+    store = args.store
+    if images is None and any(n in ("baseline", "dali-files") for n in names) or (
+            images is None and store is None):
+        images = demo_images(args.count)
+    if store is None and any(n in ("tilefeed", "tiles-dataloader") for n in names):
+        if images is None:
+            raise SystemExit("tilefeed: error: --store is needed (or --images to make one)")
+        store = demo_store(images, args.size)
+    settings = LoaderSettings(images=images, store=store, batch_size=args.batch_size,
+                              workers=args.workers, size=args.size, train=not args.eval,
+                              device=device)
+    if args.step == "model":
+        width = args.model_width or (64 if device.type == "cuda" else 16)
+        step: Any = ModelStep(device, width=width, accumulate=args.accumulate)
+    else:
+        step = EmulatedStep(args.step_ms, device)
+    return settings, step
+
+
+def _names(args: argparse.Namespace) -> list[str]:
+    return [n.strip() for n in args.loaders.split(",") if n.strip()]
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
+                "diagnose": _diagnose}[argv[0]](argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="tilefeed bench",
+        description="Measure how long each training step waits for its batch, for several loaders "
+        "side by side on equal terms (same samples, batch, output and augmentation). Other forms: "
+        "tilefeed bench {preprocess,loader,sweep,diagnose} --help.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _harness_args(parser)
+    args = parser.parse_args(argv)
+    return run_compare(args)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from bench.compare import compare, report, settings_dict, write_json
+    from bench.plots import plot_runs
+
+    settings, step = _resolve(args)
+    runs, fair_line = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
+    print(report(runs, fair_line, step.describe()))
+    if args.json:
+        write_json(args.json, runs, True, settings_dict(settings, step, args.steps, args.warmup))
+        print(f"json: {args.json}")
+    if args.plots:
+        for path in plot_runs(runs, args.plots):
+            print(f"plot: {path}")
+    return 0
+
+
+def _bench_preprocess(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tilefeed bench preprocess",
+                                description="Preprocessing throughput against bare PIL decode+resize.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--images", type=Path, default=None,
+                   help="image folder (default: a generated ImageNet-like set in the cache)")
+    p.add_argument("--count", type=int, default=2400, help="generated images, without --images")
+    p.add_argument("--size", type=int, default=224, help="tile side")
+    p.add_argument("--codec", default="lz4", help="tile codec")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
+    p.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = p.parse_args(argv)
+    from bench.preprocess_bench import bench_preprocess
+
+    result = bench_preprocess(args.images or demo_images(args.count), size=args.size,
+                              codec=args.codec, rounds=args.rounds)
+    print(result.table())
+    if args.json:
+        args.json.write_text(json.dumps(asdict(result), indent=2))
+    return 0
+
+
+def _bench_loader(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tilefeed bench loader",
+                                description="Loader-alone throughput: tilefeed against a memcpy of "
+                                "the decoded tiles and a PIL DataLoader.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--images", type=Path, default=None,
+                   help="source image folder (default: a generated ImageNet-like set in the cache)")
+    p.add_argument("--store", type=Path, default=None,
+                   help="the store made from --images (default: made in the cache)")
+    p.add_argument("--count", type=int, default=1600, help="generated images, without --images")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2, help="workers for every loader")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
+    p.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = p.parse_args(argv)
+    from bench.loader_bench import bench_loaders
+
+    images = args.images or demo_images(args.count)
+    store = args.store or demo_store(images)
+    result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
+                           rounds=args.rounds)
+    print(result.table())
+    if args.json:
+        args.json.write_text(json.dumps(asdict(result), indent=2))
+    return 0
+
+
+def _sweep(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tilefeed bench sweep",
+                                description="Stall against step time (or worker count), per loader.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _harness_args(p)
+    p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms")
+    p.add_argument("--values", default="0,10,20,40,80", help="comma list of values to sweep")
+    args = p.parse_args(argv)
+    from bench.compare import compare, settings_dict, write_json
+    from bench.harness import format_table
+    from bench.plots import plot_sweep
+
+    values = [float(v) for v in args.values.split(",")]
+    curves: dict[str, list[float]] = {name: [] for name in _names(args)}
+    all_runs = []
+    for v in values:
+        if args.over == "step-ms":
+            args.step_ms = v
+        else:
+            args.workers = int(v)
+        settings, step = _resolve(args)
+        runs, _ = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
+        print(f"{args.over} = {v:g}\n{format_table(runs)}", flush=True)
+        for r in runs:
+            curves[r.loader].append(r.stall_fraction)
+            r.extra[args.over] = v
+        all_runs += runs
+    plots = args.plots or Path(".")
+    path = plot_sweep(values, curves, args.over, plots / "sweep.png")
+    print(f"plot: {path}")
+    if args.json:
+        write_json(args.json, all_runs, True, settings_dict(settings, step, args.steps, args.warmup))
+    return 0
+
+
+def _diagnose(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="tilefeed bench diagnose",
+        description="Measure the loader alone and the step alone, say whether training is "
+        "input-bound and which lever helps, with the numbers behind it.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _harness_args(p, loaders="baseline")
+    args = p.parse_args(argv)
+    from bench.diagnose import diagnose
+
+    settings, step = _resolve(args)
+    print(diagnose(_names(args)[0], settings, step, steps=args.steps, warmup=args.warmup))
+    return 0
 
 
 def demo_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="tilefeed demo",
-        description="Generate an ImageNet-like image set (cached), preprocess it into a store and "
-        "describe the store.")
+        description="The tour: generate an ImageNet-like image set (cached), preprocess it into "
+        "a store, and bench the standard PIL DataLoader against tilefeed at an emulated step.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--count", type=int, default=1600, help="images to generate")
+    parser.add_argument("--step-ms", type=float, default=40.0, help="emulated step per batch")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("tilefeed-demo"),
+                        help="folder for the JSON and the plots")
     args = parser.parse_args(argv)
-    from preprocess import StoreSettings, TileSettings, preprocess
     from preprocess.inspection import format_info, info
-    from preprocess.writer import progress_bar
 
     images = demo_images(args.count)
-    store = cache_dir() / "demo-store"
-    s = preprocess(images, store, TileSettings(size=224), StoreSettings(codec="lz4"),
-                   progress=progress_bar(True))
-    print(f"preprocessed {s.sources} images in {s.seconds:.1f} s"
-          + (" (store was already complete)" if s.up_to_date else ""))
-    print(format_info(info(store)))
-    return 0
+    store = demo_store(images)
+    print(format_info(info(store), max_rejects=5))
+    print(f"\nbench: baseline (PIL DataLoader) vs tilefeed, batch 64, 2 workers, "
+          f"{args.step_ms:g} ms emulated step", flush=True)
+    bench = argparse.Namespace(
+        images=images, store=store, loaders="baseline,tilefeed", batch_size=64, steps=args.steps,
+        warmup=3, step="emulated", step_ms=args.step_ms, accumulate=1, model_width=None,
+        workers=2, size=224, eval=False, device=None, count=args.count,
+        json=args.out / "bench.json", plots=args.out)
+    return run_compare(bench)

@@ -109,7 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in ("bench", "demo"):
+        # their own parsers take every option that follows
+        args = argparse.Namespace(command=argv[0], args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     try:
         if args.command == "preprocess":
             return _preprocess(args)
