@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from preprocess import StoreSettings, TileSettings, preprocess
+from tests.conftest import write_folder
+
+RUN_KEYS = {"loader", "batch_size", "samples", "steps", "wait_s", "step_s", "wall_s",
+            "stall_fraction", "samples_per_s", "peak_rss_mb"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    images = write_folder(root / "images", classes=2, per_class=12, size=(64, 48))
+    store = root / "store"
+    preprocess(images, store, TileSettings(size=32), StoreSettings(shard_size=8), workers=1)
+    return images, store
+
+
+def tilefeed(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "preprocess.cli", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_bench_cli_json_contract_and_plots(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    images, store = data
+    out = tmp_path / "out.json"
+    r = tilefeed("bench", "--images", str(images), "--store", str(store), "--loaders",
+                 "baseline,tilefeed,tiles-dataloader,dali-files", "--batch-size", "8", "--steps",
+                 "4", "--warmup", "1", "--step-ms", "5", "--workers", "1", "--size", "32",
+                 "--json", str(out), "--plots", str(tmp_path / "plots"))
+    assert r.returncode == 0, r.stderr
+    assert "fair: every loader delivered 32 samples in 4 steps of batch 8" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["fair"] is True and doc["settings"]["batch_size"] == 8
+    assert [run["loader"] for run in doc["runs"]] == ["baseline", "tilefeed", "tiles-dataloader",
+                                                       "dali-files"]
+    for run in doc["runs"]:
+        assert RUN_KEYS <= run.keys()
+        assert run["output"] == {"shape": [3, 32, 32], "dtype": "float32", "device": "cpu"}
+    for name in ("stall.png", "timeline.png"):
+        with Image.open(tmp_path / "plots" / name) as im:
+            assert im.size[0] > 300
+
+
+def test_bench_model_step_names_the_dominant_memory_term(data: tuple[Path, Path]) -> None:
+    images, store = data
+    r = tilefeed("bench", "--images", str(images), "--store", str(store), "--loaders", "tilefeed",
+                 "--batch-size", "8", "--steps", "2", "--warmup", "1", "--step", "model",
+                 "--model-width", "8", "--size", "32", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "model memory dominated by" in r.stdout and "ResNet-style" in r.stdout
+
+
+def test_sweep_and_diagnose(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    images, store = data
+    common = ["--images", str(images), "--store", str(store), "--batch-size", "8", "--steps", "3",
+              "--warmup", "1", "--size", "32", "--workers", "1"]
+    r = tilefeed("bench", "sweep", *common, "--loaders", "tilefeed", "--values", "0,20",
+                 "--plots", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    r = tilefeed("bench", "diagnose", *common, "--loaders", "baseline", "--step-ms", "200")
+    assert r.returncode == 0, r.stderr
+    assert "verdict: not input-bound" in r.stdout
+    r = tilefeed("bench", "diagnose", *common, "--loaders", "baseline", "--step-ms", "0.1")
+    assert "verdict: input-bound" in r.stdout and "preprocess to tiles" in r.stdout
+
+
+def test_bench_rejects_unknown_loader(data: tuple[Path, Path]) -> None:
+    images, store = data
+    r = tilefeed("bench", "--images", str(images), "--store", str(store), "--loaders", "magic")
+    assert r.returncode == 1 and "unknown loader 'magic'" in r.stderr
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    r = tilefeed("demo", "--count", "32", "--steps", "3", "--step-ms", "5", "--out",
+                 str(tmp_path / "demo"), env={"TILEFEED_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert "fair: every loader delivered" in r.stdout
+    assert (tmp_path / "demo" / "bench.json").exists()
+    assert (tmp_path / "demo" / "stall.png").exists()

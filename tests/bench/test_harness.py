@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from bench.compare import UnfairComparison, fairness
+from bench.harness import measure, watch
+from bench.steps import EmulatedStep, ModelStep
+
+CPU = torch.device("cpu")
+
+
+class DelayedLoader:
+    """Yields a batch every ``delay_ms``; ``leak_mb`` keeps that much new memory per batch."""
+
+    def __init__(self, delay_ms: float, batches: int = 1000, leak_mb: int = 0, batch: int = 4):
+        self.delay_ms, self.batches, self.leak_mb, self.batch = delay_ms, batches, leak_mb, batch
+        self.kept: list[np.ndarray] = []
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.batches):
+            time.sleep(self.delay_ms / 1000)
+            if self.leak_mb:
+                self.kept.append(np.ones(self.leak_mb * 2**20, dtype=np.uint8))  # touched pages
+            yield torch.zeros(self.batch, 3, 8, 8), torch.zeros(self.batch, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("wait_ms,step_ms", [(30, 10), (5, 25)])
+def test_measured_wait_and_stall_match_injected_delays(wait_ms: float, step_ms: float) -> None:
+    run = measure(DelayedLoader(wait_ms), EmulatedStep(step_ms, CPU), steps=12, warmup=2)
+    assert run.steps == 12 and run.samples == 48 and run.batch_size == 4 and run.warmup == 2
+    assert run.wait_median_ms == pytest.approx(wait_ms, rel=0.3, abs=3)
+    assert run.step_median_ms == pytest.approx(step_ms, rel=0.3, abs=3)
+    expected = wait_ms / (wait_ms + step_ms)
+    assert run.stall_fraction == pytest.approx(expected, abs=0.1)
+    assert run.busy_fraction == pytest.approx(1 - expected, abs=0.1)
+    assert run.samples_per_s == pytest.approx(4 / ((wait_ms + step_ms) / 1000), rel=0.3)
+    assert run.wall_s == pytest.approx(run.wait_s + run.step_s + run.h2d_s, rel=0.1)
+
+
+def test_watch_times_the_loop_body_and_reports_on_demand(capsys: pytest.CaptureFixture[str]) -> None:
+    watcher = watch(DelayedLoader(5, batches=10), warmup=1, name="mine", report=True)
+    for k, _batch in enumerate(watcher):
+        time.sleep(0.02)
+        if k == 5:
+            mid = watcher.result()
+            assert mid.steps == 5  # warm-up excluded, the current step counted as ending now
+    run = watcher.result()
+    assert run.steps == 9 and run.loader == "mine"
+    assert run.step_median_ms == pytest.approx(20, abs=5)
+    assert run.wait_median_ms == pytest.approx(5, abs=4)
+    assert run.warmup_s > 0
+    assert "mine" in capsys.readouterr().out  # the report printed when the loop ended
+
+
+def test_memory_growth_warning_fires_for_a_leak_only() -> None:
+    with pytest.warns(UserWarning, match="grows steadily"):
+        leaky = measure(DelayedLoader(15, leak_mb=16), EmulatedStep(5, CPU), steps=24, warmup=2)
+    assert leaky.memory_growth and leaky.peak_rss_mb > 300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clean = measure(DelayedLoader(15), EmulatedStep(5, CPU), steps=24, warmup=2)
+    assert not clean.memory_growth
+
+
+def test_fairness_refuses_runs_that_differ() -> None:
+    a = measure(DelayedLoader(1, batch=4), EmulatedStep(0, CPU), steps=3, warmup=1, name="a")
+    b = measure(DelayedLoader(1, batch=8), EmulatedStep(0, CPU), steps=3, warmup=1, name="b")
+    assert fairness([a, a], "train").startswith("fair:")
+    with pytest.raises(UnfairComparison, match="refusing to compare") as err:
+        fairness([a, b], "train")
+    assert isinstance(err.value, ValueError) and "batch 8" in str(err.value)
+
+
+def test_model_step_memory_breakdown_and_accumulation() -> None:
+    step = ModelStep(CPU, width=8, blocks=(1, 1), classes=10, accumulate=2)
+    images = torch.randn(8, 3, 32, 32)
+    labels = torch.randint(0, 10, (8,))
+    before = [p.detach().clone() for p in step.model.parameters()]
+    step(images, labels)
+    after = list(step.model.parameters())
+    assert any(not torch.equal(x, y) for x, y in zip(before, after)), "the optimizer stepped"
+    m = step.memory
+    assert m.params_mb > 0 and m.grads_mb == pytest.approx(m.params_mb)
+    assert m.optimizer_mb == pytest.approx(m.params_mb)  # SGD momentum: one buffer per param
+    assert m.activations_mb > m.params_mb  # 32x32 inputs, a tiny net: activations dominate
+    assert m.dominant == "activations" and "checkpointing" in m.summary()
+    step(images.to(torch.uint8), labels)  # uint8 NCHW input is accepted too
