@@ -11,9 +11,13 @@ SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" ||
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# The CPU build on these machines (an open range pulls a multi-GB CUDA build); a GPU machine
+# with network access can ask for another: make setup TORCH_SPEC=torch==2.14.1
+TORCH_SPEC ?= torch==2.13.0
+
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0            # the CPU build on these machines; an open range pulls CUDA
+	$(PIP) "$(TORCH_SPEC)"
 	$(PIP) -e '.[dev]'
 	# pillow-simd last: it provides the same PIL package as pillow, which matplotlib pulls in.
 	$(PY) -m pip uninstall --quiet -y pillow pillow-simd
@@ -27,11 +31,21 @@ test: setup
 demo: setup
 	$(VENV)/bin/tilefeed demo
 
+# The measurements in the README: preprocessing, the loader alone, and loaders against a step.
 bench: setup
 	$(VENV)/bin/tilefeed bench preprocess
+	$(VENV)/bin/tilefeed bench loader
+	$(VENV)/bin/tilefeed bench --loaders baseline,dali-files,tiles-dataloader,tilefeed \
+		--batch-size 64 --steps 40 --step-ms 40 --workers 2 --json bench-out/bench.json --plots bench-out
 
-gpu-check: setup
-	$(PY) -m pytest -q -m gpu
-
-clean:
-	rm -rf $(VENV) .cache *.egg-info
+# On a CUDA machine, in a few minutes: the GPU tests, then a short GPU bench (nvJPEG store too).
+# GPU_PY is any Python with CUDA torch, DALI and this project installed (default: the venv).
+GPU_PY ?= $(PY)
+TF     := $(GPU_PY) -m preprocess.cli
+gpu-check:
+	$(GPU_PY) -c "import torch, nvidia.dali; assert torch.cuda.is_available(), 'gpu-check needs CUDA'"
+	$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider
+	$(TF) bench --loaders baseline,dali-files,tilefeed --steps 40 --step-ms 20 --workers 4 \
+		--json bench-out/gpu.json --plots bench-out/gpu
+	$(TF) bench --loaders tilefeed --codec jpeg --steps 20 --step model --workers 4 \
+		--json bench-out/gpu-jpeg.json

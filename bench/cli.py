@@ -48,6 +48,8 @@ def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefe
                    "per class); default: a generated ImageNet-like set in the cache")
     p.add_argument("--store", type=Path, default=None,
                    help="tilefeed store made from --images; default: made in the cache")
+    p.add_argument("--codec", default="lz4", help="codec of the store made without --store "
+                   "(jpeg: decoded by nvJPEG on a GPU)")
     p.add_argument("--loaders", default=loaders,
                    help="comma list of baseline, dali-files, tiles-dataloader, tilefeed")
     p.add_argument("--batch-size", type=int, default=64)
@@ -86,7 +88,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     if store is None and any(n in ("tilefeed", "tiles-dataloader") for n in names):
         if images is None:
             raise SystemExit("tilefeed: error: --store is needed (or --images to make one)")
-        store = demo_store(images, args.size)
+        store = demo_store(images, args.size, args.codec)
     settings = LoaderSettings(images=images, store=store, batch_size=args.batch_size,
                               workers=args.workers, size=args.size, train=not args.eval,
                               device=device)
@@ -255,6 +257,6 @@ def demo_main(argv: Sequence[str]) -> int:
     bench = argparse.Namespace(
         images=images, store=store, loaders="baseline,tilefeed", batch_size=64, steps=args.steps,
         warmup=3, step="emulated", step_ms=args.step_ms, accumulate=1, model_width=None,
-        workers=2, size=224, eval=False, device=None, count=args.count,
+        workers=2, size=224, eval=False, device=None, count=args.count, codec="lz4",
         json=args.out / "bench.json", plots=args.out)
     return run_compare(bench)
