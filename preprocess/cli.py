@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=_positive, default=1024, help="tiles per shard file")
     p.add_argument("--workers", type=_positive, default=None,
                    help="worker processes (default: all available cores)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the work on a Dask distributed cluster (e.g. tcp://host:8786) instead "
+                   "of local processes; its workers must see SRC and OUT at the same paths")
     p.add_argument("--max-pixels", type=_positive, default=DEFAULT_MAX_PIXELS,
                    help="reject larger images (decompression-bomb limit)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
@@ -147,7 +150,7 @@ def _preprocess(args: argparse.Namespace) -> int:
     store = StoreSettings(codec=args.codec, quality=args.quality, shard_size=args.shard_size)
     s = preprocess(
         args.src, args.out, tiles, store, workers=args.workers, overwrite=args.overwrite,
-        progress=progress_bar(sys.stderr.isatty() and not args.quiet),
+        progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
     )
     if not args.quiet:
         state = "already complete, nothing to do" if s.up_to_date else f"{s.seconds:.1f} s"

@@ -1,0 +1,56 @@
+"""Two real ranks under torch.distributed (gloo on the CPU), each with its own Loader."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world: int, port: int, store: str, drop_last: bool, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from pipeline import Loader
+
+    with Loader(store, 4, drop_last=drop_last, with_index=True, train=False,
+                dtype=torch.uint8, workers=1) as loader:
+        assert (loader.rank, loader.world_size) == (rank, world)
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            epochs.append([idx.tolist() for _, _, idx in loader])
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, epochs)
+    if rank == 0:
+        torch.save(gathered, out)
+    dist.destroy_process_group()
+
+
+def test_two_ranks_split_every_epoch_exactly_once(store: Path, tmp_path: Path) -> None:
+    for drop_last in (False, True):
+        out = tmp_path / f"gathered-{drop_last}.pt"
+        mp.start_processes(_rank_main, args=(2, _free_port(), str(store), drop_last, str(out)),
+                           nprocs=2, join=True, start_method="spawn")
+        per_rank = torch.load(out)  # [rank][epoch][batch] -> indices
+        orders = []
+        for epoch in range(2):
+            batches = [per_rank[r][epoch] for r in range(2)]
+            assert len(batches[0]) == len(batches[1]), "same number of batches on every rank"
+            seen = Counter(i for rank_batches in batches for b in rank_batches for i in b)
+            if drop_last:
+                assert max(seen.values()) == 1 and 50 - len(seen) < 2 * 4
+            else:
+                assert len(seen) == 50 and sum(seen.values()) - 50 < 2
+            orders.append([i for b in batches[0] for i in b])
+        assert orders[0] != orders[1], "a different order every epoch"

@@ -1,0 +1,55 @@
+"""Preprocessing on a Dask cluster: the same store as a local run, even when a worker dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from distributed import Client, LocalCluster
+
+from preprocess import StoreSettings, TileSettings, preprocess
+from preprocess import format as fmt
+from tests.conftest import tree_bytes
+
+TILES, STORE = TileSettings(size=32), StoreSettings(shard_size=50)
+
+
+def cluster() -> LocalCluster:
+    return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+
+
+def test_cluster_run_matches_a_local_run(tmp_path: Path, source: tuple[Path, Path]) -> None:
+    src, reference = source
+    with cluster() as c:
+        summary = preprocess(src, tmp_path / "store", TILES, STORE, scheduler=c.scheduler_address)
+    assert summary.tiles == 480 and summary.rejected == 1
+    assert tree_bytes(tmp_path / "store") == tree_bytes(reference)
+
+
+def test_a_worker_killed_mid_run_is_retried_without_partial_shards(
+        tmp_path: Path, source: tuple[Path, Path]) -> None:
+    src, reference = source
+    out = tmp_path / "store"
+    errors: list[BaseException] = []
+
+    def run(address: str) -> None:
+        try:
+            preprocess(src, out, TILES, STORE, scheduler=address)
+        except BaseException as e:  # handed to the test thread
+            errors.append(e)
+
+    with cluster() as c, Client(c) as client:
+        victim = next(iter(client.run(os.getpid).values()))
+        thread = threading.Thread(target=run, args=(c.scheduler_address,))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not list((out / fmt.WORK_DIR).glob("part-*.json")):
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)  # the nanny starts a new worker; its tasks run again
+        thread.join(timeout=240)
+    assert not errors, errors
+    assert tree_bytes(out) == tree_bytes(reference)

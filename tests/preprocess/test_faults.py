@@ -1,0 +1,119 @@
+"""Preprocessing under faults: kills at random moments, a disk that fills up, mutated inputs."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import preprocess.writer as writer
+from preprocess import StoreSettings, TileSettings, preprocess
+from preprocess.decode import Rejected, load_tiles
+from preprocess.errors import StoreWriteError
+from tests.conftest import photo, tree_bytes, write_folder
+
+from tests.preprocess.conftest import ARGS
+
+
+def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
+        tmp_path: Path, source: tuple[Path, Path]) -> None:
+    src, reference = source
+    rng = random.Random(1234)
+    for trial in range(4):
+        out = tmp_path / f"run{trial}"
+        for _kill in range(3):  # up to three kills on the same store, at random moments
+            proc = subprocess.Popen([sys.executable, "-m", "preprocess.cli", "preprocess",
+                                     str(src), str(out), *ARGS], start_new_session=True)
+            time.sleep(rng.uniform(0.3, 3.0))
+            if proc.poll() is not None:
+                break
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        done = subprocess.run([sys.executable, "-m", "preprocess.cli", "preprocess", str(src),
+                               str(out), *ARGS], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert tree_bytes(out) == tree_bytes(reference), f"trial {trial} differs"
+
+
+@pytest.mark.parametrize("target", ["write_part", "write_shard"])
+def test_disk_full_is_a_clear_error_and_the_store_resumes(
+        tmp_path: Path, source: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+        target: str) -> None:
+    src, reference = source
+    real = getattr(writer, target)
+    calls = {"n": 0}
+
+    def full_disk(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args)
+
+    monkeypatch.setattr(writer, target, full_disk)
+    out = tmp_path / "store"
+    tiles, store = TileSettings(size=32), StoreSettings(shard_size=50)
+    with pytest.raises(StoreWriteError, match="No space left on device.*rerun the same command"):
+        preprocess(src, out, tiles, store, workers=1)
+    monkeypatch.setattr(writer, target, real)
+    summary = preprocess(src, out, tiles, store, workers=1)
+    assert summary.resumed_parts > 0
+    assert tree_bytes(out) == tree_bytes(reference)
+
+
+def _seed_images() -> list[bytes]:
+    out = []
+    for fmt, kw in [("JPEG", {"quality": 85}), ("PNG", {}), ("GIF", {})]:
+        buf = io.BytesIO()
+        photo(3, 40, 30).save(buf, fmt, **kw)
+        out.append(buf.getvalue())
+    return out
+
+
+SEEDS = _seed_images()
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(st.sampled_from(SEEDS)))
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["flip", "cut", "insert", "zero"]))
+        pos = draw(st.integers(0, max(0, len(data) - 1)))
+        if kind == "flip":
+            data[pos] ^= draw(st.integers(1, 255))
+        elif kind == "cut":
+            del data[pos:]
+        elif kind == "insert":
+            data[pos:pos] = draw(st.binary(min_size=1, max_size=64))
+        else:
+            data[pos : pos + draw(st.integers(1, 256))] = b"\0" * 16
+        if not data:
+            break
+    return bytes(data)
+
+
+@settings(max_examples=200, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=mutated())
+def test_mutated_images_are_accepted_or_rejected_never_crash_or_hang(
+        tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "fuzz.img"
+    path.write_bytes(data)
+    for mode in ("resize", "grid"):
+        try:
+            tiles = load_tiles(str(path), TileSettings(size=16, mode=mode, max_pixels=4_000_000))
+        except Rejected as e:
+            assert str(e) and "\n" not in str(e)
+        else:
+            assert tiles.pixels.dtype == np.uint8 and tiles.pixels.shape[1:] == (16, 16, 3)
