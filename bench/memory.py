@@ -64,16 +64,19 @@ class Growth:
     detail: str
 
 
-def steady_growth(samples_mb: list[float], min_growth_mb: float = 32.0) -> Growth:
-    """Steady growth (a retained graph, a leak) rather than one peak: each quarter of the run sits
-    higher than the one before, and the total rise is at least ``min_growth_mb`` and 5%."""
+def steady_growth(samples_mb: list[float], min_growth_mb: float = 64.0) -> Growth:
+    """Steady growth (a leak, a retained graph) rather than warm-up or one peak: each quarter of
+    the run sits higher than the one before, the last half still rises at least half as fast as
+    the first, and the total rise is at least ``min_growth_mb`` and 10% (allocator arenas of
+    DALI's threads and pools filling up move by less than that in a run and then level off)."""
     if len(samples_mb) < 8:
         return Growth(False, 0.0, "too few steps to judge memory growth")
     q = len(samples_mb) // 4
     quarters = [statistics.median(samples_mb[i * q : (i + 1) * q]) for i in range(4)]
     rise = quarters[-1] - quarters[0]
     rising = all(b > a for a, b in zip(quarters, quarters[1:]))
-    steady = rising and rise >= max(min_growth_mb, 0.05 * quarters[0])
+    sustained = quarters[3] - quarters[2] >= 0.5 * (quarters[1] - quarters[0])
+    steady = rising and sustained and rise >= max(min_growth_mb, 0.10 * quarters[0])
     detail = ("anonymous host memory grows steadily: quarter medians " +
               " -> ".join(f"{v:.0f}" for v in quarters) + " MB")
     return Growth(steady, rise, detail if steady else "no steady host-memory growth")
