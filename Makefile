@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test test-fast demo bench bench-preprocess gpu-check clean
+.PHONY: setup test typecheck demo bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+typecheck: setup
+	$(PY) -m mypy preprocess pipeline bench
 
 demo: setup
 	$(VENV)/bin/tilefeed demo

@@ -54,9 +54,9 @@ class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        with Image.open(self.paths[index]) as im:
-            im.draft("RGB", (self.size, self.size))
-            im = im.convert("RGB")
+        with Image.open(self.paths[index]) as f:
+            f.draft("RGB", (self.size, self.size))
+            im = f.convert("RGB")
             w, h = im.size
             if self.train:
                 box = random_resized_box(w, h, self._rng)

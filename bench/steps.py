@@ -126,7 +126,7 @@ class ModelStep:
         self.cuda = device.type == "cuda"
         self.model = resnet(width, blocks, classes).to(device)
         if self.cuda:
-            self.model = self.model.to(memory_format=torch.channels_last)
+            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         params = self.model.parameters()
         if optimizer == "sgd":
             self.opt: torch.optim.Optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)

@@ -100,7 +100,10 @@ def _to_rgb(im: Image.Image, settings: TileSettings) -> Image.Image:
 
         lab = ImageCms.createProfile("LAB")
         srgb = ImageCms.createProfile("sRGB")
-        return ImageCms.profileToProfile(im, lab, srgb, outputMode="RGB")
+        rgb = ImageCms.profileToProfile(im, lab, srgb, outputMode="RGB")
+        if rgb is None:
+            raise Rejected("unsupported: LAB conversion failed")
+        return rgb
     raise Rejected(f"unsupported: PIL mode {mode}")
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from typing_extensions import Buffer
+
 import crc32c as _crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd, blosc
@@ -48,11 +50,11 @@ _EMPTY: Final = 2**64 - 1
 _CRC: Final = struct.Struct("<I")
 
 
-def crc32c(data: bytes | memoryview | np.ndarray) -> int:
+def crc32c(data: Buffer) -> int:
     return int(_crc32c.crc32c(data))
 
 
-def crc_bytes(data: bytes | memoryview | np.ndarray) -> bytes:
+def crc_bytes(data: Buffer) -> bytes:
     return crc32c(data).to_bytes(4, "little")
 
 
@@ -183,12 +185,11 @@ def zarr_codecs(codec: str, quality: int) -> dict[str, Any]:
     from preprocess.jpeg_codec import JpegCodec
 
     serializer: Any = JpegCodec(quality=quality) if codec == "jpeg" else BytesCodec()
-    compressors: list[Any] = {
-        "lz4": [BloscCodec(cname="lz4", clevel=LZ4_LEVEL, shuffle="noshuffle", typesize=1)],
-        "zstd": [ZstdCodec(level=ZSTD_LEVEL)],
-        "none": [],
-        "jpeg": [],
-    }[codec]
+    compressors: list[Any] = []
+    if codec == "lz4":
+        compressors = [BloscCodec(cname="lz4", clevel=LZ4_LEVEL, shuffle="noshuffle", typesize=1)]
+    elif codec == "zstd":
+        compressors = [ZstdCodec(level=ZSTD_LEVEL)]
     return {"serializer": serializer, "compressors": [*compressors, Crc32cCodec()]}
 
 

@@ -68,10 +68,11 @@ def verify(
     codec = fmt.TileCodec(attrs["codec"], tile, attrs["quality"] or 90)
     problems: list[str] = []
     group = zarr.open_group(str(root), mode="r")
+    arrays = dict(group.arrays())
     for name in (fmt.IMAGES, fmt.LABELS, fmt.SOURCES):
-        if name not in group or group[name].shape[0] != samples:
+        if name not in arrays or arrays[name].shape[0] != samples:
             problems.append(f"array {name!r} is missing or does not hold {samples} entries")
-    labels = np.asarray(group[fmt.LABELS][:]) if fmt.LABELS in group else np.zeros(0)
+    labels = np.asarray(arrays[fmt.LABELS][:]) if fmt.LABELS in arrays else np.zeros(0)
     if labels.size and (labels.min() < 0 or labels.max() >= len(attrs["classes"])):
         problems.append(f"labels fall outside 0..{len(attrs['classes']) - 1}")
     for shard in range(attrs["shards"]):

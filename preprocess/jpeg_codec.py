@@ -43,7 +43,7 @@ class JpegCodec(ArrayBytesCodec):
     async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
         shape = self._tile_shape(chunk_spec)
         pixels = decode_jpeg(chunk_bytes.as_numpy_array().tobytes()).reshape(shape)
-        return chunk_spec.prototype.nd_buffer.from_ndarray_like(pixels)
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(pixels)  # type: ignore[arg-type]
 
     async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
         shape = self._tile_shape(chunk_spec)

@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from preprocess.errors import SourceError
 
@@ -45,7 +46,7 @@ def find_sources(src: str | os.PathLike[str]) -> Sources:
 
 
 def _visible_files(folder: Path) -> list[Path]:
-    files = []
+    files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         files.extend(Path(dirpath, f) for f in filenames if not f.startswith("."))
@@ -104,9 +105,9 @@ def _label(value: str) -> str | int:
     return int(value) if value.lstrip("-").isdigit() else value
 
 
-def _csv_rows(f: object, manifest: Path) -> list[tuple[str, str | int]]:
+def _csv_rows(f: TextIO, manifest: Path) -> list[tuple[str, str | int]]:
     rows = []
-    for lineno, row in enumerate(csv.reader(f), start=1):  # type: ignore[arg-type]
+    for lineno, row in enumerate(csv.reader(f), start=1):
         if not row or not "".join(row).strip():
             continue
         if lineno == 1 and [c.strip().lower() for c in row[:2]] == ["path", "label"]:
@@ -117,9 +118,9 @@ def _csv_rows(f: object, manifest: Path) -> list[tuple[str, str | int]]:
     return rows
 
 
-def _jsonl_rows(f: object, manifest: Path) -> list[tuple[str, str | int]]:
+def _jsonl_rows(f: TextIO, manifest: Path) -> list[tuple[str, str | int]]:
     rows = []
-    for lineno, line in enumerate(f, start=1):  # type: ignore[arg-type]
+    for lineno, line in enumerate(f, start=1):
         if not line.strip():
             continue
         try:

@@ -314,10 +314,10 @@ class _Build:
         for p in range(len(self.records)):
             path = self.work / _part_name(p, ".json")
             if path.exists():
-                self.records[p] = json.loads(path.read_text())
+                record = self.records[p] = json.loads(path.read_text())
                 self.resumed += 1
                 if self.tick:
-                    self.tick(self.records[p]["count"], len(self.records[p]["rejects"]))
+                    self.tick(record["count"], len(record["rejects"]))
         todo = iter([p for p, r in enumerate(self.records) if r is None])
         with self._executor(workers) as pool:
             pending: dict[Future[Any], tuple[str, int]] = {}
@@ -366,8 +366,11 @@ class _Build:
             pending[pool.submit(write_part, *args)] = ("part", part)
 
     def _submit_shards(self, pool: Any, pending: dict[Future[Any], tuple[str, int]]) -> None:
-        while self.prefix < len(self.records) and self.records[self.prefix] is not None:
-            self.first_tile.append(self.first_tile[-1] + len(self.records[self.prefix]["sizes"]))
+        while self.prefix < len(self.records):
+            record = self.records[self.prefix]
+            if record is None:
+                break
+            self.first_tile.append(self.first_tile[-1] + len(record["sizes"]))
             self.prefix += 1
         known = self.first_tile[-1]
         complete = self.prefix == len(self.records)
