@@ -82,6 +82,8 @@ def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
         # which is enough for every fit mode and far cheaper than a full decode.
         im.draft("RGB", (settings.size, settings.size))
     im.load()
+    if "exif" not in im.info and im.format != "TIFF":
+        return im  # no orientation to apply; parsing EXIF costs ~5% of a small JPEG's decode
     return ImageOps.exif_transpose(im) or im
 
 

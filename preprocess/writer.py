@@ -1,12 +1,14 @@
 """Sources -> a sharded Zarr v3 store, in parallel, resumable after a crash at any moment.
 
 Work is cut into *parts* of PART_SOURCES consecutive sources, independent of the worker count.
-A worker process decodes its part's images and writes their encoded chunks to the work folder
-(``OUT/.tilefeed-partial``), bytes first and a small JSON last, each under a temporary name then
-renamed. Once every part is there, the driver copies the chunk bytes into shard files (again
-temporary name, then rename), writes the small arrays and the array metadata, and writes the
-group's tilefeed attributes last: that is what marks the store complete. A rerun of the same
-command skips the parts already written, so a killed run resumes and ends in the same bytes.
+A worker decodes its part's images and writes their encoded chunks to the work folder
+(``OUT/.tilefeed-partial``), bytes first and a small JSON record last, each under a temporary
+name then renamed. As soon as the parts a shard needs are recorded, a worker copies their chunk
+bytes into the shard file (temporary name, fsync, rename) and the consumed part files go. When
+every shard is in place the driver writes the small arrays and the array metadata, and the
+group's tilefeed attributes last: that write marks the store complete. A rerun of the same
+command skips the parts and shards already there, so a killed run resumes and ends in the very
+bytes of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -160,18 +162,15 @@ def _remove_store(root: Path) -> None:
             entry.unlink()
 
 
-def _atomic_write(path: Path, chunks: list[bytes], durable: bool = False) -> None:
+def _atomic_write(path: Path, chunks: list[bytes]) -> None:
     """Write under a temporary name, then rename: a reader sees all of it or none of it.
 
-    Work files skip fsync: they only need to survive the process (kill -9, crash), and the
-    store's shards and metadata, which must survive the machine, are synced.
+    Work files skip fsync: they only need to outlive the process (kill -9, a crash); shards,
+    which must outlive the machine, are synced before any metadata declares them.
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         f.writelines(chunks)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
