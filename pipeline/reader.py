@@ -70,6 +70,15 @@ class StoreReader:
         """Decode sample ``index`` into ``out`` (T, T, 3) uint8."""
         return self.codec.decode(self.payload(index), out=out)
 
+    def read_batch_into(self, indices: list[int], out: np.ndarray) -> np.ndarray:
+        """Decode samples ``indices`` into ``out[k]``: the loop of read_into, with lookups hoisted."""
+        per_shard, shard_of, decode = self.shard_size, self._shard, self.codec.decode
+        for k, index in enumerate(indices):
+            if not 0 <= index < self.samples:
+                raise IndexError(f"sample {index} is out of range for {self.samples} samples")
+            decode(shard_of(index // per_shard).chunk(index % per_shard), out=out[k])
+        return out
+
     def read(self, index: int) -> np.ndarray:
         return self.read_into(index, np.empty(self.codec.shape, dtype=np.uint8))
 

@@ -76,8 +76,7 @@ class BatchSource:
             # bytes() copies out of the map: DALI may hold inputs past this call
             images = [np.frombuffer(bytes(reader.payload(i)), np.uint8) for i in indices.tolist()]
         else:
-            for k, i in enumerate(indices.tolist()):
-                reader.read_into(i, images[k])
+            reader.read_batch_into(indices.tolist(), images)
         return images, labels, indices
 
     def __call__(self) -> Batch:
