@@ -170,7 +170,7 @@ def _bench_loader(argv: list[str]) -> int:
     p.add_argument("--count", type=int, default=1600, help="generated images, without --images")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="workers for every loader")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
     p.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = p.parse_args(argv)
     from bench.loader_bench import bench_loaders

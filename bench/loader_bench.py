@@ -83,11 +83,11 @@ def _memcpy(store: Path, batch_size: int) -> Callable[[], int]:
 
 
 def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: int = 2,
-                  rounds: int = 3, min_seconds: float = 1.5, log: bool = True) -> LoaderBenchResult:
+                  rounds: int = 5, min_seconds: float = 1.5, log: bool = True) -> LoaderBenchResult:
     reader = StoreReader(store)
     tile = reader.tile
     if log:
-        print("building loaders and warming up (one epoch each)...", flush=True)
+        print("building loaders and warming up (a few epochs each)...", flush=True)
     contenders: dict[str, Callable[[], int]] = {
         MEMCPY: _memcpy(store, batch_size),
         UINT8_TILEFEED: _drain(Loader(store, batch_size, train=False, size=tile, dtype=torch.uint8,
@@ -99,7 +99,7 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
         AUG_PIL: _drain(jpeg_dataloader(images, batch_size, workers=workers, train=True, size=tile)),
     }
     for epoch in contenders.values():
-        epoch()
+        _rate(epoch, min_seconds)  # DALI's buffers and the page tables settle over a few epochs
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     for r in range(rounds):
         for name, epoch in contenders.items():
