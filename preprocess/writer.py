@@ -4,8 +4,9 @@ Work is cut into *parts* of PART_SOURCES consecutive sources, independent of the
 A worker decodes its part's images and writes their encoded chunks to the work folder
 (``OUT/.tilefeed-partial``), bytes first and a small JSON record last, each under a temporary
 name then renamed. As soon as the parts a shard needs are recorded, a worker copies their chunk
-bytes into the shard file (temporary name, fsync, rename) and the consumed part files go. When
-every shard is in place the driver writes the small arrays and the array metadata, and the
+bytes into the shard file (temporary name, then rename) and the consumed part files go; the
+driver fsyncs each shard on a background thread, so the disk write overlaps decoding. When
+every shard is in place and synced the driver writes the small arrays and the array metadata, and the
 group's tilefeed attributes last: that write marks the store complete. A rerun of the same
 command skips the parts and shards already there, so a killed run resumes and ends in the very
 bytes of an uninterrupted one.
@@ -23,7 +24,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,6 +103,8 @@ def preprocess(
             f"writing the store {str(root)!r} failed: {e.strerror or e}; free space or fix "
             "permissions, then rerun the same command to resume"
         ) from None
+    finally:
+        build.close()
     summary.resumed_parts = build.resumed
     summary.seconds = time.perf_counter() - started
     return summary
@@ -212,11 +215,12 @@ def write_part(
 
 
 def write_shard(root: str, work: str, shard: int, per_shard: int,
-                pieces: list[tuple[int, int, int]], sizes: list[int]) -> int:
+                pieces: list[tuple[int, int, int]], sizes: list[int], sync: bool) -> int:
     """Worker task: copy chunk byte runs from part files into one shard file; returns its size.
 
     ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
-    sizes that make up those runs. Each run is one in-kernel copy (copy_file_range).
+    sizes that make up those runs. Each run is one in-kernel copy (copy_file_range). ``sync``
+    fsyncs here, for workers on other machines; local runs leave it to the driver.
     """
     index = np.full((per_shard, 2), fmt.EMPTY_CHUNK, dtype=np.uint64)
     n = len(sizes)
@@ -231,10 +235,19 @@ def write_shard(root: str, work: str, shard: int, per_shard: int,
                 _copy_range(src, out, offset, count)
         out.write(fmt.encode_index(index))
         out.flush()
-        os.fsync(out.fileno())
+        if sync:
+            os.fsync(out.fileno())
         size = out.tell()
     os.replace(tmp, final)
     return size
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _copy_range(src: Any, dst: Any, offset: int, count: int) -> None:
@@ -308,6 +321,8 @@ class _Build:
         self.freed = 0  # parts 0..freed-1 have had their chunk file deleted
         self.bytes = 0
         self.resumed = 0  # parts found done on disk
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-fsync")
+        self._synced: list[Future[None]] = []
 
     def run(self, workers: int) -> None:
         for p in range(len(self.records)):
@@ -336,6 +351,7 @@ class _Build:
                     else:
                         self.bytes += result
                         self.shard_done.add(number)
+                        self._sync(number)
                         self._free_parts()
                 self._submit_shards(pool, pending)
 
@@ -383,10 +399,16 @@ class _Build:
             if final.exists():  # written before an interruption: atomic, so whole
                 self.bytes += final.stat().st_size
                 self.shard_done.add(shard)
+                self._sync(shard)  # that run may have died before syncing it
                 continue
             pieces, sizes = self._pieces(lo, min(hi, known))
-            args = (str(self.root), str(self.work), shard, self.per_shard, pieces, sizes)
+            args = (str(self.root), str(self.work), shard, self.per_shard, pieces, sizes,
+                    self.scheduler is not None)
             pending[pool.submit(write_shard, *args)] = ("shard", shard)
+
+    def _sync(self, shard: int) -> None:
+        if self.scheduler is None:
+            self._synced.append(self._syncer.submit(_fsync, fmt.shard_path(self.root, shard)))
 
     def _pieces(self, lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[int]]:
         pieces, sizes = [], []
@@ -415,6 +437,9 @@ class _Build:
             (self.work / _part_name(self.freed, ".bin")).unlink(missing_ok=True)
             self.freed += 1
 
+    def close(self) -> None:
+        self._syncer.shutdown(wait=True)
+
     def finish(self, fingerprint: str) -> Summary:
         records = [r for r in self.records if r is not None]
         owners = np.array([s for r in records for s in r["sources"]], dtype=np.int64)
@@ -428,6 +453,8 @@ class _Build:
                 f"({', '.join(f'{n} {k}' for k, n in reasons.most_common())})"
             )
         accepted = inputs - len(rejects)
+        for synced in self._synced:
+            synced.result()  # every shard on disk before any metadata declares it
         for stray in (self.root / fmt.IMAGES).rglob(".*.tmp-*"):
             stray.unlink()  # a shard a killed worker was writing; written again since
         _write_metadata(self.root, self.sources, self.tiles, self.store, fingerprint, records,
