@@ -151,8 +151,8 @@ class Loader:
         finished = False
         try:
             for out in dali_iter:
-                yield self._convert(out[0])
-                self._position[1] += 1
+                self._position[1] += 1  # counted once handed over: a state_dict() taken while
+                yield self._convert(out[0])  # the batch is trained on resumes after it
             finished = True
             self._position = None
         finally:

@@ -124,11 +124,11 @@ def test_resume_yields_exactly_the_samples_left(store: Path, stop_after: int) ->
         loader.set_epoch(2)
         first = []
         for n, (_, _, idx) in enumerate(loader):
-            if n == stop_after:
-                break
             first += idx.tolist()
-        state = loader.state_dict()
-    assert state["epoch"] == 2 and state["batch"] == stop_after
+            if n == stop_after:
+                state = loader.state_dict()  # taken inside the loop, as a training script would
+                break
+    assert state["epoch"] == 2 and state["batch"] == stop_after + 1
     with Loader(store, 4, seed=9, with_index=True) as resumed:
         resumed.load_state_dict(state)
         rest = indices_of(resumed)
