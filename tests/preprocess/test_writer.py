@@ -145,12 +145,11 @@ def test_cli_errors_are_one_line(tmp_path: Path, image_folder: Path) -> None:
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "does not exist" in r.stderr
     r = run_cli("preprocess", str(image_folder), str(tmp_path / "o"), "--size", "0")
     assert r.returncode == 2 and "--size" in r.stderr
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    if os.geteuid() != 0:  # root ignores permissions
-        r = run_cli("preprocess", str(image_folder), str(locked / "o"))
-        assert r.returncode == 1 and "cannot write" in r.stderr
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # OUT's parent is a file: no folder can be made there, even by root
+    r = run_cli("preprocess", str(image_folder), str(blocker / "o"))
+    assert r.returncode == 1 and "cannot write to OUT" in r.stderr
+    assert r.stderr.count("\n") == 1
 
 
 def test_cli_summary_strict_info_and_verify(tmp_path: Path, bad_folder: Path) -> None:
