@@ -77,17 +77,20 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     from bench.loaders import LoaderSettings
     from bench.steps import EmulatedStep, ModelStep
 
+    from bench.loaders import LOADERS
+    from preprocess.errors import ConfigError
+
     device = torch.device(args.device) if args.device else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    names = [n.strip() for n in args.loaders.split(",") if n.strip()]
-    images = args.images
-    store = args.store
-    if images is None and any(n in ("baseline", "dali-files") for n in names) or (
-            images is None and store is None):
-        images = demo_images(args.count)
-    if store is None and any(n in ("tilefeed", "tiles-dataloader") for n in names):
-        if images is None:
-            raise SystemExit("tilefeed: error: --store is needed (or --images to make one)")
+    names = _names(args)
+    unknown = [n for n in names if n not in LOADERS]
+    if unknown or not names:
+        raise ConfigError(f"unknown loader {unknown[0]!r}; choose from {', '.join(LOADERS)}"
+                          if unknown else f"--loaders is empty; choose from {', '.join(LOADERS)}")
+    images, store = args.images, args.store
+    if images is None and (store is None or {"baseline", "dali-files"} & set(names)):
+        images = demo_images(args.count)  # the loaders that read JPEGs need a folder of them
+    if store is None and {"tilefeed", "tiles-dataloader"} & set(names):
         store = demo_store(images, args.size, args.codec)
     settings = LoaderSettings(images=images, store=store, batch_size=args.batch_size,
                               workers=args.workers, size=args.size, train=not args.eval,

@@ -53,11 +53,12 @@ def test_eval_uint8_at_tile_size_gives_the_stored_tiles(store: Path) -> None:
     reader = StoreReader(store)
     with Loader(store, 8, shuffle="global", train=False, size=32, dtype=torch.uint8,
                 layout="NHWC", with_index=True) as loader:
-        for images, labels, idx in loader:
-            assert images.dtype == torch.uint8 and images.shape[1:] == (32, 32, 3)
-            for image, label, i in zip(images, labels, idx.tolist()):
-                np.testing.assert_array_equal(image.numpy(), reader.read(i))
-                assert int(label) == int(reader.labels[i])
+        kept = list(loader)  # batches stay valid after the loop moves on (no reused buffers)
+    for images, labels, idx in kept:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (32, 32, 3)
+        for image, label, i in zip(images, labels, idx.tolist()):
+            np.testing.assert_array_equal(image.numpy(), reader.read(i))
+            assert int(label) == int(reader.labels[i])
 
 
 def test_jpeg_tiles_decode_close_to_what_was_stored(jpeg_store: Path) -> None:
