@@ -32,6 +32,11 @@ def photo(seed: int, width: int, height: int) -> Image.Image:
     return Image.fromarray(coarse, "RGB").resize((width, height), Image.Resampling.BICUBIC)
 
 
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
 def write_folder(root: Path, classes: int = 3, per_class: int = 5, size: tuple[int, int] = (96, 72),
                  seed: int = 0) -> Path:
     for c in range(classes):

@@ -26,8 +26,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def tilefeed(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI, on the CPU even where there is a GPU (the gpu-check bench covers that path)."""
     return subprocess.run([sys.executable, "-m", "preprocess.cli", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
+                          text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
 
 
 def test_bench_cli_json_contract_and_plots(tmp_path: Path, data: tuple[Path, Path]) -> None:

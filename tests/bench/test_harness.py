@@ -32,7 +32,8 @@ class DelayedLoader:
 
 @pytest.mark.parametrize("wait_ms,step_ms", [(30, 10), (5, 25)])
 def test_measured_wait_and_stall_match_injected_delays(wait_ms: float, step_ms: float) -> None:
-    run = measure(DelayedLoader(wait_ms), EmulatedStep(step_ms, CPU), steps=12, warmup=2)
+    run = measure(DelayedLoader(wait_ms), EmulatedStep(step_ms, CPU), steps=12, warmup=2,
+                  device=CPU)
     assert run.steps == 12 and run.samples == 48 and run.batch_size == 4 and run.warmup == 2
     assert run.wait_median_ms == pytest.approx(wait_ms, rel=0.3, abs=3)
     assert run.step_median_ms == pytest.approx(step_ms, rel=0.3, abs=3)
@@ -44,7 +45,8 @@ def test_measured_wait_and_stall_match_injected_delays(wait_ms: float, step_ms: 
 
 
 def test_watch_times_the_loop_body_and_reports_on_demand(capsys: pytest.CaptureFixture[str]) -> None:
-    watcher = watch(DelayedLoader(5, batches=10), warmup=1, name="mine", report=True)
+    watcher = watch(DelayedLoader(5, batches=10), warmup=1, name="mine", report=True,
+                    device=CPU)
     for k, _batch in enumerate(watcher):
         time.sleep(0.02)
         if k == 5:
@@ -60,17 +62,21 @@ def test_watch_times_the_loop_body_and_reports_on_demand(capsys: pytest.CaptureF
 
 def test_memory_growth_warning_fires_for_a_leak_only() -> None:
     with pytest.warns(UserWarning, match="grows steadily"):
-        leaky = measure(DelayedLoader(15, leak_mb=16), EmulatedStep(5, CPU), steps=24, warmup=2)
+        leaky = measure(DelayedLoader(15, leak_mb=16), EmulatedStep(5, CPU), steps=24, warmup=2,
+                        device=CPU)
     assert leaky.memory_growth and leaky.peak_rss_mb > 300
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        clean = measure(DelayedLoader(15), EmulatedStep(5, CPU), steps=24, warmup=2)
+        clean = measure(DelayedLoader(15), EmulatedStep(5, CPU), steps=24, warmup=2,
+                        device=CPU)
     assert not clean.memory_growth
 
 
 def test_fairness_refuses_runs_that_differ() -> None:
-    a = measure(DelayedLoader(1, batch=4), EmulatedStep(0, CPU), steps=3, warmup=1, name="a")
-    b = measure(DelayedLoader(1, batch=8), EmulatedStep(0, CPU), steps=3, warmup=1, name="b")
+    a = measure(DelayedLoader(1, batch=4), EmulatedStep(0, CPU), steps=3, warmup=1, name="a",
+                device=CPU)
+    b = measure(DelayedLoader(1, batch=8), EmulatedStep(0, CPU), steps=3, warmup=1, name="b",
+                device=CPU)
     assert fairness([a, a], "train").startswith("fair:")
     with pytest.raises(UnfairComparison, match="refusing to compare") as err:
         fairness([a, b], "train")

@@ -3,6 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+
+import pipeline.loader
 
 from preprocess import StoreSettings, TileSettings, preprocess
 from tests.conftest import write_folder
@@ -25,3 +28,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def jpeg_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_store(tmp_path_factory.mktemp("jpeg"), "jpeg")
+
+
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tests check the CPU path even on a GPU machine; `gpu` tests keep the CUDA default."""
+    if "gpu" not in request.keywords:
+        monkeypatch.setattr(pipeline.loader, "default_device", lambda: torch.device("cpu"))

@@ -8,12 +8,7 @@ import zarr
 
 from preprocess import format as fmt
 from preprocess.errors import CorruptChunkError, StoreFormatError
-from tests.conftest import photo
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+from tests.conftest import photo, psnr
 
 
 @pytest.mark.parametrize("codec", fmt.CODECS)
