@@ -74,7 +74,7 @@ def steady_growth(samples_mb: list[float], min_growth_mb: float = 64.0) -> Growt
     q = len(samples_mb) // 4
     quarters = [statistics.median(samples_mb[i * q : (i + 1) * q]) for i in range(4)]
     rise = quarters[-1] - quarters[0]
-    rising = all(b > a for a, b in zip(quarters, quarters[1:]))
+    rising = all(b > a for a, b in zip(quarters, quarters[1:], strict=False))
     sustained = quarters[3] - quarters[2] >= 0.5 * (quarters[1] - quarters[0])
     steady = rising and sustained and rise >= max(min_growth_mb, 0.10 * quarters[0])
     detail = ("anonymous host memory grows steadily: quarter medians " +

@@ -36,7 +36,7 @@ def plot_runs(runs: list[RunResult], out_dir: Path) -> list[Path]:
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(8, 1.8 + 1.6 * len(runs)), squeeze=False,
                              sharex=True)
-    for ax, r in zip(axes[:, 0], runs):
+    for ax, r in zip(axes[:, 0], runs, strict=True):
         steps = range(len(r.timeline["step_ms"]))
         ax.bar(steps, r.timeline["wait_ms"], color="#c0504d", label="wait for batch")
         ax.bar(steps, r.timeline["step_ms"], bottom=r.timeline["wait_ms"], color="#4f81bd",

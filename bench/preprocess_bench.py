@@ -68,7 +68,7 @@ def bench_preprocess(images: Path, *, size: int = 224, codec: str = "lz4", round
                 print(f"round {r + 1}/{rounds}: " + ", ".join(
                     f"{k}: {v[-1]:.0f} img/s" for k, v in rates.items()), flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
-    overhead = statistics.median(b / one - 1 for b, one in zip(rates["bare"], rates["1"]))
-    scaling = statistics.median(two / one for one, two in zip(rates["1"], rates["2"]))
+    overhead = statistics.median(b / one - 1 for b, one in zip(rates["bare"], rates["1"], strict=True))
+    scaling = statistics.median(two / one for one, two in zip(rates["1"], rates["2"], strict=True))
     return PreprocessBenchResult(len(sources), codec, size, med["bare"], med["1"], med["2"],
                                  overhead, scaling)

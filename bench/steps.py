@@ -158,7 +158,7 @@ class ModelStep:
         if self.cuda:
             x = x.contiguous(memory_format=torch.channels_last)
         peak = 0
-        for micro_x, micro_y in zip(x.chunk(self.accumulate), labels.chunk(self.accumulate)):
+        for micro_x, micro_y in zip(x.chunk(self.accumulate), labels.chunk(self.accumulate), strict=True):
             self._saved = 0
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cuda):

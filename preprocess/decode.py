@@ -172,7 +172,7 @@ def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
     tiles[...] = np.asarray(settings.background, dtype=np.uint8)  # edge tiles are padded
     rows = np.repeat(np.arange(len(ys), dtype=np.int32), len(xs))
     cols = np.tile(np.arange(len(xs), dtype=np.int32), len(ys))
-    for k, (r, c) in enumerate(zip(rows, cols)):
+    for k, (r, c) in enumerate(zip(rows, cols, strict=True)):
         patch = a[ys[r] : ys[r] + t, xs[c] : xs[c] + t]
         tiles[k, : patch.shape[0], : patch.shape[1]] = patch
     return Tiles(tiles, rows, cols)

@@ -113,7 +113,7 @@ def preprocess(
 def _plan(sources: Sources, tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:
     h = hashlib.sha256()
     h.update(json.dumps([fmt.FORMAT_VERSION, asdict(tiles), asdict(store), sources.classes]).encode())
-    for path, label in zip(sources.paths, sources.labels):
+    for path, label in zip(sources.paths, sources.labels, strict=True):
         try:
             size = os.stat(path).st_size
         except OSError:

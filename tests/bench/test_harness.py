@@ -90,7 +90,7 @@ def test_model_step_memory_breakdown_and_accumulation() -> None:
     before = [p.detach().clone() for p in step.model.parameters()]
     step(images, labels)
     after = list(step.model.parameters())
-    assert any(not torch.equal(x, y) for x, y in zip(before, after)), "the optimizer stepped"
+    assert any(not torch.equal(x, y) for x, y in zip(before, after, strict=True)), "the optimizer stepped"
     m = step.memory
     assert m.params_mb > 0 and m.grads_mb == pytest.approx(m.params_mb)
     assert m.optimizer_mb == pytest.approx(m.params_mb)  # SGD momentum: one buffer per param

@@ -39,7 +39,7 @@ def test_eval_tiles_on_the_device_match_the_store(store: Path, jpeg_store: Path)
                     layout="NHWC", with_index=True) as loader:
             for images, _, idx in loader:
                 assert images.device.type == "cuda"
-                for image, i in zip(images.cpu(), idx.cpu().tolist()):
+                for image, i in zip(images.cpu(), idx.cpu().tolist(), strict=True):
                     if reader.is_image_coded:
                         assert psnr(image.numpy(), reader.read(i)) > 35
                     else:

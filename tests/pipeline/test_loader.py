@@ -9,7 +9,7 @@ import psutil
 import pytest
 import torch
 
-from pipeline import ConfigError, CorruptChunkError, Loader, StoreFormatError, StoreReader
+from pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
 from preprocess import format as fmt
 from tests.conftest import psnr
 from tests.pipeline.conftest import make_store
@@ -57,7 +57,7 @@ def test_eval_uint8_at_tile_size_gives_the_stored_tiles(store: Path) -> None:
         kept = list(loader)  # batches stay valid after the loop moves on (no reused buffers)
     for images, labels, idx in kept:
         assert images.dtype == torch.uint8 and images.shape[1:] == (32, 32, 3)
-        for image, label, i in zip(images, labels, idx.tolist()):
+        for image, label, i in zip(images, labels, idx.tolist(), strict=True):
             np.testing.assert_array_equal(image.numpy(), reader.read(i))
             assert int(label) == int(reader.labels[i])
 
@@ -67,7 +67,7 @@ def test_jpeg_tiles_decode_close_to_what_was_stored(jpeg_store: Path) -> None:
     with Loader(jpeg_store, 8, shuffle="none", train=False, size=32, dtype=torch.uint8,
                 layout="NHWC", with_index=True) as loader:
         images, _, idx = next(iter(loader))
-    for image, i in zip(images, idx.tolist()):
+    for image, i in zip(images, idx.tolist(), strict=True):
         assert psnr(image.numpy(), reader.read(i)) > 35
 
 
@@ -91,7 +91,7 @@ def test_normalisation_matches_mean_and_std(store: Path) -> None:
     with Loader(store, 4, shuffle="none", train=False, size=32, layout="NHWC", mean=mean, std=std,
                 with_index=True) as loader:
         images, _, idx = next(iter(loader))
-    expected = (reader.read(int(idx[0])).astype(np.float32) - mean) / std
+    expected = (reader.read(int(idx[0])).astype(np.float32) - np.float32(mean)) / np.float32(std)
     np.testing.assert_allclose(images[0].numpy(), expected, rtol=1e-5, atol=1e-4)
 
 

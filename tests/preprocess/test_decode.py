@@ -107,7 +107,7 @@ def test_grid_covers_the_image_with_padded_edges(tmp_path: Path) -> None:
     assert len(result.pixels) == 4 * 3
     assert list(result.rows) == [0] * 4 + [1] * 4 + [2] * 4
     assert list(result.cols) == [0, 1, 2, 3] * 3
-    for tile, r, c in zip(result.pixels, result.rows, result.cols):
+    for tile, r, c in zip(result.pixels, result.rows, result.cols, strict=True):
         patch = a[r * 32 : r * 32 + 32, c * 32 : c * 32 + 32]
         np.testing.assert_array_equal(tile[: patch.shape[0], : patch.shape[1]], patch)
         assert (tile[patch.shape[0] :, :] == (1, 2, 3)).all()

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from PIL import Image
 
 import preprocess.writer as writer
 from preprocess import StoreSettings, TileSettings, preprocess
 from preprocess.decode import Rejected, load_tiles
 from preprocess.errors import StoreWriteError
-from tests.conftest import photo, tree_bytes, write_folder
+from tests.conftest import photo, tree_bytes
 
 from tests.preprocess.conftest import ARGS
 
