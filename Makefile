@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test typecheck demo bench gpu-check clean
+.PHONY: setup test check demo bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -28,7 +28,9 @@ $(STAMP): pyproject.toml
 test: setup
 	$(PY) -m pytest -q
 
-typecheck: setup
+# Lint and types: ruff (pyflakes, pycodestyle, bugbear) and mypy over the three packages.
+check: setup
+	$(PY) -m ruff check .
 	$(PY) -m mypy preprocess pipeline bench
 
 demo: setup
