@@ -171,7 +171,9 @@ def _bench_loader(argv: list[str]) -> int:
                    help="source image folder (default: a generated ImageNet-like set in the cache)")
     p.add_argument("--store", type=Path, default=None,
                    help="the store made from --images (default: made in the cache)")
-    p.add_argument("--count", type=int, default=1600, help="generated images, without --images")
+    p.add_argument("--count", type=int, default=4800,
+                   help="generated images, without --images (epochs long enough that the "
+                   "per-epoch pipeline refill, a few ms, does not dominate)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="workers for every loader")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
