@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,10 +121,3 @@ class DaliFiles:
 
     def __len__(self) -> int:
         return len(self._iter)
-
-
-def default_workers() -> int:
-    return min(4, len(os.sched_getaffinity(0)))
-
-
-LoaderFactory = Callable[[str, LoaderSettings], Iterable[Any]]

@@ -125,10 +125,6 @@ class Loader:
     def __len__(self) -> int:
         return batches_per_rank(len(self.reader), self.world_size, self.batch_size, self.drop_last)
 
-    @property
-    def dataset_size(self) -> int:
-        return len(self.reader)
-
     def set_epoch(self, epoch: int) -> None:
         self._epoch, self._start_batch = int(epoch), 0
 
