@@ -187,3 +187,14 @@ def test_options_are_validated_up_front(store: Path) -> None:
             Loader(store, batch_size, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(StoreFormatError, match="not a tilefeed store"):
         Loader(store.parent, 4)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_jpeg_store_through_the_cpu_decoder(jpeg_store: Path, train: bool) -> None:
+    with Loader(jpeg_store, 8, train=train, size=24, with_index=True) as loader:
+        seen = []
+        for images, labels, idx in loader:
+            assert images.shape[1:] == (3, 24, 24) and images.dtype == torch.float32
+            assert labels.shape == idx.shape
+            seen += idx.tolist()
+    assert sorted(seen) == list(range(50))
