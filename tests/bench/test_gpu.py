@@ -1,0 +1,38 @@
+"""The harness on a GPU: CUDA-event timing, calibrated device sleep, the bf16 model step.
+Run by `make gpu-check` where CUDA is present, skipped cleanly elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.harness import measure
+from bench.steps import EmulatedStep, ModelStep
+from tests.bench.test_harness import DelayedLoader
+
+pytestmark = pytest.mark.gpu
+
+
+def test_device_sleep_is_timed_by_cuda_events_and_leaves_the_host_free() -> None:
+    cuda = torch.device("cuda")
+    run = measure(DelayedLoader(30), EmulatedStep(10, cuda), steps=12, warmup=2, device=cuda)
+    assert run.step_median_ms == pytest.approx(10, rel=0.2)  # the GPU's time, not the host's
+    assert run.stall_fraction == pytest.approx(30 / 40, abs=0.1)  # the device idles 30 of 40 ms
+    assert run.gpu_max_allocated_mb is not None and run.output["device"] == "cuda"
+
+
+def test_a_fast_loader_keeps_the_device_busy() -> None:
+    cuda = torch.device("cuda")
+    run = measure(DelayedLoader(1), EmulatedStep(20, cuda), steps=12, warmup=2, device=cuda)
+    assert run.stall_fraction < 0.1 and run.busy_fraction > 0.9
+
+
+def test_model_step_on_the_device_in_bf16_autocast() -> None:
+    cuda = torch.device("cuda")
+    step = ModelStep(cuda, width=16, blocks=(1, 1), classes=10, accumulate=2)
+    images = torch.randn(8, 3, 64, 64, device=cuda)
+    labels = torch.randint(0, 10, (8,), device=cuda)
+    step(images, labels)
+    assert all(p.dtype == torch.float32 for p in step.model.parameters())  # fp32 master weights
+    assert step.memory.params_mb > 0 and step.memory.activations_mb > 0
+    assert "bf16 autocast" in step.describe()
