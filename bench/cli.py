@@ -43,11 +43,24 @@ def demo_store(images: Path, size: int = 224, codec: str = "lz4") -> Path:
     return store
 
 
-def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=prog, description=description,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def _data_args(p: argparse.ArgumentParser, *, count: int, store: bool = True) -> None:
+    """--images, --store, --count and --json, as every bench form takes them."""
     p.add_argument("--images", type=Path, default=None, help="source JPEG folder (one subfolder "
                    "per class); default: a generated ImageNet-like set in the cache")
-    p.add_argument("--store", type=Path, default=None,
-                   help="tilefeed store made from --images; default: made in the cache")
+    if store:
+        p.add_argument("--store", type=Path, default=None,
+                       help="tilefeed store made from --images; default: made in the cache")
+    p.add_argument("--count", type=int, default=count, help="generated images, without --images")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+
+
+def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
+    _data_args(p, count=1600)
     p.add_argument("--codec", default="lz4", help="codec of the store made without --store "
                    "(jpeg: decoded by nvJPEG on a GPU)")
     p.add_argument("--loaders", default=loaders,
@@ -66,8 +79,6 @@ def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefe
     p.add_argument("--size", type=int, default=224, help="output image side")
     p.add_argument("--eval", action="store_true", help="eval augmentation instead of train")
     p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
-    p.add_argument("--count", type=int, default=1600, help="generated images, without --images")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")
 
 
@@ -112,12 +123,11 @@ def bench_main(argv: Sequence[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
                 "diagnose": _diagnose}[argv[0]](argv[1:])
-    parser = argparse.ArgumentParser(
-        prog="tilefeed bench",
-        description="Measure how long each training step waits for its batch, for several loaders "
-        "side by side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        "tilefeed bench {preprocess,loader,sweep,diagnose} --help.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _parser(
+        "tilefeed bench",
+        "Measure how long each training step waits for its batch, for several loaders side by "
+        "side on equal terms (same samples, batch, output and augmentation). Other forms: "
+        "tilefeed bench {preprocess,loader,sweep,diagnose} --help.")
     _harness_args(parser)
     args = parser.parse_args(argv)
     run_compare(args)
@@ -141,43 +151,29 @@ def run_compare(args: argparse.Namespace) -> list[Any]:
 
 
 def _bench_preprocess(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tilefeed bench preprocess",
-                                description="Preprocessing throughput against bare PIL decode+resize.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--images", type=Path, default=None,
-                   help="image folder (default: a generated ImageNet-like set in the cache)")
-    p.add_argument("--count", type=int, default=2400, help="generated images, without --images")
+    p = _parser("tilefeed bench preprocess",
+                "Preprocessing throughput against bare PIL decode+resize.")
+    _data_args(p, count=2400, store=False)
     p.add_argument("--size", type=int, default=224, help="tile side")
     p.add_argument("--codec", default="lz4", help="tile codec")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
-    p.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = p.parse_args(argv)
     from bench.preprocess_bench import bench_preprocess
 
     result = bench_preprocess(args.images or demo_images(args.count), size=args.size,
                               codec=args.codec, rounds=args.rounds)
-    print(result.table())
-    if args.json:
-        args.json.write_text(json.dumps(asdict(result), indent=2))
-    return 0
+    return _report(result, args.json)
 
 
 def _bench_loader(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tilefeed bench loader",
-                                description="Loader-alone throughput: tilefeed against a memcpy of "
-                                "the decoded tiles and a PIL DataLoader.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--images", type=Path, default=None,
-                   help="source image folder (default: a generated ImageNet-like set in the cache)")
-    p.add_argument("--store", type=Path, default=None,
-                   help="the store made from --images (default: made in the cache)")
-    p.add_argument("--count", type=int, default=4800,
-                   help="generated images, without --images (epochs long enough that the "
-                   "per-epoch pipeline refill, a few ms, does not dominate)")
+    p = _parser("tilefeed bench loader",
+                "Loader-alone throughput: tilefeed against a memcpy of the decoded tiles and a PIL "
+                "DataLoader. The default image count makes epochs long enough that the pipeline "
+                "refill at each epoch's start (a few ms) does not dominate.")
+    _data_args(p, count=4800)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="workers for every loader")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
-    p.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = p.parse_args(argv)
     from bench.loader_bench import bench_loaders
 
@@ -185,16 +181,18 @@ def _bench_loader(argv: list[str]) -> int:
     store = args.store or demo_store(images)
     result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
                            rounds=args.rounds)
+    return _report(result, args.json)
+
+
+def _report(result: Any, json_path: Path | None) -> int:
     print(result.table())
-    if args.json:
-        args.json.write_text(json.dumps(asdict(result), indent=2))
+    if json_path:
+        json_path.write_text(json.dumps(asdict(result), indent=2))
     return 0
 
 
 def _sweep(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tilefeed bench sweep",
-                                description="Stall against step time (or worker count), per loader.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _parser("tilefeed bench sweep", "Stall against step time (or worker count), per loader.")
     _harness_args(p)
     p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms")
     p.add_argument("--values", default="0,10,20,40,80", help="comma list of values to sweep")
@@ -227,11 +225,9 @@ def _sweep(argv: list[str]) -> int:
 
 
 def _diagnose(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="tilefeed bench diagnose",
-        description="Measure the loader alone and the step alone, say whether training is "
-        "input-bound and which lever helps, with the numbers behind it.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _parser("tilefeed bench diagnose",
+                "Measure the loader alone and the step alone, say whether training is input-bound "
+                "and which lever helps, with the numbers behind it.")
     _harness_args(p, loaders="baseline")
     args = p.parse_args(argv)
     from bench.diagnose import diagnose
@@ -242,11 +238,10 @@ def _diagnose(argv: list[str]) -> int:
 
 
 def demo_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="tilefeed demo",
-        description="The tour: generate an ImageNet-like image set (cached), preprocess it into "
-        "a store, and bench the standard PIL DataLoader against tilefeed at an emulated step.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _parser(
+        "tilefeed demo",
+        "The tour: generate an ImageNet-like image set (cached), preprocess it into a store, and "
+        "bench the standard PIL DataLoader against tilefeed at an emulated step.")
     parser.add_argument("--count", type=int, default=1600, help="images to generate")
     parser.add_argument("--step-ms", type=float, default=40.0, help="emulated step per batch")
     parser.add_argument("--steps", type=int, default=30)
