@@ -14,10 +14,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD
 from preprocess.sources import find_sources
 
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1) * 255
-STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1) * 255
+MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+STD = torch.tensor(IMAGENET_STD).view(3, 1, 1)
 
 
 def random_resized_box(width: int, height: int, rng: random.Random,
@@ -73,7 +74,8 @@ class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
         return ((chw - MEAN) / STD).to(self.dtype), self.labels[index]
 
 
-def _seed_worker(worker_id: int) -> None:
+def seed_worker(worker_id: int) -> None:
+    """DataLoader worker_init_fn: each worker draws its own augmentation stream."""
     info = torch.utils.data.get_worker_info()
     if info is not None:
         info.dataset._rng = random.Random(info.seed)  # type: ignore[attr-defined]
@@ -84,5 +86,5 @@ def jpeg_dataloader(root: str | Path, batch_size: int, *, workers: int, train: b
                     pin_memory: bool = False, **kwargs: Any) -> DataLoader[Any]:
     return DataLoader(
         JpegFolder(root, size=size, train=train, dtype=dtype), batch_size=batch_size,
-        shuffle=True, num_workers=workers, pin_memory=pin_memory, worker_init_fn=_seed_worker,
+        shuffle=True, num_workers=workers, pin_memory=pin_memory, worker_init_fn=seed_worker,
         persistent_workers=workers > 0, **kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import asdict
 from pathlib import Path
@@ -34,6 +35,8 @@ def fairness(runs: list[RunResult], augmentation: str) -> str:
 
 def compare(names: list[str], settings: LoaderSettings, step: Step, *, steps: int,
             warmup: int) -> tuple[list[RunResult], str]:
+    if not names:
+        raise ConfigError("no loader to compare: name at least one")
     runs = []
     for name in names:
         loader = build_loader(name, settings)
@@ -42,16 +45,16 @@ def compare(names: list[str], settings: LoaderSettings, step: Step, *, steps: in
         if memory is not None:
             run.extra["memory_breakdown"] = memory.as_dict()
         runs.append(run)
-        fairness(runs, settings.augmentation)  # stop at the first run that breaks the terms
+        line = fairness(runs, settings.augmentation)  # stops at the first run off the terms
         del loader
-    return runs, fairness(runs, settings.augmentation)
+    return runs, line
 
 
 def settings_dict(settings: LoaderSettings, step: Any, steps: int, warmup: int) -> dict[str, Any]:
     d = {k: str(v) if isinstance(v, (Path, torch.device)) else v
          for k, v in asdict(settings).items()}
     d.update(steps=steps, warmup=warmup, step=step.describe(), augmentation=settings.augmentation,
-             host=platform.node(), cpus=len(__import__("os").sched_getaffinity(0)),
+             host=platform.node(), cpus=len(os.sched_getaffinity(0)),
              gpu=torch.cuda.get_device_name(settings.device) if settings.device.type == "cuda"
              else None, torch=torch.__version__)
     return d

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -206,8 +207,6 @@ def measure(loader: Iterable[Any], step: Step, *, steps: int, warmup: int = 2,
             break
     result = watcher.result()
     if result.memory_growth:
-        import warnings
-
         warnings.warn(f"{name}: {result.memory_note} (a leak or a retained graph?)", stacklevel=2)
     return result
 

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from bench.baseline import MEAN, STD, JpegFolder, _seed_worker, jpeg_dataloader, random_resized_box
+from bench.baseline import MEAN, STD, JpegFolder, jpeg_dataloader, random_resized_box, seed_worker
 from pipeline import Loader, TileDataset
+from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD
 from preprocess.errors import ConfigError
 
 LOADERS = ("baseline", "dali-files", "tiles-dataloader", "tilefeed")
@@ -51,7 +52,7 @@ def build_loader(name: str, s: LoaderSettings) -> Iterable[Any]:
     if name == "tiles-dataloader":
         return DataLoader(TileDataset(path, transform=TileTransform(s.size, s.train)),
                           batch_size=s.batch_size, shuffle=True, num_workers=s.workers,
-                          pin_memory=s.device.type == "cuda", worker_init_fn=_seed_worker,
+                          pin_memory=s.device.type == "cuda", worker_init_fn=seed_worker,
                           persistent_workers=s.workers > 0)
     return DaliFiles(path, s)
 
@@ -107,7 +108,7 @@ class DaliFiles:
                 mirror = 0
             images = fn.crop_mirror_normalize(
                 images, dtype=types.FLOAT, output_layout="CHW", crop=[s.size, s.size],
-                mean=MEAN.flatten().tolist(), std=STD.flatten().tolist(), mirror=mirror)
+                mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD), mirror=mirror)
             return images, (labels.gpu() if gpu else labels)
 
         self._pipe = pipe()

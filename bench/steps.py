@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import torch
 from torch import nn
@@ -74,18 +74,20 @@ def resnet(width: int = 64, blocks: tuple[int, ...] = (2, 2, 2, 2), classes: int
     return nn.Sequential(*layers)
 
 
+LEVERS: Final = {
+    "params": "a smaller model, or shard parameters (FSDP / ZeRO-3)",
+    "grads": "shard gradients (ZeRO-2) or accumulate in lower precision",
+    "optimizer": "shard optimizer state (ZeRO-1) or use an 8-bit optimizer",
+    "activations": "a smaller micro-batch (more accumulation steps) or activation checkpointing",
+}
+
+
 @dataclass
 class MemoryBreakdown:
     params_mb: float = 0.0
     grads_mb: float = 0.0
     optimizer_mb: float = 0.0
     activations_mb: float = 0.0  # peak bytes saved for backward, one micro-batch
-    levers: dict[str, str] = field(default_factory=lambda: {
-        "params": "a smaller model, or shard parameters (FSDP / ZeRO-3)",
-        "grads": "shard gradients (ZeRO-2) or accumulate in lower precision",
-        "optimizer": "shard optimizer state (ZeRO-1) or use an 8-bit optimizer",
-        "activations": "a smaller micro-batch (more accumulation steps) or activation checkpointing",
-    })
 
     @property
     def dominant(self) -> str:
@@ -97,12 +99,12 @@ class MemoryBreakdown:
         d = self.dominant
         return (f"memory: params {self.params_mb:.0f} MB, grads {self.grads_mb:.0f} MB, optimizer "
                 f"{self.optimizer_mb:.0f} MB, activations {self.activations_mb:.0f} MB (peak, per "
-                f"micro-batch); dominant: {d} -> {self.levers[d]}")
+                f"micro-batch); dominant: {d} -> {LEVERS[d]}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"params_mb": self.params_mb, "grads_mb": self.grads_mb,
                 "optimizer_mb": self.optimizer_mb, "activations_mb": self.activations_mb,
-                "dominant": self.dominant, "lever": self.levers[self.dominant]}
+                "dominant": self.dominant, "lever": LEVERS[self.dominant]}
 
 
 def _mb(tensors: Any) -> float:

@@ -45,8 +45,7 @@ LZ4_LEVEL: Final = 5
 ZSTD_LEVEL: Final = 3
 
 CRC_NBYTES: Final = 4
-EMPTY_CHUNK: Final = np.uint64(2**64 - 1)  # offset/nbytes of a chunk that is not written
-_EMPTY: Final = 2**64 - 1
+EMPTY_CHUNK: Final = 2**64 - 1  # offset and nbytes of a chunk that is not written
 _CRC: Final = struct.Struct("<I")
 
 
@@ -133,9 +132,9 @@ class TileCodec:
 
     def _compress(self, tile: np.ndarray) -> bytes:
         if self.name == "lz4":
-            return bytes(_blosc_lz4().encode(tile))
+            return bytes(_LZ4.encode(tile))
         if self.name == "zstd":
-            return bytes(Zstd(level=ZSTD_LEVEL).encode(tile))
+            return bytes(_ZSTD.encode(tile))
         if self.name == "none":
             return tile.tobytes()
         return encode_jpeg(tile, self.quality)
@@ -147,7 +146,7 @@ class TileCodec:
         if self.name == "lz4":
             blosc.decompress(payload, out)
         elif self.name == "zstd":
-            Zstd().decode(payload, out=out)
+            _ZSTD.decode(payload, out=out)
         elif self.name == "none":
             np.copyto(out, np.frombuffer(payload, dtype=np.uint8).reshape(self.shape))
         else:
@@ -155,11 +154,10 @@ class TileCodec:
         return out
 
 
-def _blosc_lz4() -> Blosc:
-    return Blosc(cname="lz4", clevel=LZ4_LEVEL, shuffle=Blosc.NOSHUFFLE, blocksize=0)
-
-
-# Parallelism comes from worker processes and DALI threads; blosc's own threads only contend.
+# Built once: the hot paths encode and decode a tile per call. Parallelism comes from worker
+# processes and DALI threads; blosc's own threads would only contend with them.
+_LZ4 = Blosc(cname="lz4", clevel=LZ4_LEVEL, shuffle=Blosc.NOSHUFFLE, blocksize=0)
+_ZSTD = Zstd(level=ZSTD_LEVEL)
 blosc.use_threads = False
 
 
@@ -256,7 +254,7 @@ class ShardFile:
         """The payload (crc32c stripped) of this shard's ``local``-th tile."""
         offset, nbytes = self._offsets[local], self._nbytes[local]
         end = offset + nbytes - CRC_NBYTES
-        if offset == _EMPTY or nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
+        if offset == EMPTY_CHUNK or nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
             raise CorruptChunkError(str(self.path), self.first + local,
                                     f"index entry ({offset}, {nbytes}) is invalid")
         payload = self._view[offset:end]
