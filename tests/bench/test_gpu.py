@@ -39,3 +39,21 @@ def test_model_step_on_the_device_in_bf16_autocast() -> None:
     assert all(p.dtype == torch.float32 for p in step.model.parameters())  # fp32 master weights
     assert step.memory.params_mb > 0 and step.memory.activations_mb > 0
     assert "bf16 autocast" in step.describe()
+
+
+@pytest.mark.parametrize("name", ["baseline", "dali-files", "tiles-dataloader", "tilefeed"])
+def test_every_loader_feeds_the_device(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from bench.loaders import LoaderSettings, build_loader
+    from preprocess import StoreSettings, TileSettings, preprocess
+    from tests.conftest import write_folder
+
+    root = tmp_path_factory.mktemp("gpu-loaders")
+    images = write_folder(root / "images", classes=2, per_class=8, size=(64, 48))
+    store = root / "store"
+    preprocess(images, store, TileSettings(size=32), StoreSettings(codec="jpeg"), workers=1)
+    cuda = torch.device("cuda")
+    settings = LoaderSettings(images=images, store=store, batch_size=4, workers=1, size=32,
+                              device=cuda)
+    run = measure(build_loader(name, settings), EmulatedStep(5, cuda), steps=4, warmup=1,
+                  device=cuda)
+    assert run.output == {"shape": [3, 32, 32], "dtype": "float32", "device": "cuda"}

@@ -49,6 +49,7 @@ def test_a_worker_killed_mid_run_is_retried_without_partial_shards(
         while not list((out / fmt.WORK_DIR).glob("part-*.json")):
             assert time.monotonic() < deadline and thread.is_alive()
             time.sleep(0.01)
+        assert thread.is_alive(), "the run ended before the kill: nothing was tested"
         os.kill(victim, signal.SIGKILL)  # the nanny starts a new worker; its tasks run again
         thread.join(timeout=240)
     assert not errors, errors

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 import preprocess.writer as writer
 from preprocess import StoreSettings, TileSettings, preprocess
+from preprocess import format as fmt
 from preprocess.decode import Rejected, load_tiles
 from preprocess.errors import StoreWriteError
 from tests.conftest import photo, tree_bytes
-
 from tests.preprocess.conftest import ARGS
 
 
@@ -31,20 +31,28 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
         tmp_path: Path, source: tuple[Path, Path]) -> None:
     src, reference = source
     rng = random.Random(1234)
+    interrupted = 0
     for trial in range(4):
         out = tmp_path / f"run{trial}"
-        for _kill in range(3):  # up to three kills on the same store, at random moments
+        for _kill in range(3):  # up to three kills on the same store
             proc = subprocess.Popen([sys.executable, "-m", "preprocess.cli", "preprocess",
                                      str(src), str(out), *ARGS], start_new_session=True)
-            time.sleep(rng.uniform(0.3, 3.0))
+            # a random moment of the run: after some number of its 8 parts, plus a few ms
+            parts = rng.randrange(8)
+            while proc.poll() is None and len(list(out.glob(f"{fmt.WORK_DIR}/part-*.json"))) < parts:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0, 0.05))
             if proc.poll() is not None:
                 break
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            if fmt.read_attrs(out) is None:
+                interrupted += 1
         done = subprocess.run([sys.executable, "-m", "preprocess.cli", "preprocess", str(src),
                                str(out), *ARGS], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert tree_bytes(out) == tree_bytes(reference), f"trial {trial} differs"
+    assert interrupted >= 4, f"only {interrupted} kills landed mid-run: the test proved little"
 
 
 @pytest.mark.parametrize("target", ["write_part", "write_shard"])
@@ -74,9 +82,9 @@ def test_disk_full_is_a_clear_error_and_the_store_resumes(
 
 def _seed_images() -> list[bytes]:
     out = []
-    for fmt, kw in [("JPEG", {"quality": 85}), ("PNG", {}), ("GIF", {})]:
+    for kind, kw in [("JPEG", {"quality": 85}), ("PNG", {}), ("GIF", {})]:
         buf = io.BytesIO()
-        photo(3, 40, 30).save(buf, fmt, **kw)
+        photo(3, 40, 30).save(buf, kind, **kw)
         out.append(buf.getvalue())
     return out
 
