@@ -60,10 +60,14 @@ class StoreReader:
                     self._shards[shard] = f
         return f
 
+    def _check(self, low: int, high: int) -> None:
+        if low < 0 or high >= self.samples:
+            bad = low if low < 0 else high
+            raise IndexError(f"sample {bad} is out of range for {self.samples} samples")
+
     def payload(self, index: int) -> memoryview:
         """The encoded chunk of sample ``index`` (a view into the map), checksum verified."""
-        if not 0 <= index < self.samples:
-            raise IndexError(f"sample {index} is out of range for {self.samples} samples")
+        self._check(index, index)
         return self._shard(index // self.shard_size).chunk(index % self.shard_size)
 
     def read_into(self, index: int, out: np.ndarray) -> np.ndarray:
@@ -71,11 +75,12 @@ class StoreReader:
         return self.codec.decode(self.payload(index), out=out)
 
     def read_batch_into(self, indices: list[int], out: np.ndarray) -> np.ndarray:
-        """Decode samples ``indices`` into ``out[k]``: the loop of read_into, with lookups hoisted."""
+        """Decode samples ``indices`` into ``out[k]``: the loop of read_into, with the range check
+        done once and the lookups hoisted out of it."""
+        if indices:
+            self._check(min(indices), max(indices))
         per_shard, shard_of, decode = self.shard_size, self._shard, self.codec.decode
         for k, index in enumerate(indices):
-            if not 0 <= index < self.samples:
-                raise IndexError(f"sample {index} is out of range for {self.samples} samples")
             decode(shard_of(index // per_shard).chunk(index % per_shard), out=out[k])
         return out
 

@@ -4,6 +4,7 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -34,3 +35,13 @@ def test_tile_dataset_pickles_without_open_maps(store: Path) -> None:
     assert clone._reader is None
     tile, label = ds[-1]
     assert tile.shape == (3, 32, 32) and label == 4
+
+
+def test_out_of_range_samples_are_an_index_error(store: Path) -> None:
+    reader = StoreReader(store)
+    out = np.empty((2, 32, 32, 3), dtype=np.uint8)
+    for bad in ([0, 50], [-1, 3]):
+        with pytest.raises(IndexError, match=f"sample {bad[0] if bad[0] < 0 else 50} is out of range"):
+            reader.read_batch_into(bad, out)
+    with pytest.raises(IndexError):
+        TileDataset(store)[50]
