@@ -14,15 +14,22 @@ setup: $(STAMP)
 # The CPU build on these machines (an open range pulls a multi-GB CUDA build); a GPU machine
 # with network access can ask for another: make setup TORCH_SPEC=torch==2.14.1
 TORCH_SPEC ?= torch==2.13.0
+PIL_PLUGINS := pillow-avif-plugin==1.6.0 pillow-heif==1.8.1
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) "$(TORCH_SPEC)"
 	$(PIP) -e '.[dev]'
 	# pillow-simd last: it provides the same PIL package as pillow, which matplotlib pulls in.
+	# It compiles only the codecs whose headers are present: install them first (apt-get as
+	# root on Debian/Ubuntu; elsewhere it stops naming the packages).
+	bash tools/pillow-deps.sh
 	$(PY) -m pip uninstall --quiet -y pillow pillow-simd
 	CC="$(SIMD_CC)" $(PIP) --no-cache-dir pillow-simd==12.1.1.post0
-	$(PY) -c "import PIL; assert 'post' in PIL.__version__, PIL.__version__; print('PIL', PIL.__version__, '(pillow-simd)')"
+	# AVIF and HEIC through plugin wheels that bundle their libraries; --no-deps, or they
+	# would pull plain pillow back over pillow-simd.
+	$(PIP) --no-deps $(PIL_PLUGINS)
+	$(PY) -m preprocess.doctor --pil
 	touch $@
 
 test: setup

@@ -9,13 +9,14 @@ from collections.abc import Sequence
 
 from preprocess.errors import TilefeedError
 from preprocess.format import CODECS
-from preprocess.settings import DEFAULT_MAX_PIXELS, FITS, MODES, RESAMPLERS
+from preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS
 
 EPILOG = """examples:
   tilefeed preprocess ~/data/train store/train --size 256 --codec lz4
   tilefeed preprocess scans.csv store/scans --mode grid --size 512 --stride 448 --codec jpeg
   tilefeed info store/train
   tilefeed verify store/train --deep
+  tilefeed doctor
   tilefeed bench --images ~/data/train --store store/train --loaders baseline,tilefeed
 """
 
@@ -75,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="antialiased resampling filter")
     p.add_argument("--background", type=_colour, default=(255, 255, 255),
                    help="R,G,B or #rrggbb under transparent pixels, pad borders and grid edges")
+    p.add_argument("--icc", choices=ICC, default="ignore",
+                   help="embedded ICC profiles (CMYK and colour-managed photos): ignore gives what "
+                   "PIL's Image.convert('RGB') gives, as a torchvision PIL pipeline sees it; srgb "
+                   "converts the pixels to sRGB through littlecms")
     p.add_argument("--codec", choices=CODECS, default="lz4",
                    help="tile codec: lz4 (blosc) or zstd are lossless and fast to read on the CPU; "
                    "none stores raw pixels; jpeg is lossy and decodes on the GPU (nvJPEG)")
@@ -103,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--deep", action="store_true", help="also decode every tile")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    sub.add_parser("doctor", help="what this installation can do: PIL codecs, DALI, torch, GPU",
+                   add_help=False).add_argument("args", nargs=argparse.REMAINDER)
+
     b = sub.add_parser("bench", help="benchmarks (see `tilefeed bench --help`)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER)
     d = sub.add_parser("demo", help="generate images, preprocess, benchmark: the end-to-end tour",
@@ -114,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("bench", "demo"):
+    if argv and argv[0] in ("bench", "demo", "doctor"):
         # their own parsers take every option that follows
         args = argparse.Namespace(command=argv[0], args=argv[1:])
     else:
@@ -126,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args)
         if args.command == "verify":
             return _verify(args)
+        if args.command == "doctor":
+            from preprocess import doctor
+
+            return doctor.main(args.args)
         from bench import cli as bench_cli
 
         if args.command == "bench":
@@ -146,6 +158,7 @@ def _preprocess(args: argparse.Namespace) -> int:
     tiles = TileSettings(
         size=args.size, mode=args.mode, fit=args.fit, stride=args.stride or 0,
         resample=args.resample, background=args.background, max_pixels=args.max_pixels,
+        icc=args.icc,
     )
     store = StoreSettings(codec=args.codec, quality=args.quality, shard_size=args.shard_size)
     s = preprocess(

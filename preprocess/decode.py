@@ -1,11 +1,14 @@
 """One source image -> RGB uint8 tiles, or a one-line reason it cannot be used.
 
 Everything a worker does per image lives here: open, size check, JPEG draft (DCT scaling),
-EXIF orientation, conversion of every PIL mode to RGB, and the resize or grid cut.
+EXIF orientation, conversion of every PIL mode to RGB (colour-managed where asked), and the
+resize or grid cut. Any exception on the way makes the image a reject: Pillow's plugins raise
+dozens of types on malformed input, so no closed list of them can be complete.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import warnings
@@ -14,7 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from preprocess.plugins import register_plugins
 from preprocess.settings import TileSettings
+
+register_plugins()
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
             warnings.simplefilter("ignore")  # PIL's per-file warnings become reasons or are noise
             with Image.open(path) as im:
                 rgb = _to_rgb(_open_checked(im, settings), settings)
+            if settings.mode == "grid":
+                return _grid(rgb, settings)
+            tile = _fit(rgb, settings)
     except Rejected:
         raise
     except UnidentifiedImageError:
@@ -50,13 +59,12 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except PermissionError as e:
         raise Rejected(f"unreadable: {e.strerror}") from None
     except Image.DecompressionBombError as e:
-        raise Rejected(f"too large: {e}") from None
-    except (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, MemoryError) as e:
-        # PIL reports truncated and corrupt streams with any of these.
+        raise Rejected(f"too large: {_one_line(e)}") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        # how PIL itself reports truncated and corrupt streams
         raise Rejected(f"corrupt or truncated: {_one_line(e)}") from None
-    if settings.mode == "grid":
-        return _grid(rgb, settings)
-    tile = _fit(rgb, settings)
+    except Exception as e:  # noqa: BLE001 - any other failure of any plugin: this image only
+        raise Rejected(f"{type(e).__name__}: {_one_line(e)}") from None
     zero = np.zeros(1, dtype=np.int32)
     return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero)
 
@@ -89,6 +97,9 @@ def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
 
 def _to_rgb(im: Image.Image, settings: TileSettings) -> Image.Image:
     mode = im.mode
+    if settings.icc == "srgb" and im.info.get("icc_profile") and mode in ("RGB", "RGBA", "CMYK", "L"):
+        im = _profile_to_srgb(im)
+        mode = im.mode
     if mode == "RGB":
         return im
     if mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info):
@@ -98,15 +109,36 @@ def _to_rgb(im: Image.Image, settings: TileSettings) -> Image.Image:
     if mode.startswith("I") or mode == "F":
         return _wide_to_rgb(im)
     if mode == "LAB":
-        from PIL import ImageCms
-
-        lab = ImageCms.createProfile("LAB")
-        srgb = ImageCms.createProfile("sRGB")
-        rgb = ImageCms.profileToProfile(im, lab, srgb, outputMode="RGB")
-        if rgb is None:
-            raise Rejected("unsupported: LAB conversion failed")
-        return rgb
+        return _lab_to_rgb(im)
     raise Rejected(f"unsupported: PIL mode {mode}")
+
+
+def _lab_to_rgb(im: Image.Image) -> Image.Image:
+    """CIE L*a*b* -> sRGB through littlecms, as upstream Pillow's ImageCms does."""
+    from PIL import ImageCms
+
+    lab = ImageCms.createProfile("LAB")
+    srgb = ImageCms.createProfile("sRGB")
+    rgb = ImageCms.profileToProfile(im, lab, srgb, outputMode="RGB")
+    if rgb is None:
+        raise Rejected("unsupported: LAB conversion failed")
+    return rgb
+
+
+def _profile_to_srgb(im: Image.Image) -> Image.Image:
+    """Pixels in their embedded ICC profile -> sRGB (``--icc srgb``), alpha kept aside."""
+    from PIL import ImageCms
+
+    source = ImageCms.ImageCmsProfile(io.BytesIO(im.info["icc_profile"]))
+    srgb = ImageCms.createProfile("sRGB")
+    alpha = im.getchannel("A") if im.mode == "RGBA" else None
+    base = im.convert("RGB") if im.mode == "RGBA" else im
+    rgb = ImageCms.profileToProfile(base, source, srgb, outputMode="RGB")
+    if rgb is None:
+        raise Rejected("unsupported: ICC conversion failed")
+    if alpha is not None:
+        rgb.putalpha(alpha)
+    return rgb
 
 
 def _composite(rgba: Image.Image, background: tuple[int, int, int]) -> Image.Image:

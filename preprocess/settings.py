@@ -13,6 +13,7 @@ from preprocess.format import CODECS
 
 MODES: Final = ("resize", "grid")
 FITS: Final = ("crop", "pad", "stretch")
+ICC: Final = ("ignore", "srgb")
 RESAMPLERS: Final = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
@@ -32,6 +33,7 @@ class TileSettings:
     resample: str = "bicubic"
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = DEFAULT_MAX_PIXELS
+    icc: str = "ignore"  # embedded colour profiles: ignore (as Image.convert) or convert to sRGB
 
     def __post_init__(self) -> None:
         if not 8 <= self.size <= 8192:
@@ -51,6 +53,8 @@ class TileSettings:
         if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
             raise ConfigError(f"--background must be three values in 0..255, got {self.background}")
         object.__setattr__(self, "background", tuple(int(c) for c in self.background))
+        if self.icc not in ICC:
+            raise ConfigError(f"--icc must be one of {', '.join(ICC)}, got {self.icc!r}")
         if self.max_pixels < 1:
             raise ConfigError(f"--max-pixels must be positive, got {self.max_pixels}")
 

@@ -19,9 +19,11 @@ import hashlib
 import json
 import multiprocessing
 import os
+import pickle
 import shutil
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from preprocess import format as fmt
-from preprocess.decode import Rejected, load_tiles
+from preprocess.decode import Rejected, Tiles, load_tiles
 from preprocess.errors import SourceError, StoreExistsError, StoreWriteError
 from preprocess.settings import StoreSettings, TileSettings, default_workers, describe
 from preprocess.sources import Sources, find_sources
@@ -182,12 +184,16 @@ def _part_name(part: int, suffix: str) -> str:
 
 
 def write_part(
-    work: str, part: int, first: int, paths: list[str], tiles: TileSettings, store: StoreSettings
+    work: str, part: int, first: int, paths: list[str], tiles: TileSettings, store: StoreSettings,
+    isolate: bool = False,
 ) -> dict[str, Any]:
     """Worker task: decode one part's sources, write their chunk bytes, then the part's record.
 
     Chunks stream to the file as they are encoded, so no part is ever held in memory whole.
+    ``isolate`` decodes each image in a child process of its own: the retry of a part whose
+    worker died, so that the image that kills a decoder is the only one lost.
     """
+    load = load_isolated if isolate else load_tiles
     codec = fmt.TileCodec(store.codec, tiles.size, store.quality)
     record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
                               "cols": [], "rejects": []}
@@ -197,7 +203,7 @@ def write_part(
     with open(tmp, "wb") as f:
         for k, path in enumerate(paths):
             try:
-                result = load_tiles(path, tiles)
+                result = load(path, tiles)
             except Rejected as e:
                 record["rejects"].append([first + k, str(e)])
                 continue
@@ -212,6 +218,39 @@ def write_part(
     os.replace(tmp, final)
     _atomic_write(root / _part_name(part, ".json"), [json.dumps(record).encode()])
     return record
+
+
+def load_isolated(path: str, tiles: TileSettings) -> Tiles:
+    """``load_tiles`` in a forked child: a segfault or the OOM killer there becomes a reject."""
+    if not hasattr(os, "fork"):
+        return load_tiles(path, tiles)
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads: the child only decodes
+        pid = os.fork()
+    if pid == 0:  # the child: decode, send the outcome, leave without running any cleanup
+        os.close(read_end)
+        try:
+            try:
+                outcome: tuple[str, Any] = ("tiles", load_tiles(path, tiles))
+            except Rejected as e:
+                outcome = ("rejected", str(e))
+            with os.fdopen(write_end, "wb") as f:
+                pickle.dump(outcome, f, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        raise Rejected(f"crashed the decoder (signal {os.WTERMSIG(status)})")
+    if os.WEXITSTATUS(status) != 0 or not data:
+        raise Rejected(f"crashed the decoder (exit status {os.WEXITSTATUS(status)})")
+    kind, value = pickle.loads(data)
+    if kind == "rejected":
+        raise Rejected(value)
+    return value  # type: ignore[no-any-return]
 
 
 def write_shard(root: str, work: str, shard: int, per_shard: int,
@@ -266,22 +305,20 @@ def _copy_range(src: Any, dst: Any, offset: int, count: int) -> None:
         count -= n
 
 
-class _Inline:
-    """The executor for one worker: runs each task as it is submitted, in this process."""
+@dataclass(frozen=True)
+class _Task:
+    """A submitted part or shard task, kept so that it can run again if its worker dies."""
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        fut: Future[Any] = Future()
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as e:  # handed to the caller through the future, as a pool would
-            fut.set_exception(e)
-        return fut
+    kind: str  # "part" or "shard"
+    number: int
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
 
-    def __enter__(self) -> _Inline:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+def _worker_died(fut: Future[Any]) -> bool:
+    """The task failed because its process died (a local pool's, or a Dask worker killed repeatedly)."""
+    e = fut.exception()
+    return isinstance(e, BrokenProcessPool) or type(e).__name__ == "KilledWorker"
 
 
 class _ClientExecutor:
@@ -333,27 +370,53 @@ class _Build:
                 if self.tick:
                     self.tick(record["count"], len(record["rejects"]))
         todo = iter([p for p, r in enumerate(self.records) if r is None])
-        with self._executor(workers) as pool:
-            pending: dict[Future[Any], tuple[str, int]] = {}
+        pool = self._executor(workers)
+        pending: dict[Future[Any], _Task] = {}
+        try:
             for _ in range(2 * workers):
                 self._submit_part(pool, pending, todo)
             self._submit_shards(pool, pending)
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                if any(_worker_died(f) for f in finished):
+                    # Every task in flight on a dead worker pool is lost: wait for the pool to
+                    # fail them all, then run them again on a new pool, parts image by image.
+                    finished, _ = wait(pending)
+                lost = [t for f in finished if _worker_died(f) for t in [pending.pop(f)]]
                 for fut in finished:
-                    kind, number = pending.pop(fut)
-                    result = fut.result()
-                    if kind == "part":
-                        self.records[number] = result
-                        if self.tick:
-                            self.tick(result["count"], len(result["rejects"]))
-                        self._submit_part(pool, pending, todo)
-                    else:
-                        self.bytes += result
-                        self.shard_done.add(number)
-                        self._sync(number)
-                        self._free_parts()
+                    task = pending.pop(fut, None)
+                    if task is not None:
+                        self._done(task, fut.result(), pool, pending, todo)
+                if lost:
+                    if self.scheduler is None:
+                        pool.__exit__(None, None, None)
+                        pool = self._executor(workers)
+                    for task in lost:
+                        self._resubmit(task, pool, pending)
                 self._submit_shards(pool, pending)
+        finally:
+            pool.__exit__(None, None, None)
+
+    def _done(self, task: _Task, result: Any, pool: Any, pending: dict[Future[Any], _Task],
+              todo: Iterator[int]) -> None:
+        if task.kind == "part":
+            self.records[task.number] = result
+            if self.tick:
+                self.tick(result["count"], len(result["rejects"]))
+            self._submit_part(pool, pending, todo)
+        else:
+            self.bytes += result
+            self.shard_done.add(task.number)
+            self._sync(task.number)
+            self._free_parts()
+
+    def _resubmit(self, task: _Task, pool: Any, pending: dict[Future[Any], _Task]) -> None:
+        args = task.args
+        if task.kind == "part":
+            if args[-1]:  # already isolated: the worker died of something other than one image
+                raise BrokenProcessPool("a worker process died while decoding images one by one")
+            args = (*args[:-1], True)
+        pending[pool.submit(task.fn, *args)] = _Task(task.kind, task.number, task.fn, args)
 
     def _executor(self, workers: int) -> Any:
         if self.scheduler is not None:
@@ -363,24 +426,23 @@ class _Build:
             # is simply run again elsewhere.
             client = Client(self.scheduler)
             return _ClientExecutor(client)
-        if workers == 1:
-            return _Inline()
-        # fork where there is one: workers start with the modules already imported (spawn costs
-        # about 0.4 s per run here). They only decode images and write files, so nothing of the
-        # driver's other threads (zarr's event loop, tqdm's monitor) is touched in a child.
+        # Worker processes even for one worker: a decoder that crashes takes down a worker,
+        # never the run. fork where there is one: workers start with the modules already
+        # imported (spawn costs about 0.4 s per run here). They only decode images and write
+        # files, so nothing of the driver's other threads (zarr's event loop, tqdm's monitor)
+        # is touched in a child.
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
 
-    def _submit_part(self, pool: Any, pending: dict[Future[Any], tuple[str, int]],
-                     todo: Iterator[int]) -> None:
+    def _submit_part(self, pool: Any, pending: dict[Future[Any], _Task], todo: Iterator[int]) -> None:
         part = next(todo, None)
         if part is not None:
             first = part * PART_SOURCES
             args = (str(self.work), part, first, self.sources.paths[first : first + PART_SOURCES],
-                    self.tiles, self.store)
-            pending[pool.submit(write_part, *args)] = ("part", part)
+                    self.tiles, self.store, False)
+            pending[pool.submit(write_part, *args)] = _Task("part", part, write_part, args)
 
-    def _submit_shards(self, pool: Any, pending: dict[Future[Any], tuple[str, int]]) -> None:
+    def _submit_shards(self, pool: Any, pending: dict[Future[Any], _Task]) -> None:
         while self.prefix < len(self.records):
             record = self.records[self.prefix]
             if record is None:
@@ -404,7 +466,7 @@ class _Build:
             pieces, sizes = self._pieces(lo, min(hi, known))
             args = (str(self.root), str(self.work), shard, self.per_shard, pieces, sizes,
                     self.scheduler is not None)
-            pending[pool.submit(write_shard, *args)] = ("shard", shard)
+            pending[pool.submit(write_shard, *args)] = _Task("shard", shard, write_shard, args)
 
     def _sync(self, shard: int) -> None:
         if self.scheduler is None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import errno
-import io
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from preprocess import StoreSettings, TileSettings, preprocess
 from preprocess import format as fmt
 from preprocess.decode import Rejected, load_tiles
 from preprocess.errors import StoreWriteError
-from tests.conftest import photo, tree_bytes
+from tests.conftest import tree_bytes
+from tests.preprocess import corpus
 from tests.preprocess.conftest import ARGS
 
 
@@ -55,41 +56,41 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
     assert interrupted >= 4, f"only {interrupted} kills landed mid-run: the test proved little"
 
 
+_REAL = {"write_part": writer.write_part, "write_shard": writer.write_shard}
+
+
+@dataclass(frozen=True)
+class _FullDiskOnThirdCall:
+    """Stands in for a worker task; picklable, and counts calls in a file, across processes."""
+
+    target: str
+    counter: Path
+
+    def __call__(self, *args: Any) -> Any:
+        n = int(self.counter.read_text() or 0) + 1 if self.counter.exists() else 1
+        self.counter.write_text(str(n))
+        if n == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return _REAL[self.target](*args)
+
+
 @pytest.mark.parametrize("target", ["write_part", "write_shard"])
 def test_disk_full_is_a_clear_error_and_the_store_resumes(
         tmp_path: Path, source: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
         target: str) -> None:
     src, reference = source
-    real = getattr(writer, target)
-    calls = {"n": 0}
-
-    def full_disk(*args: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(*args)
-
-    monkeypatch.setattr(writer, target, full_disk)
+    monkeypatch.setattr(writer, target, _FullDiskOnThirdCall(target, tmp_path / "calls"))
     out = tmp_path / "store"
     tiles, store = TileSettings(size=32), StoreSettings(shard_size=50)
     with pytest.raises(StoreWriteError, match="No space left on device.*rerun the same command"):
         preprocess(src, out, tiles, store, workers=1)
-    monkeypatch.setattr(writer, target, real)
+    monkeypatch.setattr(writer, target, _REAL[target])
     summary = preprocess(src, out, tiles, store, workers=1)
     assert summary.resumed_parts > 0
     assert tree_bytes(out) == tree_bytes(reference)
 
 
-def _seed_images() -> list[bytes]:
-    out = []
-    for kind, kw in [("JPEG", {"quality": 85}), ("PNG", {}), ("GIF", {})]:
-        buf = io.BytesIO()
-        photo(3, 40, 30).save(buf, kind, **kw)
-        out.append(buf.getvalue())
-    return out
-
-
-SEEDS = _seed_images()
+SEEDS = [sample.data for sample in corpus.build()]  # every format Pillow writes
 
 
 @st.composite
@@ -111,7 +112,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-@settings(max_examples=200, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=mutated())
 def test_mutated_images_are_accepted_or_rejected_never_crash_or_hang(
         tmp_path: Path, data: bytes) -> None:

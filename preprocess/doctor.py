@@ -1,0 +1,197 @@
+"""``tilefeed doctor``: what this installation can do, on one screen to paste into a bug report.
+
+Reports the PIL build (pillow-simd or not, AVX2, every codec and plugin, each checked by a real
+round trip where a flag could lie), DALI and whether it sees a GPU, torch and CUDA, zarr and
+numcodecs, and the cores. Every problem comes with a one-line fix. A machine without a GPU is
+information, not a failure; anything the README promises that is missing is.
+
+``python -m preprocess.doctor --pil`` checks the PIL part only: ``make setup`` runs it after
+compiling pillow-simd, so a PIL built without a codec never passes setup silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from typing import Any
+
+SETUP_FIX = "run `make setup` again (it installs the -dev packages and rebuilds pillow-simd)"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True  # False: shown, never a failure (no GPU, say)
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, detail: str, fix: str = "", required: bool = True) -> None:
+        self.checks.append(Check(name, ok, detail, fix, required))
+
+    @property
+    def problems(self) -> list[Check]:
+        return [c for c in self.checks if c.required and not c.ok]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _round_trip(fmt: str, **options: Any) -> Callable[[], str]:
+    """Write a small picture in ``fmt`` and read it back: proof the codec is really there."""
+
+    def check() -> str:
+        import numpy as np
+        from PIL import Image
+
+        pixels = np.linspace(0, 255, 24 * 24 * 3).astype(np.uint8).reshape(24, 24, 3)
+        buf = io.BytesIO()
+        Image.fromarray(pixels, "RGB").save(buf, fmt, **options)
+        buf.seek(0)
+        with Image.open(buf) as im:
+            im.load()
+            return f"reads and writes {im.format}"
+
+    return check
+
+
+# name -> (how to prove it, what it is for)
+PIL_CODECS: dict[str, tuple[Callable[[], str], str]] = {
+    "jpeg": (_round_trip("JPEG"), "JPEG (libjpeg-turbo)"),
+    "png": (_round_trip("PNG"), "PNG (zlib)"),
+    "tiff-deflate": (_round_trip("TIFF", compression="tiff_deflate"), "TIFF, deflate"),
+    "tiff-lzw": (_round_trip("TIFF", compression="tiff_lzw"), "TIFF, LZW"),
+    "tiff-jpeg": (_round_trip("TIFF", compression="jpeg"), "TIFF, JPEG"),
+    "tiff-webp": (_round_trip("TIFF", compression="webp"), "TIFF, WebP"),
+    "webp": (_round_trip("WEBP", lossless=True), "WebP"),
+    "webp-animated": (_round_trip("WEBP", save_all=True), "animated WebP"),
+    "jpeg2000": (_round_trip("JPEG2000"), "JPEG 2000 (openjpeg)"),
+    "avif": (_round_trip("AVIF"), "AVIF (pillow-avif-plugin)"),
+    "heif": (_round_trip("HEIF"), "HEIC/HEIF (pillow-heif)"),
+}
+
+
+def _pil(report: Report) -> None:
+    import PIL
+    from PIL import features
+
+    from preprocess.plugins import register_plugins
+
+    register_plugins()
+    simd = "post" in PIL.__version__
+    report.add("PIL", simd, f"{PIL.__version__} ({'pillow-simd' if simd else 'not pillow-simd'})",
+               "`make setup` installs pillow-simd last; something installed plain pillow over it")
+    avx2 = _cpu_has("avx2")
+    report.add("AVX2", avx2, "the CPU has AVX2" if avx2 else "this CPU has no AVX2 (slower resize)",
+               required=False)
+    for name, (prove, what) in PIL_CODECS.items():
+        try:
+            report.add(f"codec {name}", True, f"{what}: {prove()}")
+        except Exception as e:  # noqa: BLE001 - any failure means the codec is not usable
+            report.add(f"codec {name}", False, f"{what}: {type(e).__name__}: {e}", SETUP_FIX)
+    for feature in ("littlecms2", "libimagequant"):
+        ok = bool(features.check(feature))
+        report.add(feature, ok, "available" if ok else "missing", SETUP_FIX)
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+def _dali_distribution() -> tuple[str, str] | None:
+    for dist in ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-dali-cuda110"):
+        version = _version(dist)
+        if version:
+            return dist, version
+    return None
+
+
+def _stack(report: Report) -> None:
+    try:
+        import torch
+
+        cuda = torch.version.cuda
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        report.add("torch", True, f"{torch.__version__}, " + (f"CUDA {cuda}" if cuda else "CPU build"))
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus))
+        report.add("GPU", gpus > 0, f"{gpus} visible: {names}" if gpus else "none visible (CPU only)",
+                   required=False)
+    except Exception as e:  # noqa: BLE001
+        report.add("torch", False, f"cannot import: {e}", "pip install torch")
+    dali = _dali_distribution()
+    if dali is None:
+        report.add("DALI", False, "not installed", "pip install 'tilefeed[cuda12]' (or [cuda13])")
+    else:
+        try:
+            import nvidia.dali  # noqa: F401
+
+            report.add("DALI", True, f"{dali[0]} {dali[1]}")
+        except Exception as e:  # noqa: BLE001
+            report.add("DALI", False, f"{dali[0]} {dali[1]} does not import: {e}",
+                       f"pip install --force-reinstall {dali[0]}")
+    for dist in ("zarr", "numcodecs", "crc32c"):
+        version = _version(dist)
+        report.add(dist, version is not None, version or "not installed", f"pip install {dist}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    report.add("cores", True, f"{cores} usable by this process", required=False)
+
+
+def diagnose(pil_only: bool = False) -> Report:
+    report = Report()
+    _pil(report)
+    if not pil_only:
+        _stack(report)
+    return report
+
+
+def format_report(report: Report) -> str:
+    width = max(len(c.name) for c in report.checks)
+    lines = []
+    for c in report.checks:
+        mark = "ok" if c.ok else ("!!" if c.required else "--")
+        lines.append(f"{mark}  {c.name:<{width}}  {c.detail}")
+    problems = report.problems
+    if problems:
+        lines.append("")
+        lines.append(f"{len(problems)} problem(s):")
+        lines += [f"  {c.name}: {c.fix}" for c in problems]
+    else:
+        lines.append("\nno problems")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tilefeed doctor", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pil", action="store_true", help="check the PIL build only")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    report = diagnose(pil_only=args.pil)
+    if args.json:
+        print(json.dumps({"checks": [asdict(c) for c in report.checks],
+                          "problems": len(report.problems)}, indent=2))
+    else:
+        print(format_report(report))
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
