@@ -33,9 +33,12 @@ class StoreReader:
         self._lock = threading.Lock()
 
     def _read_labels(self) -> np.ndarray:
-        import zarr
-
-        labels = np.asarray(zarr.open_array(str(self.root / fmt.LABELS), mode="r")[:], np.int64)
+        """The labels, after every array of the store is checked against its recorded digests
+        (and the shard files for presence and size), so that a damaged store is refused here
+        rather than deep inside an epoch. Costs one read of the small arrays, not of the tiles."""
+        for name in self.attrs["arrays"]:
+            fmt.check_array(self.root, self.attrs, name)
+        labels = fmt.read_small_array(self.root, self.attrs, fmt.LABELS).astype(np.int64, copy=False)
         if labels.shape != (self.samples,):
             raise fmt.StoreFormatError(
                 f"store {str(self.root)!r}: labels hold {labels.shape[0]} entries, "

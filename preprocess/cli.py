@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 from preprocess.errors import TilefeedError
 from preprocess.format import CODECS
+from preprocess.inspection import printable
 from preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS
+from preprocess.sources import LABEL_RULES
 
 EPILOG = """examples:
   tilefeed preprocess ~/data/train store/train --size 256 --codec lz4
@@ -92,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "of local processes; its workers must see SRC and OUT at the same paths")
     p.add_argument("--max-pixels", type=_positive, default=DEFAULT_MAX_PIXELS,
                    help="reject larger images (decompression-bomb limit)")
+    p.add_argument("--labels", choices=LABEL_RULES, default="auto",
+                   help="manifest labels: auto keeps integers when every label is one and reads "
+                   "names when none looks numeric (anything mixed is refused); int or names force it")
+    p.add_argument("--allow-duplicates", action="store_true",
+                   help="keep a path a manifest lists more than once (refused by default)")
+    p.add_argument("--allow-outside", action="store_true",
+                   help="let a manifest name files outside its own folder (absolute or ../ paths)")
+    p.add_argument("--allow-empty-classes", action="store_true",
+                   help="keep a class folder with no files as a class with no samples (refused by "
+                   "default: it would shift the ids of the classes after it)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a tilefeed store already at OUT (other folders are never touched)")
@@ -144,8 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_cli.bench_main(args.args)
         return bench_cli.demo_main(args.args)
     except TilefeedError as e:
-        print(f"tilefeed: error: {e}", file=sys.stderr)
+        print(f"tilefeed: error: {printable(str(e))}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # `tilefeed info | head`: the reader left; say nothing more, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("tilefeed: interrupted (rerun the same command to resume)", file=sys.stderr)
         return 130
@@ -153,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     from preprocess.settings import StoreSettings, TileSettings
+    from preprocess.sources import SourceOptions
     from preprocess.writer import preprocess, progress_bar
 
     tiles = TileSettings(
@@ -161,17 +179,24 @@ def _preprocess(args: argparse.Namespace) -> int:
         icc=args.icc,
     )
     store = StoreSettings(codec=args.codec, quality=args.quality, shard_size=args.shard_size)
+    rules = SourceOptions(labels=args.labels, allow_duplicates=args.allow_duplicates,
+                          allow_outside=args.allow_outside,
+                          allow_empty_classes=args.allow_empty_classes)
     s = preprocess(
         args.src, args.out, tiles, store, workers=args.workers, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
+        source_options=rules,
     )
     if not args.quiet:
         state = "already complete, nothing to do" if s.up_to_date else f"{s.seconds:.1f} s"
         rate = f", {s.sources / s.seconds:.0f} img/s" if s.seconds and not s.up_to_date else ""
-        print(f"{args.out}: {state}{rate}")
-        print(f"  sources {s.sources}: accepted {s.accepted}, rejected {s.rejected}")
+        print(f"{printable(args.out)}: {state}{rate}")
+        print(f"  sources {s.sources}: accepted {s.accepted}, rejected {s.rejected}"
+              + (f"; {s.hidden} hidden files and folders skipped" if s.hidden else ""))
         for reason, n in s.rejects_by_reason.items():
-            print(f"    {n:>6}  {reason}")
+            print(f"    {n:>6}  {printable(reason)}")
+        for note in s.notes:
+            print(f"  note: {printable(note)}")
         print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
         if s.resumed_parts:
             print(f"  resumed: {s.resumed_parts} parts were already done")
@@ -201,12 +226,12 @@ def _verify(args: argparse.Namespace) -> int:
               file=sys.stderr) as bar:
         problems = verify(args.store, deep=args.deep, on_shard=lambda: bar.update(1))
     for line in problems:
-        print(line)
+        print(printable(line))
     what = "decoded and checked" if args.deep else "checked"
     if problems:
-        print(f"tilefeed: error: {len(problems)} problems in {args.store}", file=sys.stderr)
+        print(f"tilefeed: error: {len(problems)} problems in {printable(args.store)}", file=sys.stderr)
         return 1
-    print(f"{args.store}: sound ({shards} shards {what})")
+    print(f"{printable(args.store)}: sound ({shards} shards {what})")
     return 0
 
 

@@ -35,8 +35,9 @@ class CorruptChunkError(TilefeedError, OSError):
     """A shard index or chunk failed its crc32c check or does not decode."""
 
     def __init__(self, shard: str, sample: int | None, detail: str) -> None:
-        where = f"sample {sample}" if sample is not None else "shard index"
-        super().__init__(f"{shard}: {where}: {detail}")
+        # ``shard`` is the damaged file (a shard, an array chunk or a metadata document)
+        where = f"sample {sample}: " if sample is not None else ""
+        super().__init__(f"{shard}: {where}{detail}")
         self.shard = shard
         self.sample = sample
         self.detail = detail

@@ -11,6 +11,7 @@ Both sides use the functions here; neither re-derives offsets, names or codec se
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import mmap
@@ -28,7 +29,7 @@ from numcodecs import Blosc, Zstd, blosc
 from preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
 
 FORMAT_NAME: Final = "tilefeed"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2  # 2: every array checksummed and digested; 1 is refused (rebuild it)
 ATTRS_KEY: Final = "tilefeed"  # group attribute holding the store description; written last
 
 IMAGES: Final = "images"
@@ -37,6 +38,7 @@ SOURCES: Final = "sources"  # index of the source image of each tile, into the s
 ROWS: Final = "rows"  # grid mode: tile row within its source image
 COLS: Final = "cols"  # grid mode: tile column within its source image
 SOURCE_PATHS: Final = "source_paths"  # the sorted source list, as UTF-8 strings
+SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, SOURCE_PATHS)  # all but images: read whole
 
 CODECS: Final = ("lz4", "zstd", "none", "jpeg")
 JPEG_CODEC_ID: Final = "tilefeed.jpeg"
@@ -191,7 +193,107 @@ def zarr_codecs(codec: str, quality: int) -> dict[str, Any]:
     return {"serializer": serializer, "compressors": [*compressors, Crc32cCodec()]}
 
 
+def small_array_codecs() -> dict[str, Any]:
+    """Compressors of the arrays beside the tiles: zstd, then crc32c, so every chunk is checked.
+
+    ``write_empty_chunks``: zarr would skip a chunk equal to the fill value (all labels 0), and
+    a missing chunk must always mean damage, never zeros.
+    """
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return {"compressors": [ZstdCodec(level=ZSTD_LEVEL), Crc32cCodec()],
+            "config": {"write_empty_chunks": True}}
+
+
 WORK_DIR: Final = ".tilefeed-partial"  # present while a store is being written
+WRITTEN: Final = ("zarr.json", IMAGES, *SMALL_ARRAYS, WORK_DIR)  # every entry a writer makes
+
+
+def sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
+
+
+def attrs_digest(attrs: dict[str, Any]) -> str:
+    """sha256 of the attributes themselves (less this digest): a flipped byte there is caught."""
+    body = {k: v for k, v in attrs.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def small_chunk_paths(root: Path, name: str, length: int, chunk: int) -> list[Path]:
+    return [root / name / "c" / str(i) for i in range(shard_count(length, chunk))]
+
+
+def describe_arrays(root: Path, names: list[str], shard_bytes: list[int]) -> dict[str, Any]:
+    """What the attributes record of each array, for readers and ``verify`` to check against."""
+    out: dict[str, Any] = {
+        IMAGES: {"chunks": len(shard_bytes), "shard_bytes": shard_bytes,
+                 "metadata_sha256": sha256_files([root / IMAGES / "zarr.json"])},
+    }
+    for name in names:
+        meta = json.loads((root / name / "zarr.json").read_text())
+        length, chunk = meta["shape"][0], meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+        chunks = small_chunk_paths(root, name, length, chunk)
+        out[name] = {"length": length, "chunk": chunk, "chunks": len(chunks),
+                     "sha256": sha256_files(chunks),
+                     "metadata_sha256": sha256_files([root / name / "zarr.json"])}
+    return out
+
+
+def array_problems(root: Path, attrs: dict[str, Any], name: str) -> list[tuple[str, str]]:
+    """Every way array ``name`` differs from what the attributes record: (file, what is wrong)."""
+    rec = attrs["arrays"].get(name)
+    if rec is None:
+        return [(str(root / name), "not recorded in the store's attributes")]
+    problems: list[tuple[str, str]] = []
+    meta = root / name / "zarr.json"
+    if not meta.is_file():
+        problems.append((str(meta), "missing"))
+    elif sha256_files([meta]) != rec["metadata_sha256"]:
+        problems.append((str(meta), "differs from what was written (sha256 mismatch)"))
+    if name == IMAGES:
+        for shard, expected in enumerate(rec["shard_bytes"]):
+            path = shard_path(root, shard)
+            size = path.stat().st_size if path.is_file() else None
+            if size is None:
+                problems.append((str(path), "missing shard"))
+            elif size != expected:
+                problems.append((str(path), f"{size} bytes, expected {expected} (truncated or altered)"))
+        return problems
+    chunks = small_chunk_paths(root, name, rec["length"], rec["chunk"])
+    for path in chunks:
+        if not path.is_file():
+            problems.append((str(path), "missing chunk (zarr would read it as zeros)"))
+            continue
+        data = path.read_bytes()
+        if len(data) < CRC_NBYTES or crc_bytes(data[:-CRC_NBYTES]) != data[-CRC_NBYTES:]:
+            problems.append((str(path), "chunk crc32c mismatch"))
+    if not problems and sha256_files(chunks) != rec["sha256"]:
+        problems.append((str(root / name), "chunks differ from what was written (sha256 mismatch)"))
+    return problems
+
+
+def check_array(root: Path, attrs: dict[str, Any], name: str) -> None:
+    """CorruptChunkError naming the file of the first problem ``array_problems`` finds."""
+    problems = array_problems(root, attrs, name)
+    if problems:
+        path, detail = problems[0]
+        raise CorruptChunkError(path, None, detail)
+
+
+def read_small_array(root: Path, attrs: dict[str, Any], name: str) -> np.ndarray:
+    """A whole array beside the tiles, after checking every chunk: CorruptChunkError on damage."""
+    import zarr
+
+    check_array(root, attrs, name)
+    try:
+        return np.asarray(zarr.open_array(str(root / name), mode="r")[:])
+    except Exception as e:  # noqa: BLE001 - checked above; any codec error is still damage
+        raise CorruptChunkError(str(root / name), None, f"does not decode: {type(e).__name__}: {e}") from None
 
 
 def read_attrs(root: Path) -> dict[str, Any] | None:
@@ -223,6 +325,14 @@ def load_attrs(root: str | Path) -> dict[str, Any]:
             f"store {str(root)!r} has format version {version}; this tilefeed reads versions up to "
             f"{FORMAT_VERSION}: upgrade tilefeed"
         )
+    if version < FORMAT_VERSION:
+        raise StoreFormatError(
+            f"store {str(root)!r} has format version {version}, whose labels and other arrays carry "
+            f"no checksums; rebuild it with the same `tilefeed preprocess` command plus --overwrite"
+        )
+    if attrs.get("digest") != attrs_digest(attrs):
+        raise CorruptChunkError(str(root / "zarr.json"), None,
+                                "the store's attributes differ from what was written (sha256 mismatch)")
     return attrs
 
 

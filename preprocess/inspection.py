@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from preprocess import format as fmt
 from preprocess.errors import CorruptChunkError
@@ -35,12 +34,18 @@ def info(store: str | Path) -> dict[str, Any]:
     }
 
 
+def printable(text: str) -> str:
+    """``text`` with newlines and other control characters escaped, for one-line text output."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def format_info(d: dict[str, Any], max_rejects: int = 20) -> str:
+    """The text form of ``info``; names and paths escaped (JSON output keeps them as they are)."""
     made = ", ".join(f"{k}={v}" for k, v in d["made"].items())
-    classes = d["classes"]
+    classes = [printable(c) for c in d["classes"]]
     shown = ", ".join(classes[:8]) + (f", ... ({len(classes)} in all)" if len(classes) > 8 else "")
     lines = [
-        f"store      {d['path']}  ({d['format']})",
+        f"store      {printable(d['path'])}  ({d['format']})",
         f"samples    {d['samples']} tiles from {d['accepted']} of {d['sources']} sources "
         f"({d['rejected']} rejected)",
         f"tile       {'x'.join(map(str, d['tile']))} uint8, codec {d['codec']}"
@@ -50,7 +55,7 @@ def format_info(d: dict[str, Any], max_rejects: int = 20) -> str:
         f"made with  {made}",
     ]
     for r in d["rejects"][:max_rejects]:
-        lines.append(f"rejected   {r['path']}: {r['reason']}")
+        lines.append(f"rejected   {printable(r['path'])}: {printable(r['reason'])}")
     if len(d["rejects"]) > max_rejects:
         lines.append(f"rejected   ... and {len(d['rejects']) - max_rejects} more (see --json)")
     return "\n".join(lines)
@@ -59,26 +64,46 @@ def format_info(d: dict[str, Any], max_rejects: int = 20) -> str:
 def verify(
     store: str | Path, *, deep: bool = False, on_shard: Callable[[], None] | None = None
 ) -> list[str]:
-    """Every problem found, one line each naming the shard and sample; empty when sound."""
-    import zarr
+    """Every problem found, one line each naming the file (and sample); empty when sound.
 
+    Every array is checked against what the attributes record (metadata digest, each chunk
+    present and crc32c-checked, the whole array's digest; shard sizes), then every tile.
+    """
     root = Path(store)
     attrs = fmt.load_attrs(root)
     samples, per_shard, tile = attrs["samples"], attrs["shard_size"], attrs["tile"][0]
     codec = fmt.TileCodec(attrs["codec"], tile, attrs["quality"] or 90)
     problems: list[str] = []
-    group = zarr.open_group(str(root), mode="r")
-    arrays = dict(group.arrays())
-    for name in (fmt.IMAGES, fmt.LABELS, fmt.SOURCES):
-        if name not in arrays or arrays[name].shape[0] != samples:
-            problems.append(f"array {name!r} is missing or does not hold {samples} entries")
-    labels = np.asarray(arrays[fmt.LABELS][:]) if fmt.LABELS in arrays else np.zeros(0)
-    if labels.size and (labels.min() < 0 or labels.max() >= len(attrs["classes"])):
-        problems.append(f"labels fall outside 0..{len(attrs['classes']) - 1}")
+    for name in attrs["arrays"]:
+        problems += [f"{path}: {detail}" for path, detail in fmt.array_problems(root, attrs, name)]
+    problems += _zarr_problems(root, list(attrs["arrays"]))
+    if not problems:
+        labels = fmt.read_small_array(root, attrs, fmt.LABELS)
+        if labels.shape != (samples,) or labels.min() < 0 or labels.max() >= len(attrs["classes"]):
+            problems.append(f"{root / fmt.LABELS}: labels fall outside 0..{len(attrs['classes']) - 1}"
+                            f" or do not number {samples}")
     for shard in range(attrs["shards"]):
-        problems += _verify_shard(root, shard, per_shard, samples, codec, deep)
+        if fmt.shard_path(root, shard).is_file():  # a missing one is reported above
+            problems += _verify_shard(root, shard, per_shard, samples, codec, deep)
         if on_shard:
             on_shard()
+    return problems
+
+
+def _zarr_problems(root: Path, names: list[str]) -> list[str]:
+    """What keeps zarr-python (any Zarr v3 client) from opening the group and its arrays."""
+    import zarr
+
+    try:
+        group = zarr.open_group(str(root), mode="r", zarr_format=3)
+    except Exception as e:  # noqa: BLE001 - any failure to open is a finding
+        return [f"{root / 'zarr.json'}: zarr cannot open the group: {type(e).__name__}: {e}"]
+    problems = []
+    for name in names:
+        try:
+            group[name]
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{root / name / 'zarr.json'}: zarr cannot open it: {type(e).__name__}: {e}")
     return problems
 
 
@@ -89,6 +114,8 @@ def _verify_shard(
         f = fmt.ShardFile(root, shard, per_shard)
     except CorruptChunkError as e:
         return [str(e)]
+    except Exception as e:  # noqa: BLE001 - a damaged store is a finding, never a traceback
+        return [f"{fmt.shard_path(root, shard)}: cannot read: {type(e).__name__}: {e}"]
     problems = []
     held = min(per_shard, samples - shard * per_shard)
     if len(f) != held:

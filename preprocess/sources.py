@@ -1,17 +1,44 @@
-"""Find the source images and their labels: a class-per-folder tree or a CSV / JSON Lines manifest."""
+"""Find the source images and their labels: a class-per-folder tree or a CSV / JSON Lines manifest.
+
+Labels are read by rules, never guessed: a manifest whose labels are all integers keeps them as
+they are; one whose labels are all names (none looks like a number) gets sorted class names;
+anything in between is refused naming the line. Class folders are read as torchvision's
+ImageFolder reads them, except where the README says otherwise (hidden entries skipped, every
+file an input, symlink loops followed once).
+"""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Final, TextIO
 
-from preprocess.errors import SourceError
+from preprocess.errors import ConfigError, SourceError
 
-MANIFEST_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+MANIFEST_SUFFIXES: Final = (".csv", ".jsonl", ".ndjson")
+LABEL_RULES: Final = ("auto", "int", "names")
+_INT = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
+_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How SRC is read. ``labels``: auto (integers if all are, names if none looks numeric),
+    int or names; the ``allow_*`` switches relax the rules that catch mistakes."""
+
+    labels: str = "auto"
+    allow_duplicates: bool = False
+    allow_outside: bool = False
+    allow_empty_classes: bool = False
+
+    def __post_init__(self) -> None:
+        if self.labels not in LABEL_RULES:
+            raise ConfigError(f"--labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
 
 
 @dataclass(frozen=True)
@@ -21,20 +48,25 @@ class Sources:
     paths: list[str]
     labels: list[int]
     classes: list[str]
-    skipped: list[tuple[str, str]]  # (path, reason): files seen that cannot carry a label
+    skipped: list[tuple[str, str]]  # (path, reason): inputs that cannot enter the store
+    hidden: int = 0  # hidden files and folders left out of a class-folder scan
+    notes: list[str] = field(default_factory=list)  # what the summary should say about SRC
 
     def __len__(self) -> int:
         return len(self.paths)
 
 
-def find_sources(src: str | os.PathLike[str]) -> Sources:
+def find_sources(src: str | os.PathLike[str], options: SourceOptions | None = None,
+                 exclude: Path | None = None) -> Sources:
+    """Read SRC; ``exclude`` is a folder inside it never to scan (the store being written)."""
+    options = options or SourceOptions()
     root = Path(src)
     if not root.exists():
         raise SourceError(f"SRC {str(root)!r} does not exist")
     if root.is_dir():
-        found = _scan_tree(root)
+        found = _scan_tree(root, options, exclude)
     elif root.suffix.lower() in MANIFEST_SUFFIXES:
-        found = _read_manifest(root)
+        found = _read_manifest(root, options)
     else:
         raise SourceError(
             f"SRC {str(root)!r} must be a folder (one subfolder per class) or a manifest "
@@ -45,16 +77,64 @@ def find_sources(src: str | os.PathLike[str]) -> Sources:
     return found
 
 
-def _visible_files(folder: Path) -> list[Path]:
-    files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        files.extend(Path(dirpath, f) for f in filenames if not f.startswith("."))
-    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+# -- class folders ------------------------------------------------------------------------------
+@dataclass
+class _Walk:
+    """One class folder's files, with what the walk met on the way."""
+
+    files: list[Path] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    hidden: int = 0
 
 
-def _scan_tree(root: Path) -> Sources:
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+def _walk(folder: Path, exclude: Path | None) -> _Walk:
+    """Every visible file under ``folder``, links followed, each real folder entered once.
+
+    Files come in torchvision's ImageFolder order: folders sorted by path, files by name.
+    """
+    walk = _Walk()
+    seen: set[tuple[int, int]] = set()
+    groups: list[tuple[str, list[Path]]] = []
+
+    def visit(d: Path) -> None:
+        st = d.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            walk.skipped.append((str(d), "symlink loop: the folder it links to was already read"))
+            return
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as err:
+            walk.skipped.append((str(d), f"unreadable folder: {err.strerror or err}"))
+            return
+        files: list[Path] = []
+        groups.append((str(d), files))
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.name.startswith("."):
+                walk.hidden += 1
+            elif exclude is not None and path.absolute() == exclude:
+                continue
+            elif entry.is_dir():  # follows links
+                visit(path)
+            elif entry.is_file():
+                files.append(path)
+            elif entry.is_symlink():
+                walk.skipped.append((str(path), "dangling link: its target does not exist"))
+
+    visit(folder)
+    walk.files = [f for _, files in sorted(groups, key=lambda g: g[0]) for f in files]
+    return walk
+
+
+def _scan_tree(root: Path, options: SourceOptions, exclude: Path | None) -> Sources:
+    entries = sorted(os.scandir(root), key=lambda e: e.name)
+    hidden = sum(e.name.startswith(".") for e in entries)
+    classes = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")
+               and (exclude is None or Path(e.path).absolute() != exclude)]
+    notes = []
+    if exclude is not None:
+        notes.append(f"OUT {exclude.name!r} inside SRC was not scanned")
     if not classes:
         raise SourceError(
             f"SRC {str(root)!r} has no class subfolders: put each class's images in a subfolder, "
@@ -62,75 +142,155 @@ def _scan_tree(root: Path) -> Sources:
         )
     paths: list[str] = []
     labels: list[int] = []
+    skipped: list[tuple[str, str]] = []
+    empty: list[str] = []
     for label, name in enumerate(classes):
-        for f in _visible_files(root / name):
-            paths.append(str(f))
-            labels.append(label)
-    skipped = [
-        (str(root / e.name), "outside any class folder")
-        for e in sorted(os.scandir(root), key=lambda e: e.name)
-        if e.is_file() and not e.name.startswith(".")
+        walk = _walk(root / name, exclude)
+        paths += [str(f) for f in walk.files]
+        labels += [label] * len(walk.files)
+        skipped += walk.skipped
+        hidden += walk.hidden
+        if not walk.files:
+            empty.append(name)
+    skipped += [
+        (e.path, "outside any class folder") for e in entries
+        if not e.name.startswith(".") and e.is_file()
     ]
-    return Sources(paths, labels, classes, skipped)
+    if empty and paths:
+        if not options.allow_empty_classes:
+            raise SourceError(
+                f"SRC {str(root)!r}: class folder{'s' if len(empty) > 1 else ''} "
+                f"{', '.join(map(repr, empty))} hold{'' if len(empty) > 1 else 's'} no files; "
+                "an empty class would shift the ids of the classes after it. Remove it, or pass "
+                "--allow-empty-classes to keep it as a class with no samples"
+            )
+        notes.append(f"empty classes kept: {', '.join(empty)}")
+    return Sources(paths, labels, classes, skipped, hidden=hidden, notes=notes)
 
 
-def _read_manifest(manifest: Path) -> Sources:
-    base = manifest.parent
-    rows: list[tuple[str, str | int]] = []
+# -- manifests ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Row:
+    line: int
+    path: str
+    label: str | int | float  # as written: CSV text, or the JSON value
+
+
+def _read_manifest(manifest: Path, options: SourceOptions) -> Sources:
     try:
-        with open(manifest, newline="", encoding="utf-8") as f:
-            if manifest.suffix.lower() == ".csv":
-                rows = _csv_rows(f, manifest)
-            else:
-                rows = _jsonl_rows(f, manifest)
+        # utf-8-sig: spreadsheets start CSVs with a byte-order mark; newline="" lets csv see CRLF
+        with open(manifest, newline="", encoding="utf-8-sig") as f:
+            rows = _csv_rows(f, manifest) if manifest.suffix.lower() == ".csv" else _jsonl_rows(f, manifest)
     except OSError as e:
         raise SourceError(f"cannot read manifest {str(manifest)!r}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise SourceError(f"manifest {str(manifest)!r} is not UTF-8 text") from None
-    paths = [str(p if os.path.isabs(p) else base / p) for p, _ in rows]
-    raw = [label for _, label in rows]
-    if all(isinstance(v, int) for v in raw):
-        ints = [int(v) for v in raw]
-        if any(v < 0 for v in ints):
-            raise SourceError(f"manifest {str(manifest)!r}: labels must be >= 0")
-        classes = [str(i) for i in range(max(ints, default=-1) + 1)]
-        return Sources(paths, ints, classes, [])
-    names = sorted({str(v) for v in raw})
+    paths = _resolve_paths(rows, manifest, options)
+    labels, classes = _labels(rows, manifest, options.labels)
+    return Sources(paths, labels, classes, [])
+
+
+def _where(manifest: Path, row: _Row) -> str:
+    return f"{manifest}:{row.line}"
+
+
+def _resolve_paths(rows: list[_Row], manifest: Path, options: SourceOptions) -> list[str]:
+    base = os.path.abspath(manifest.parent)
+    paths: list[str] = []
+    first: dict[str, _Row] = {}
+    for row in rows:
+        if _URL.match(row.path):
+            path = row.path  # an object-store URL: not a path, nothing to escape from
+        else:
+            path = os.path.normpath(os.path.join(base, row.path))
+            if not options.allow_outside and os.path.commonpath([base, path]) != base:
+                raise SourceError(
+                    f"{_where(manifest, row)}: path {row.path!r} is outside the manifest's folder "
+                    f"{base!r}; pass --allow-outside to read files elsewhere"
+                )
+        if path in first and not options.allow_duplicates:
+            earlier = first[path]
+            what = "with another label" if earlier.label != row.label else "again"
+            raise SourceError(
+                f"{_where(manifest, row)}: {row.path!r} is listed {what} (first at line "
+                f"{earlier.line}); remove the repeat, or pass --allow-duplicates to keep it"
+            )
+        first.setdefault(path, row)
+        paths.append(path)
+    return paths
+
+
+def _labels(rows: list[_Row], manifest: Path, rule: str) -> tuple[list[int], list[str]]:
+    def is_int(v: str | int | float) -> bool:
+        return isinstance(v, int) or (isinstance(v, str) and bool(_INT.fullmatch(v.strip())))
+
+    def is_number(v: str | int | float) -> bool:
+        return not isinstance(v, str) or bool(_NUMBER.fullmatch(v.strip()))
+
+    if rule == "auto":
+        ints = [is_int(r.label) for r in rows]
+        if all(ints):
+            rule = "int"
+        elif not any(is_number(r.label) for r in rows):
+            rule = "names"
+        else:
+            numeric = sum(is_number(r.label) for r in rows)
+            bad = next(r for r in rows if (not is_int(r.label) if 2 * numeric >= len(rows)
+                                           else is_number(r.label)))
+            raise SourceError(
+                f"{_where(manifest, bad)}: label {bad.label!r} mixes with "
+                f"{'integer labels' if 2 * numeric >= len(rows) else 'class names'}: fix it, or "
+                "pass --labels int or --labels names to say how to read every label"
+            )
+    if rule == "int":
+        values = []
+        for r in rows:
+            if not is_int(r.label) or int(r.label) < 0:
+                raise SourceError(f"{_where(manifest, r)}: label {r.label!r} is not an integer >= 0")
+            values.append(int(r.label))
+        return values, [str(i) for i in range(max(values, default=-1) + 1)]
+    names = sorted({str(r.label).strip() for r in rows})
     index = {n: i for i, n in enumerate(names)}
-    return Sources(paths, [index[str(v)] for v in raw], names, [])
+    return [index[str(r.label).strip()] for r in rows], names
 
 
-def _label(value: str) -> str | int:
-    value = value.strip()
-    return int(value) if value.lstrip("-").isdigit() else value
-
-
-def _csv_rows(f: TextIO, manifest: Path) -> list[tuple[str, str | int]]:
-    rows = []
-    for lineno, row in enumerate(csv.reader(f), start=1):
-        if not row or not "".join(row).strip():
+def _csv_rows(f: TextIO, manifest: Path) -> list[_Row]:
+    rows: list[_Row] = []
+    columns = (0, 1)
+    for line, cells in enumerate(csv.reader(f), start=1):
+        if not cells or not "".join(cells).strip():
             continue
-        if lineno == 1 and [c.strip().lower() for c in row[:2]] == ["path", "label"]:
+        names = [c.strip().lower() for c in cells]
+        if not rows and "path" in names and "label" in names:
+            columns = (names.index("path"), names.index("label"))  # a header, by its column names
             continue
-        if len(row) < 2 or not row[0].strip():
-            raise SourceError(f"{manifest}:{lineno}: expected 'path,label', got {','.join(row)!r}")
-        rows.append((row[0].strip(), _label(row[1])))
+        if len(cells) <= max(columns):
+            raise SourceError(f"{manifest}:{line}: expected 'path,label', got {','.join(cells)!r}")
+        rows.append(_checked(manifest, line, cells[columns[0]].strip(), cells[columns[1]].strip()))
     return rows
 
 
-def _jsonl_rows(f: TextIO, manifest: Path) -> list[tuple[str, str | int]]:
-    rows = []
-    for lineno, line in enumerate(f, start=1):
-        if not line.strip():
+def _jsonl_rows(f: TextIO, manifest: Path) -> list[_Row]:
+    rows: list[_Row] = []
+    for line, text in enumerate(f, start=1):
+        if not text.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(text)
             path, label = obj["path"], obj["label"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise SourceError(
-                f'{manifest}:{lineno}: expected a JSON object {{"path": ..., "label": ...}}'
+                f'{manifest}:{line}: expected a JSON object {{"path": ..., "label": ...}}'
             ) from None
-        if isinstance(label, bool) or not isinstance(label, (int, str)) or not isinstance(path, str):
-            raise SourceError(f"{manifest}:{lineno}: path must be a string, label an int or string")
-        rows.append((path, label))
+        if isinstance(label, bool) or not isinstance(label, (int, float, str)) or not isinstance(path, str):
+            raise SourceError(f"{manifest}:{line}: path must be a string, label a number or string")
+        rows.append(_checked(manifest, line, path.strip(), label.strip() if isinstance(label, str) else label))
     return rows
+
+
+def _checked(manifest: Path, line: int, path: str, label: str | int | float) -> _Row:
+    if not path:
+        raise SourceError(f"{manifest}:{line}: empty path")
+    if label == "":
+        raise SourceError(f"{manifest}:{line}: empty label for {path!r}")
+    return _Row(line, path, label)

@@ -15,6 +15,7 @@ bytes of an uninterrupted one.
 from __future__ import annotations
 
 import bisect
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -26,6 +27,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
@@ -38,7 +40,7 @@ from preprocess import format as fmt
 from preprocess.decode import Rejected, Tiles, load_tiles
 from preprocess.errors import SourceError, StoreExistsError, StoreWriteError
 from preprocess.settings import StoreSettings, TileSettings, default_workers, describe
-from preprocess.sources import Sources, find_sources
+from preprocess.sources import SourceOptions, Sources, find_sources
 
 PART_SOURCES = 64
 PLAN_FILE = "plan.json"
@@ -56,6 +58,8 @@ class Summary:
     rejects_by_reason: dict[str, int] = field(default_factory=dict)
     resumed_parts: int = 0
     up_to_date: bool = False
+    hidden: int = 0  # hidden files and folders a class-folder scan left out
+    notes: list[str] = field(default_factory=list)  # about SRC and OUT, for the summary
 
 
 ProgressFn = Callable[[int, int], None]  # (sources done in this step, rejects in this step)
@@ -71,13 +75,16 @@ def preprocess(
     overwrite: bool = False,
     progress: Callable[[int], ProgressFn] | None = None,
     scheduler: str | None = None,
+    source_options: SourceOptions | None = None,
 ) -> Summary:
     """Convert the images under ``src`` into a tilefeed store at ``out``; see the module docstring.
 
     ``progress``, when given, is called once with the number of sources and returns a callback
     invoked as parts complete. ``scheduler`` is a Dask distributed scheduler address: the same
     part and shard tasks then run on that cluster's workers (which must see the same paths),
-    and this process still plans the work and writes the metadata last.
+    and this process still plans the work and writes the metadata last. ``source_options`` set
+    the rules for reading SRC (label types, duplicates, paths outside a manifest's folder, empty
+    classes). OUT inside a SRC folder is left out of the scan; one writer at a time per OUT.
     """
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
@@ -85,12 +92,24 @@ def preprocess(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     started = time.perf_counter()
-    sources = find_sources(src)
     root = Path(out)
+    sources = find_sources(src, source_options, exclude=_out_inside(Path(src), root))
     plan = _plan(sources, tiles, store)
-    if _prepare_output(root, plan, overwrite):
-        attrs = fmt.read_attrs(root)
-        return _summary_from_attrs(attrs, root, time.perf_counter() - started)
+    with _writer_lock(root):
+        notes = list(sources.notes)
+        if _prepare_output(root, plan, overwrite, notes):
+            attrs = fmt.read_attrs(root)
+            summary = _summary_from_attrs(attrs, root, time.perf_counter() - started)
+        else:
+            summary = _build(root, sources, tiles, store, workers, plan, progress, scheduler)
+    summary.seconds = time.perf_counter() - started
+    summary.hidden, summary.notes = sources.hidden, notes
+    return summary
+
+
+def _build(root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings, workers: int,
+           plan: dict[str, Any], progress: Callable[[int], ProgressFn] | None,
+           scheduler: str | None) -> Summary:
     build = _Build(root, sources, tiles, store, progress(len(sources)) if progress else None,
                    scheduler)
     try:
@@ -108,8 +127,45 @@ def preprocess(
     finally:
         build.close()
     summary.resumed_parts = build.resumed
-    summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _out_inside(src: Path, out: Path) -> Path | None:
+    """OUT's absolute path when it lies inside the SRC folder (the scan must skip it), else None."""
+    if not src.is_dir():
+        return None
+    src_abs, out_abs = src.resolve(), out.resolve()
+    if out_abs == src_abs:
+        raise SourceError(f"OUT {str(out)!r} is SRC itself; write the store to another folder")
+    if src_abs in out_abs.parents:
+        return out.absolute()
+    return None
+
+
+@contextmanager
+def _writer_lock(root: Path) -> Iterator[None]:
+    """One writer per store at a time: an advisory lock the kernel drops if the writer dies."""
+    lock_path = root.parent / f".{root.name}.tilefeed-lock"
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise StoreWriteError(f"cannot write to OUT {str(root)!r}: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            raise StoreExistsError(
+                f"OUT {str(root)!r} is being written right now by `tilefeed preprocess` (pid "
+                f"{holder}); wait for it to finish, then rerun to use the store; do not start a "
+                "second writer on the same OUT"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays, empty of meaning, for the next writer
 
 
 def _plan(sources: Sources, tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:
@@ -124,7 +180,7 @@ def _plan(sources: Sources, tiles: TileSettings, store: StoreSettings) -> dict[s
     return {"fingerprint": h.hexdigest(), "sources": len(sources), "settings": describe(tiles, store)}
 
 
-def _prepare_output(root: Path, plan: dict[str, Any], overwrite: bool) -> bool:
+def _prepare_output(root: Path, plan: dict[str, Any], overwrite: bool, notes: list[str]) -> bool:
     """Make ``root`` ready for this plan; True when it already holds this very store, complete."""
     if root.exists() and not root.is_dir():
         raise StoreExistsError(f"OUT {str(root)!r} is a file; give a folder path")
@@ -150,7 +206,10 @@ def _prepare_output(root: Path, plan: dict[str, Any], overwrite: bool) -> bool:
                     f"OUT {str(root)!r} holds a {'complete' if attrs else 'partial'} tilefeed store "
                     "made from other sources or settings; pass --overwrite to replace it"
                 )
-            _remove_store(root)
+            left = _remove_store(root)
+            if left:
+                notes.append(f"--overwrite removed the old store and left {len(left)} entries it did "
+                             f"not write: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}")
     try:
         work.mkdir(parents=True, exist_ok=True)
         _atomic_write(work / PLAN_FILE, [json.dumps(plan).encode()])
@@ -159,12 +218,17 @@ def _prepare_output(root: Path, plan: dict[str, Any], overwrite: bool) -> bool:
     return False
 
 
-def _remove_store(root: Path) -> None:
-    for entry in root.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
+def _remove_store(root: Path) -> list[str]:
+    """Remove what a tilefeed writer makes; returns the names of the other entries, left alone."""
+    left = []
+    for entry in sorted(root.iterdir()):
+        if entry.name not in fmt.WRITTEN:
+            left.append(entry.name)
+        elif entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
+    return left
 
 
 def _atomic_write(path: Path, chunks: list[bytes]) -> None:
@@ -560,10 +624,13 @@ def _write_metadata(
         columns[fmt.ROWS] = np.array([v for r in records for v in r["rows"]], dtype=np.int32)
         columns[fmt.COLS] = np.array([v for r in records for v in r["cols"]], dtype=np.int32)
     for name, values in columns.items():
-        group.create_array(name, data=values, chunks=(min(samples, 1 << 20),), overwrite=True)
+        group.create_array(name, data=values, chunks=(min(samples, 1 << 20),), overwrite=True,
+                           **fmt.small_array_codecs())
     paths = np.array(sources.paths, dtype=np.dtypes.StringDType())
     group.create_array(fmt.SOURCE_PATHS, data=paths, chunks=(min(len(paths), 1 << 16),),
-                       overwrite=True)
+                       overwrite=True, **fmt.small_array_codecs())
+    shards = fmt.shard_count(samples, store.shard_size)
+    shard_bytes = [fmt.shard_path(root, s).stat().st_size for s in range(shards)]
     attrs = {
         "format": fmt.FORMAT_NAME,
         "version": fmt.FORMAT_VERSION,
@@ -575,12 +642,14 @@ def _write_metadata(
         "codec": store.codec,
         "quality": store.quality if store.codec == "jpeg" else None,
         "shard_size": store.shard_size,
-        "shards": fmt.shard_count(samples, store.shard_size),
+        "shards": shards,
         "classes": sources.classes,
         "made": describe(tiles, store),
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
         "fingerprint": fingerprint,
+        "arrays": fmt.describe_arrays(root, [*columns, fmt.SOURCE_PATHS], shard_bytes),
     }
+    attrs["digest"] = fmt.attrs_digest(attrs)
     group.update_attributes({fmt.ATTRS_KEY: attrs})  # last: this write marks the store complete
 
 

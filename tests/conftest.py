@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``tilefeed ARGS`` in a new process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "preprocess.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def photo(seed: int, width: int, height: int) -> Image.Image:

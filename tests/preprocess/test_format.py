@@ -55,7 +55,7 @@ def test_index_corruption_is_named(tmp_path: Path) -> None:
     raw = bytearray(fmt.encode_index(index))
     np.testing.assert_array_equal(fmt.decode_index(bytes(raw), 2, "s"), index)
     raw[3] ^= 0xFF
-    with pytest.raises(CorruptChunkError, match="s: shard index: index crc32c mismatch"):
+    with pytest.raises(CorruptChunkError, match="s: index crc32c mismatch"):
         fmt.decode_index(bytes(raw), 2, "s")
 
 

@@ -16,14 +16,9 @@ from preprocess import StoreSettings, TileSettings, preprocess
 from preprocess import format as fmt
 from preprocess.errors import SourceError, StoreExistsError, StoreFormatError
 from preprocess.inspection import info, verify
-from tests.conftest import photo, tree_bytes, write_folder
+from tests.conftest import photo, run_cli, tree_bytes, write_folder
 
 SMALL = TileSettings(size=32)
-
-
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "preprocess.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("codec", fmt.CODECS)
