@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,13 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 @dataclass(frozen=True)
 class Augment:
-    """What the graph does to each tile. ``train=False`` is deterministic (resize only)."""
+    """What the graph does to each tile.
+
+    ``train=True``: the crop window and flip of each sample arrive as per-sample inputs
+    (computed on the host from the sample, see ``pipeline.crops``); the graph cuts, resizes to
+    ``size``, flips and normalises. ``train=False`` is deterministic: when ``size`` differs from
+    the tile, torchvision's evaluation framing (resize to ``size / crop_pct``, centre-crop ``size``).
+    """
 
     train: bool
     size: int
@@ -27,6 +34,12 @@ class Augment:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    crop_pct: float = 0.875
+
+    @property
+    def resize_to(self) -> int:
+        """Evaluation: the side the tile is resized to before the centre crop."""
+        return self.tile if self.size == self.tile else math.floor(self.size / self.crop_pct + 1e-9)
 
     @property
     def passthrough(self) -> bool:
@@ -34,18 +47,24 @@ class Augment:
         return not (self.train or self.normalize or self.channels_first)
 
 
+CROP_INPUTS = 3  # train: roi start, roi end, flip per sample, after (images, labels, indices)
+
+
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
                    device_id: int | None, prefetch: int, seed: int, jpeg: bool) -> Any:
     gpu = device_id is not None
+    extra = CROP_INPUTS if augment.train else 0
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
                   prefetch_queue_depth=prefetch, seed=seed)
     def tiles() -> Any:
-        raw, labels, indices = fn.external_source(
-            source=source, num_outputs=3, batch=True, dtype=[types.UINT8, types.INT64, types.INT64],
-            layout=[None if jpeg else "HWC", None, None], no_copy=not source.copies_input,
+        raw, labels, indices, *crop = fn.external_source(
+            source=source, num_outputs=3 + extra, batch=True,
+            dtype=[types.UINT8, types.INT64, types.INT64, types.FLOAT, types.FLOAT, types.INT32][: 3 + extra],
+            layout=[None if jpeg else "HWC", None, None, None, None, None][: 3 + extra],
+            no_copy=not source.copies_input,
         )
-        images = _finish(_decode_and_crop(raw, augment, gpu=gpu, jpeg=jpeg), augment)
+        images = _finish(_decode_and_crop(raw, crop, augment, gpu=gpu, jpeg=jpeg), crop, augment)
         if gpu:
             labels, indices = labels.gpu(), indices.gpu()
         return images, labels, indices
@@ -53,11 +72,13 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
     return tiles()
 
 
-def _finish(images: Any, a: Augment) -> Any:
-    """Flip, normalise, cast and lay out; uint8 eval output skips every per-pixel op it can."""
+def _finish(images: Any, crop: list[Any], a: Augment) -> Any:
+    """Evaluation centre crop, flip, normalise, cast and lay out; uint8 eval output skips every
+    per-pixel op it can."""
+    centre = {} if a.train or a.resize_to == a.size else {"crop": [a.size, a.size]}
     if a.passthrough:
-        return images
-    if not (a.normalize or a.train):
+        return fn.crop(images, **centre) if centre else images
+    if not (a.normalize or a.train or centre):
         return fn.transpose(images, perm=[2, 0, 1])  # uint8 NCHW: layout only
     return fn.crop_mirror_normalize(
         images,
@@ -65,23 +86,26 @@ def _finish(images: Any, a: Augment) -> Any:
         output_layout="CHW" if a.channels_first else "HWC",
         mean=list(a.mean) if a.normalize else [0.0, 0.0, 0.0],
         std=list(a.std) if a.normalize else [1.0, 1.0, 1.0],
-        mirror=fn.random.coin_flip(probability=0.5) if a.train else 0,
+        mirror=crop[2] if a.train else 0,
+        **centre,
     )
 
 
-def _decode_and_crop(raw: Any, a: Augment, *, gpu: bool, jpeg: bool) -> Any:
+def _decode_and_crop(raw: Any, crop: list[Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
     size = [a.size, a.size]
-    if jpeg:
-        decoder = "mixed" if gpu else "cpu"  # nvJPEG when there is a GPU
-        if a.train:
-            cropped = fn.decoders.image_random_crop(
-                raw, device=decoder, output_type=types.RGB,
-                random_area=list(a.scale), random_aspect_ratio=list(a.ratio))
-            return fn.resize(cropped, size=size, antialias=True)
-        images = fn.decoders.image(raw, device=decoder, output_type=types.RGB)
-    else:
+    if a.train:
+        start, end = crop[0], crop[1]
+        if jpeg:  # decode only the window (nvJPEG when there is a GPU)
+            images = fn.decoders.image_slice(
+                raw, start, end - start, axis_names="HW", normalized_anchor=False,
+                normalized_shape=False, device="mixed" if gpu else "cpu", output_type=types.RGB)
+            return fn.resize(images, size=size, antialias=True)
         images = raw.gpu() if gpu else raw  # lossless tiles: one host-to-device copy per batch
-        if a.train:
-            return fn.random_resized_crop(images, size=size, random_area=list(a.scale),
-                                          random_aspect_ratio=list(a.ratio), antialias=True)
-    return images if a.size == a.tile else fn.resize(images, size=size, antialias=True)
+        return fn.resize(images, size=size, roi_start=start, roi_end=end, roi_relative=False,
+                         antialias=True)
+    if jpeg:
+        images = fn.decoders.image(raw, device="mixed" if gpu else "cpu", output_type=types.RGB)
+    else:
+        images = raw.gpu() if gpu else raw
+    side = a.resize_to
+    return images if side == a.tile else fn.resize(images, size=[side, side], antialias=True)

@@ -2,21 +2,42 @@
 
 from __future__ import annotations
 
+import hashlib
+import operator
 import os
+import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from pipeline.crops import random_resized_crops
 from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD, Augment, build_pipeline
-from pipeline.order import SHUFFLES, batches_per_rank, epoch_order, rank_indices
+from pipeline.ledger import Ledger
+from pipeline.order import (
+    SHUFFLES,
+    Segment,
+    batches_per_rank,
+    epoch_order,
+    rank_indices,
+    remaining,
+    samples_per_rank,
+)
 from pipeline.reader import StoreReader
 from pipeline.source import BatchSource
 from preprocess.errors import ConfigError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC")
+STATE_VERSION = 2
+# DataLoader options that mean nothing here: accepted so a swap runs, warned about once.
+NO_EFFECT = ("collate_fn", "sampler", "batch_sampler", "worker_init_fn", "generator", "timeout",
+             "multiprocessing_context")
+_warned: set[str] = set()
 
 
 def default_device() -> torch.device:
@@ -33,15 +54,100 @@ def _distributed_rank() -> tuple[int, int]:
     return 0, 1
 
 
+def _int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int (numpy integers included), at least ``minimum``; else a ConfigError."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool) or number < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return number
+
+
+def _alias(new: str, new_value: Any, old: str, old_value: Any) -> Any:
+    if new_value is not None and old_value is not None:
+        raise ConfigError(f"give {new} or {old}, not both (they are the same setting)")
+    return new_value if new_value is not None else old_value
+
+
+@dataclass
+class _OpenEpoch:
+    """The epoch being iterated: where it started and how far this rank has handed over."""
+
+    epoch: int
+    prior: list[Segment]  # earlier stretches of this epoch (other runs, other settings)
+    indices: np.ndarray  # this rank's samples in this stretch, in order
+    batches: int  # handed over so far in this stretch (counting those before a same-settings resume)
+    first: int = -1  # the batch this run started at
+
+    def __post_init__(self) -> None:
+        if self.first < 0:
+            self.first = self.batches
+
+
 class Loader:
     """Batches of ``(images, labels)`` torch tensors on the training device, epoch after epoch.
 
-    Each ``iter()`` is a new epoch (``set_epoch`` sets its number, as with DistributedSampler);
-    the order comes from ``(seed, epoch)`` alone and the ranks split it as described in
-    ``pipeline.order``. ``train=True`` applies random-resized crop, horizontal flip and
-    normalisation; ``train=False`` only resizes (to ``size``) and normalises, so with ``size``
-    equal to the tile side and ``dtype=torch.uint8`` the stored tiles come out unchanged.
-    ``with_index=True`` adds a third element: the sample indices of the batch.
+    Swaps in for ``torch.utils.data.DataLoader(dataset, batch_size, shuffle=..., num_workers=...,
+    pin_memory=..., drop_last=...)``: the same keyword arguments work, ``len()``, ``dataset``,
+    ``sampler.set_epoch`` and ``batch_size`` are there, and each ``iter()`` is a new epoch.
+
+    Parameters
+    ----------
+    store : str, Path or StoreReader
+        A tilefeed store. A ``StoreReader`` the caller passes stays the caller's: ``close()``
+        does not close it.
+    batch_size : int
+        Samples per batch on each rank.
+    shuffle : bool or {"global", "shard", "none"}, default True
+        ``True`` is ``"global"`` (a fresh permutation of all samples each epoch), ``False`` is
+        ``"none"`` (store order). ``"shard"`` visits shards in random order and mixes
+        ``shuffle_window`` of them at a time: sequential reads (object storage, cold disks) at the
+        cost of batches drawn from a few shards.
+    seed : int, default 0
+        With the epoch number, decides the order and every crop and flip.
+    drop_last : bool, default False
+        As DataLoader and DistributedSampler: drop the incomplete tail (``True``) or pad the order
+        with its own first samples so every rank gets the same number of batches (``False``).
+    rank, world_size : int, optional
+        Default: from ``torch.distributed`` when initialised, else 0 and 1.
+    device : str or torch.device, optional
+        Default ``cuda:LOCAL_RANK`` when there is a GPU, else ``cpu``.
+    train : bool, default False
+        ``True``: random-resized crop (``scale``, ``ratio``, torchvision's rule, drawn from the
+        sample), horizontal flip, normalisation. ``False``: deterministic evaluation framing.
+    size : int, optional
+        Output side. Default: the tile side. In evaluation, a ``size`` other than the tile side
+        resizes the tile to ``size / crop_pct`` and centre-crops ``size``, as torchvision's presets.
+    crop_pct : float, default 0.875
+        Evaluation centre-crop fraction (224 of 256); 1.0 resizes straight to ``size``.
+    dtype : torch.dtype, default torch.float32
+        float32, float16, bfloat16 or uint8 (uint8 skips normalisation: pixels as stored).
+    layout : {"NCHW", "NHWC"}, default "NCHW"
+    with_index : bool, default False
+        Yield ``(images, labels, indices)``: the store indices of the batch's samples.
+    num_workers : int, optional
+        DALI's CPU threads (threads, not processes: nothing is pickled or copied between
+        processes); default min(4, cores). Reader threads are half as many. ``workers`` is the
+        same setting under its older name.
+    prefetch_factor : int, default 2
+        DALI's queue depth: batches prepared ahead of the one being trained on. More hides more
+        jitter at the cost of device memory. ``prefetch`` is the same setting.
+    pin_memory, persistent_workers : bool
+        Accepted for the swap; batches already land on the device and threads persist anyway.
+    indices : sequence of int, optional
+        Load only these samples of the store (a train/validation split of one store); order,
+        exactly-once, resume and ``len()`` all hold over the subset.
+    ledger : str or Path, optional
+        A folder where each rank records which samples it handed over, per epoch, for
+        ``tilefeed audit`` (see ``pipeline.ledger``). Call ``state_dict()`` on every rank.
+    scale, ratio : tuple of float
+        Random-resized-crop area fraction and aspect range (torchvision's defaults).
+    mean, std : tuple of float
+        Normalisation, in 0..255 pixel units (ImageNet's by default).
+    shuffle_window : int, default 4
+        Shards mixed at a time under ``shuffle="shard"``.
     """
 
     def __init__(
@@ -49,50 +155,67 @@ class Loader:
         store: str | Path | StoreReader,
         batch_size: int,
         *,
-        shuffle: str = "global",
+        shuffle: bool | str = True,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
         device: str | torch.device | None = None,
-        train: bool = True,
-        size: int = 224,
+        train: bool = False,
+        size: int | None = None,
+        crop_pct: float = 0.875,
         dtype: torch.dtype = torch.float32,
         layout: str = "NCHW",
         with_index: bool = False,
+        num_workers: int | None = None,
         workers: int | None = None,
-        prefetch: int = 2,
+        prefetch_factor: int | None = None,
+        prefetch: int | None = None,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        indices: Any = None,
+        ledger: str | Path | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         shuffle_window: int = 4,
+        **dataloader_options: Any,
     ) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+        unknown = set(dataloader_options) - set(NO_EFFECT)
+        if unknown:
+            raise TypeError(f"Loader() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        for name, value in dataloader_options.items():
+            if value not in (None, 0) and name not in _warned:
+                _warned.add(name)
+                warnings.warn(f"Loader ignores DataLoader's {name}=: order, batching and augmentation "
+                              "happen in its DALI graph (see the Loader docstring)", stacklevel=2)
+        batch_size = _int("batch_size", batch_size, 1)
+        if isinstance(shuffle, bool):
+            shuffle = "global" if shuffle else "none"
         if shuffle not in SHUFFLES:
-            raise ConfigError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
+            raise ConfigError(f"shuffle must be True, False or one of {', '.join(SHUFFLES)}, got {shuffle!r}")
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
         if layout not in LAYOUTS:
             raise ConfigError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
-        if not isinstance(size, int) or not 8 <= size <= 8192:
-            raise ConfigError(f"size must be an int in 8..8192, got {size!r}")
-        if workers is not None and (not isinstance(workers, int) or workers < 1):
-            raise ConfigError(f"workers must be a positive int or None, got {workers!r}")
-        if not isinstance(prefetch, int) or prefetch < 1:
-            raise ConfigError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        threads = _alias("num_workers", num_workers, "workers", workers)
+        threads = None if threads is None else _int("num_workers", threads, 1)
+        depth = _alias("prefetch_factor", prefetch_factor, "prefetch", prefetch)
+        depth = _int("prefetch_factor", 2 if depth is None else depth, 1)
+        if not 0 < crop_pct <= 1:
+            raise ConfigError(f"crop_pct must be in (0, 1], got {crop_pct!r}")
         if not 0 < scale[0] <= scale[1] <= 1:
             raise ConfigError(f"scale must satisfy 0 < min <= max <= 1, got {scale!r}")
         if not 0 < ratio[0] <= ratio[1]:
             raise ConfigError(f"ratio must satisfy 0 < min <= max, got {ratio!r}")
-        if shuffle_window < 1:
-            raise ConfigError(f"shuffle_window must be >= 1, got {shuffle_window!r}")
+        shuffle_window = _int("shuffle_window", shuffle_window, 1)
         if (rank is None) != (world_size is None):
             raise ConfigError("give both rank and world_size, or neither (torch.distributed is used)")
         if rank is None or world_size is None:
             rank, world_size = _distributed_rank()
-        if world_size < 1 or not 0 <= rank < world_size:
+        rank, world_size = _int("rank", rank, 0), _int("world_size", world_size, 1)
+        if rank >= world_size:
             raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         self.device = torch.device(device) if device is not None else default_device()
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -100,65 +223,148 @@ class Loader:
         if self.device.type not in ("cuda", "cpu"):
             raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {self.device}")
 
+        self._owns_reader = not isinstance(store, StoreReader)
         self.reader = store if isinstance(store, StoreReader) else StoreReader(store)
+        size = self.reader.tile if size is None else _int("size", size, 8)
+        if size > 8192:
+            raise ConfigError(f"size must be at most 8192, got {size}")
+        self.subset = None if indices is None else self._check_subset(indices)
+        self._mask: np.ndarray | None = None
+        if self.subset is not None:
+            self._mask = np.zeros(len(self.reader), dtype=bool)
+            self._mask[self.subset] = True
         self.batch_size = batch_size
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.shuffle, self.seed, self.drop_last = shuffle, _int("seed", seed, 0), bool(drop_last)
         self.rank, self.world_size = rank, world_size
         self.dtype, self.layout, self.with_index = dtype, layout, with_index
-        self.workers = workers or min(4, len(os.sched_getaffinity(0)))
-        self.prefetch = prefetch
+        self.workers = threads or min(4, len(os.sched_getaffinity(0)))
+        self.prefetch = depth
+        self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
         self.shuffle_window = shuffle_window
         self.augment = Augment(
-            train=train, size=size, tile=self.reader.tile, normalize=dtype != torch.uint8,
-            half=dtype == torch.float16, channels_first=layout == "NCHW",
+            train=bool(train), size=size, tile=self.reader.tile, normalize=dtype != torch.uint8,
+            half=dtype == torch.float16, channels_first=layout == "NCHW", crop_pct=float(crop_pct),
             scale=tuple(scale), ratio=tuple(ratio), mean=tuple(mean), std=tuple(std),  # type: ignore[arg-type]
         )
+        self.ledger = (Ledger(ledger, rank=rank, population=self.subset, samples=len(self.reader))
+                       if ledger is not None else None)
         self._epoch = 0
-        self._start_batch = 0
-        self._position: list[int] | None = None  # [epoch, batches yielded] while one is open
+        self._resume: tuple[int, list[Segment]] | None = None  # loaded state not yet iterated
+        self._open: _OpenEpoch | None = None
         self._source: BatchSource | None = None
         self._pipe: Any = None
         self._dali_iter: Any = None
         self._clean = False  # the DALI iterator ended its last epoch and can be reset
+        self._dataset: Any = None
+
+    def _check_subset(self, indices: Any) -> np.ndarray:
+        subset = np.asarray(indices)
+        if subset.ndim != 1 or subset.size == 0 or not np.issubdtype(subset.dtype, np.integer):
+            raise ConfigError("indices must be a non-empty 1-D sequence of ints")
+        subset = subset.astype(np.int64)
+        if subset.min() < 0 or subset.max() >= len(self.reader):
+            raise ConfigError(f"indices must lie in 0..{len(self.reader) - 1}")
+        if len(np.unique(subset)) != len(subset):
+            raise ConfigError("indices must not repeat a sample")
+        return np.sort(subset)
+
+    @property
+    def samples(self) -> int:
+        """Samples an epoch covers: the store's, or the subset's."""
+        return len(self.reader) if self.subset is None else len(self.subset)
 
     # -- the DataLoader contract --------------------------------------------------------------
     def __len__(self) -> int:
-        return batches_per_rank(len(self.reader), self.world_size, self.batch_size, self.drop_last)
+        return batches_per_rank(self.samples, self.world_size, self.batch_size, self.drop_last)
+
+    @property
+    def dataset(self) -> Any:
+        """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()``
+        is the number of samples an epoch covers, as scripts that count processed samples expect."""
+        if self._dataset is None:
+            from torch.utils.data import Subset
+
+            from pipeline.dataset import TileDataset
+
+            full = TileDataset(self.reader.root)
+            self._dataset = full if self.subset is None else Subset(full, self.subset.tolist())
+        return self._dataset
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """DistributedSampler's face: ``set_epoch`` reaches this Loader."""
+        return EpochSampler(self)
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch, self._start_batch = int(epoch), 0
+        """The number of the next epoch. The epoch a loaded state is in keeps its position; any
+        other starts fresh (as DistributedSampler users call it every epoch)."""
+        self._epoch = _int("epoch", epoch, 0)
+        if self._resume is not None and self._resume[0] != self._epoch:
+            self._resume = None
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return epoch_order(len(self.reader), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                           shard_size=self.reader.shard_size, window=self.shuffle_window,
+                           subset=self._mask)
+
+    def _split(self, order: np.ndarray) -> np.ndarray:
+        return rank_indices(order, rank=self.rank, world_size=self.world_size,
+                            batch_size=self.batch_size, drop_last=self.drop_last)
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
-        """The samples this rank yields in ``epoch``, in order (without running the pipeline)."""
-        order = epoch_order(len(self.reader), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                            shard_size=self.reader.shard_size, window=self.shuffle_window)
-        idx = rank_indices(order, rank=self.rank, world_size=self.world_size,
-                           batch_size=self.batch_size, drop_last=self.drop_last)
-        return torch.from_numpy(idx)
+        """The samples this rank yields in a fresh ``epoch``, in order (without running the pipeline)."""
+        return torch.from_numpy(self._split(self._order(epoch)))
+
+    def next_epoch_indices(self) -> torch.Tensor:
+        """The samples the next ``iter()`` will yield on this rank, in order: a fresh epoch's, or
+        the rest of a loaded state's epoch (without running the pipeline)."""
+        plan = self._plan(self._epoch)
+        return torch.from_numpy(plan.indices[plan.batches * self.batch_size :])
+
+    def _plan(self, epoch: int) -> _OpenEpoch:
+        """This rank's part of ``epoch``, continuing a loaded state when it is in this epoch."""
+        order = self._order(epoch)
+        resume = self._resume if self._resume is not None and self._resume[0] == epoch else None
+        if resume is None:
+            return _OpenEpoch(epoch, [], self._split(order), 0)
+        segments = resume[1]
+        mine = (self.world_size, self.batch_size, self.drop_last)
+        last = segments[-1] if segments else None
+        if last is not None and (last.world_size, last.batch_size, last.drop_last) == mine:
+            # same settings: continue the very split the saved run was in, batch for batch
+            return _OpenEpoch(epoch, segments[:-1], self._split(remaining(order, segments[:-1])),
+                              last.batches)
+        return _OpenEpoch(epoch, segments, self._split(remaining(order, segments)), 0)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        epoch, start = self._epoch, self._start_batch
-        self._epoch, self._start_batch = epoch + 1, 0
-        self._position = [epoch, start]
-        if start >= len(self):
-            return
-        indices = self.epoch_indices(epoch).numpy()
-        dali_iter = self._arm(indices, start)
+        epoch = self._epoch
+        plan = self._open = self._plan(epoch)
+        self._epoch, self._resume = epoch + 1, None
         finished = False
         try:
-            for out in dali_iter:
-                self._position[1] += 1  # counted once handed over: a state_dict() taken while
-                yield self._convert(out[0])  # the batch is trained on resumes after it
+            if plan.batches * self.batch_size < len(plan.indices):
+                for out in self._arm(plan, epoch):
+                    plan.batches += 1  # counted once handed over: a state_dict() taken while
+                    yield self._convert(out[0])  # the batch is trained on resumes after it
             finished = True
-            self._position = None
+            self._record(complete=True)
+            self._open = None
         finally:
             if not finished:
                 self._teardown()  # batches already read ahead belong to the abandoned epoch
             self._clean = finished
 
-    def _arm(self, indices: Any, start: int) -> Any:
+    def _crop_inputs(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
+        a = self.augment
+        w = random_resized_crops(self.seed, epoch, samples, a.tile, a.tile,
+                                 a.scale, a.ratio)
+        start, end = w.roi()
+        return start, end, w.flip
+
+    def _arm(self, plan: _OpenEpoch, epoch: int) -> Any:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
+        extras = partial(self._crop_inputs, epoch) if self.augment.train else None
         if self._pipe is None or not self._clean:
             self._teardown()
             device_id = self.device.index if self.device.type == "cuda" else None
@@ -172,12 +378,12 @@ class Loader:
                 device_id=device_id, prefetch=self.prefetch, seed=self._dali_seed(),
                 jpeg=self.reader.is_image_coded)
             self._pipe.build()
-            self._source.start(indices, start)
+            self._source.start(plan.indices, plan.batches, extras)
             self._dali_iter = DALIGenericIterator([self._pipe], ["images", "labels", "indices"],
                                                   size=-1, auto_reset=False)
         else:
             assert self._source is not None
-            self._source.start(indices, start)
+            self._source.start(plan.indices, plan.batches, extras)
             self._dali_iter.reset()
         return self._dali_iter
 
@@ -194,22 +400,58 @@ class Loader:
         return images, labels
 
     # -- resume ---------------------------------------------------------------------------------
+    def _subset_digest(self) -> str | None:
+        if self.subset is None:
+            return None
+        return hashlib.sha256(self.subset.tobytes()).hexdigest()[:16]
+
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank stands: load it into a new Loader to yield exactly the samples left."""
-        epoch, batch = self._position if self._position is not None else (self._epoch, self._start_batch)
-        return {"epoch": epoch, "batch": batch, "seed": self.seed, "shuffle": self.shuffle,
-                "samples": len(self.reader), "batch_size": self.batch_size,
-                "world_size": self.world_size, "rank": self.rank, "drop_last": self.drop_last}
+        """Where the epoch stands, over all ranks: a small JSON-able dict for a checkpoint.
+
+        Load it into a new Loader (any world size or batch size) to deliver exactly the samples
+        of the epoch not yet delivered by any rank. With a ledger, also records what this rank
+        handed over so far: call it on every rank.
+        """
+        if self._open is not None:
+            epoch = self._open.epoch
+            segments = [*self._open.prior,
+                        Segment(self.world_size, self.batch_size, self.drop_last, self._open.batches)]
+            self._record(complete=False)
+        elif self._resume is not None:
+            epoch, segments = self._resume
+        else:
+            epoch, segments = self._epoch, []
+        return {"version": STATE_VERSION, "epoch": epoch, "segments": [s.to_list() for s in segments],
+                "seed": self.seed, "shuffle": self.shuffle, "samples": len(self.reader),
+                "subset": self._subset_digest(), "batch": segments[-1].batches if segments else 0,
+                "world_size": self.world_size, "batch_size": self.batch_size, "drop_last": self.drop_last}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("seed", "shuffle", "samples", "batch_size", "world_size", "rank", "drop_last"):
-            mine = len(self.reader) if key == "samples" else getattr(self, key)
-            if state.get(key) != mine:
+        """Continue from ``state``: the next ``iter()`` (or a ``set_epoch`` of the same epoch,
+        then ``iter()``) delivers the rest of that epoch, split over this Loader's ranks."""
+        mine = {"seed": self.seed, "shuffle": self.shuffle, "samples": len(self.reader),
+                "subset": self._subset_digest()}
+        for key, value in mine.items():
+            if state.get(key) != value:
                 raise ConfigError(
-                    f"state_dict was saved with {key}={state.get(key)!r}, this Loader has {mine!r}; "
-                    "resume with the same store and options")
-        self._epoch, self._start_batch = int(state["epoch"]), int(state["batch"])
-        self._position = None
+                    f"state_dict was saved with {key}={state.get(key)!r}, this Loader has {value!r}; "
+                    "resume with the same store, seed, shuffle and indices (world size and batch "
+                    "size may differ)")
+        if "segments" in state:
+            segments = [Segment.from_list(s) for s in state["segments"]]
+        else:  # a version 1 state: one stretch at the saved settings
+            segments = [Segment(state["world_size"], state["batch_size"], state["drop_last"], state["batch"])]
+        self._epoch = int(state["epoch"])
+        self._resume = (self._epoch, [s for s in segments if s.batches > 0])
+        self._open = None
+
+    def _record(self, *, complete: bool) -> None:
+        plan = self._open
+        if self.ledger is None or plan is None:
+            return
+        handed = plan.indices[plan.first * self.batch_size : plan.batches * self.batch_size]
+        self.ledger.record(plan.epoch, handed, world_size=self.world_size,
+                           batch_size=self.batch_size, drop_last=self.drop_last, complete=complete)
 
     # -- lifetime -------------------------------------------------------------------------------
     def _teardown(self) -> None:
@@ -221,9 +463,11 @@ class Loader:
         self._clean = False
 
     def close(self) -> None:
-        """Stop every thread and release every map; the Loader can still be iterated again."""
+        """Stop every thread and release every map (of a store this Loader opened itself); the
+        Loader can still be iterated again."""
         self._teardown()
-        self.reader.close()
+        if self._owns_reader:
+            self.reader.close()
 
     def __enter__(self) -> Loader:
         return self
@@ -236,3 +480,20 @@ class Loader:
             self._teardown()
         except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
             pass
+
+
+class EpochSampler:
+    """What ``loader.sampler`` is: scripts call ``sampler.set_epoch(epoch)`` on it each epoch."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return samples_per_rank(self.loader.samples, self.loader.world_size, self.loader.batch_size,
+                                self.loader.drop_last)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.loader.epoch_indices(self.loader._epoch).tolist())

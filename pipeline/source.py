@@ -9,6 +9,7 @@ measured fastest (a second one only contends for memory bandwidth and the GIL).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -16,13 +17,14 @@ import numpy as np
 
 from pipeline.reader import StoreReader
 
-Batch = tuple[Any, np.ndarray, np.ndarray]  # images (array or list of byte arrays), labels, indices
+Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
+Extras = Callable[[np.ndarray], tuple[np.ndarray, ...]]  # sample indices -> per-sample graph inputs
 
 
 class BatchSource:
     """Callable for ``fn.external_source(batch=True)``: one batch per call, StopIteration at the end.
 
-    ``start(indices, first_batch)`` arms an epoch; the source then reads ``ahead`` batches in
+    ``start(indices, first_batch, extras)`` arms an epoch; the source then reads ``ahead`` batches in
     advance on ``threads`` threads. Lossless batches decode into a ring of preallocated arrays
     that DALI reads in place (``no_copy``): DALI is done with a batch ``dali_depth`` iterations
     after taking it, so a ring of ``ahead + dali_depth + 2`` slots is never overwritten early.
@@ -42,13 +44,17 @@ class BatchSource:
         self._ring: list[np.ndarray] = []
         self._ring_size = self.ahead + dali_depth + 2
         self._slot = 0
+        self._extras: Extras | None = None
 
     @property
     def copies_input(self) -> bool:
         return self.reader.is_image_coded
 
-    def start(self, indices: np.ndarray, first_batch: int = 0) -> None:
+    def start(self, indices: np.ndarray, first_batch: int = 0, extras: Extras | None = None) -> None:
+        """Arm an epoch: this rank's ``indices`` from batch ``first_batch`` on; ``extras`` adds
+        per-sample inputs (crop windows, flips) computed from each batch's indices."""
         self.cancel()
+        self._extras = extras
         self._indices = indices
         self._batches = -(-len(indices) // self.batch_size)
         self._next = first_batch
@@ -78,7 +84,8 @@ class BatchSource:
             images = [np.frombuffer(bytes(reader.payload(i)), np.uint8) for i in indices.tolist()]
         else:
             reader.read_batch_into(indices.tolist(), images)
-        return images, labels, indices
+        extras = self._extras(indices) if self._extras is not None else ()
+        return (images, labels, indices, *extras)
 
     def __call__(self) -> Batch:
         if not self._pending:

@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="what this installation can do: PIL codecs, DALI, torch, GPU",
                    add_help=False).add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("audit", help="from a Loader's ledger: samples delivered once, twice or never",
+                   add_help=False).add_argument("args", nargs=argparse.REMAINDER)
 
     b = sub.add_parser("bench", help="benchmarks (see `tilefeed bench --help`)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER)
@@ -135,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("bench", "demo", "doctor"):
+    if argv and argv[0] in ("bench", "demo", "doctor", "audit"):
         # their own parsers take every option that follows
         args = argparse.Namespace(command=argv[0], args=argv[1:])
     else:
@@ -151,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from preprocess import doctor
 
             return doctor.main(args.args)
+        if args.command == "audit":
+            from pipeline.ledger import audit_main
+
+            return audit_main(args.args)
         from bench import cli as bench_cli
 
         if args.command == "bench":

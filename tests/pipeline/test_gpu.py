@@ -17,10 +17,11 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("codec_store", ["store", "jpeg_store"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.uint8])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("train", [True, False])
 def test_outputs_live_on_the_device(request: pytest.FixtureRequest, codec_store: str,
-                                    dtype: torch.dtype, layout: str) -> None:
+                                    dtype: torch.dtype, layout: str, train: bool) -> None:
     store: Path = request.getfixturevalue(codec_store)
-    with Loader(store, 8, dtype=dtype, layout=layout, size=24, with_index=True) as loader:
+    with Loader(store, 8, dtype=dtype, layout=layout, size=24, train=train, with_index=True) as loader:
         assert loader.device.type == "cuda"
         seen = []
         for images, labels, idx in loader:

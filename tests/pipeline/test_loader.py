@@ -111,7 +111,7 @@ def test_order_is_deterministic_and_changes_per_epoch(store: Path) -> None:
 
 def test_augmentation_is_reproducible_for_a_seed(store: Path) -> None:
     def first_batch(seed: int) -> torch.Tensor:
-        with Loader(store, 8, seed=seed, shuffle="none") as loader:
+        with Loader(store, 8, seed=seed, shuffle="none", train=True) as loader:
             return next(iter(loader))[0].clone()
 
     a, b, c = first_batch(1), first_batch(1), first_batch(2)
@@ -135,7 +135,7 @@ def test_resume_yields_exactly_the_samples_left(store: Path, stop_after: int) ->
         rest = indices_of(resumed)
         assert resumed.state_dict()["epoch"] == 3 and resumed.state_dict()["batch"] == 0
     assert first + rest == full_epoch
-    with Loader(store, 8, seed=9) as other, pytest.raises(ValueError, match="batch_size=4"):
+    with Loader(store, 8, seed=10) as other, pytest.raises(ValueError, match="seed=9"):
         other.load_state_dict(state)
 
 

@@ -1,0 +1,323 @@
+"""Resume that holds inside real training loops: set_epoch, elastic world and batch sizes,
+bit-for-bit batches through torch.save, and the exactly-once ledger."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pipeline import Loader, StoreReader
+from pipeline.ledger import audit
+from pipeline.order import SHUFFLES
+from tests.conftest import run_cli
+
+UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
+
+
+def indices_of(batches: list[tuple[torch.Tensor, ...]]) -> list[int]:
+    return [i for b in batches for i in b[-1].tolist()]
+
+
+def test_readme_loop_resumed_with_set_epoch_trains_each_sample_once(store: Path) -> None:
+    epochs = 2
+    with Loader(store, 4, shuffle=True, **UINT8) as loader:
+        full = [indices_of(list(loader)) for _ in range(epochs)]
+    with Loader(store, 4, shuffle=True, **UINT8) as loader:
+        first = []
+        for n, batch in enumerate(loader):
+            first += batch[-1].tolist()
+            if n == 5:
+                state = loader.state_dict()
+                break
+    with Loader(store, 4, shuffle=True, **UINT8) as loader:
+        loader.load_state_dict(state)
+        seen = []
+        for epoch in range(state["epoch"], epochs):  # the README's loop, as a user resumes it
+            loader.set_epoch(epoch)
+            seen.append([i for batch in loader for i in batch[-1].tolist()])
+    assert first + seen[0] == full[0]  # the rest of epoch 0, nothing twice
+    assert seen[1] == full[1]
+
+
+def test_set_epoch_of_another_epoch_starts_it_fresh(store: Path) -> None:
+    with Loader(store, 4, **UINT8) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        it.close()
+    with Loader(store, 4, **UINT8) as loader:
+        loader.load_state_dict(state)
+        loader.set_epoch(3)
+        assert loader.next_epoch_indices().tolist() == loader.epoch_indices(3).tolist()
+
+
+def _simulate(store: StoreReader, first: tuple[int, int, bool], second: tuple[int, int], shuffle: str,
+              stop: int) -> tuple[Counter[int], int, int]:
+    """Ranks of one job in one process: ``stop`` batches at (world, batch, drop_last), then the
+    state of rank 0 resumed at another (world, batch). Returns delivery counts and the settings
+    of the job that finished the epoch (whose drop_last or padding rule applies)."""
+    world1, batch1, drop_last = first
+    world2, batch2 = second
+    counts: Counter[int] = Counter()
+    saved = []
+    finished_first = False
+    for rank in range(world1):
+        loader = Loader(store, batch1, shuffle=shuffle, drop_last=drop_last, rank=rank,
+                        world_size=world1, seed=3)
+        mine = loader.next_epoch_indices().tolist()
+        done = min(stop, len(loader))
+        finished_first = done == len(loader)
+        counts.update(mine[: done * batch1])
+        # what state_dict() says after `done` batches, without running DALI: a saved state
+        loader._open = loader._plan(0)
+        loader._open.batches = done
+        saved.append(loader.state_dict())
+    assert all(s == saved[0] for s in saved[1:]) or world1 == 1  # any one rank's state is enough
+    for rank in range(world2):
+        resumed = Loader(store, batch2, shuffle=shuffle, drop_last=drop_last, rank=rank,
+                         world_size=world2, seed=3)
+        resumed.load_state_dict(json.loads(json.dumps(saved[0])))  # JSON-able, as promised
+        counts.update(resumed.next_epoch_indices().tolist())
+    return counts, *((world1, batch1) if finished_first else (world2, batch2))
+
+
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_elastic_resume_over_world_and_batch_sizes_is_exactly_once(store: Path, shuffle: str) -> None:
+    reader = StoreReader(store)
+    n = len(reader)
+    cases = 0
+    for world1, batch1, drop_last in itertools.product(range(1, 5), (7, 16, 64), (False, True)):
+        others = ((world1 % 4 + 1, 16 if batch1 != 16 else 7), (world1, 64 if batch1 != 64 else 7))
+        for world2, batch2 in others:
+            for stop in (1, 2):
+                counts, w, b = _simulate(reader, (world1, batch1, drop_last), (world2, batch2), shuffle, stop)
+                case = (world1, batch1, drop_last, world2, batch2, stop)
+                never = n - len(counts)
+                repeats = sum(counts.values()) - len(counts)
+                if drop_last:
+                    assert repeats == 0 and never < w * b, case
+                else:
+                    assert never == 0 and repeats < w, case
+                cases += 1
+    assert cases == 4 * 3 * 2 * 2 * 2
+
+
+def test_a_state_of_another_store_seed_or_subset_is_refused(store: Path) -> None:
+    with Loader(store, 4, seed=1) as loader:
+        state = loader.state_dict()
+    with pytest.raises(ValueError, match="seed=1"):
+        Loader(store, 4, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="shuffle="):
+        Loader(store, 4, seed=1, shuffle="shard").load_state_dict(state)
+    with pytest.raises(ValueError, match="subset="):
+        Loader(store, 4, seed=1, indices=range(10)).load_state_dict(state)
+
+
+def test_resume_through_torch_save_gives_the_same_batches_bit_for_bit(store: Path, tmp_path: Path) -> None:
+    opts = dict(shuffle=True, seed=7, train=True, size=24, with_index=True, num_workers=2)
+    with Loader(store, 8, **opts) as loader:
+        uninterrupted = [[(b[0].clone(), b[1].clone(), b[2].clone()) for b in loader] for _ in range(2)]
+    model = torch.nn.Linear(3, 2)
+    with Loader(store, 8, **opts) as loader:
+        got = []
+        for n, batch in enumerate(loader):
+            got.append(batch)
+            if n == 2:
+                torch.save({"model": model.state_dict(), "loader": loader.state_dict(), "epoch": 0},
+                           tmp_path / "checkpoint.pth")
+                break
+    checkpoint = torch.load(tmp_path / "checkpoint.pth")
+    with Loader(store, 8, **opts) as loader:
+        loader.load_state_dict(checkpoint["loader"])
+        resumed = []
+        for epoch in range(checkpoint["epoch"], 2):
+            loader.set_epoch(epoch)
+            resumed.append(list(loader))
+    assert len(got) + len(resumed[0]) == len(uninterrupted[0])
+    for a, b in zip(got + resumed[0] + resumed[1], uninterrupted[0] + uninterrupted[1], strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_crops_are_a_function_of_the_sample_whatever_the_world_size(store: Path) -> None:
+    opts = dict(shuffle=True, seed=7, train=True, size=24, with_index=True, num_workers=1)
+    with Loader(store, 8, **opts) as loader:
+        single = {int(i): img for imgs, _, idx in loader for img, i in zip(imgs, idx, strict=True)}
+    for rank in range(3):
+        with Loader(store, 5, rank=rank, world_size=3, **opts) as loader:
+            for imgs, _, idx in loader:
+                for img, i in zip(imgs, idx.tolist(), strict=True):
+                    assert torch.equal(img, single[i]), i
+
+
+# -- DataLoader arguments -------------------------------------------------------------------------
+def test_dataloader_keywords_work_and_defaults_do_not_augment(store: Path) -> None:
+    reader = StoreReader(store)
+    loader = Loader(store, np.int64(8), shuffle=False, num_workers=np.int32(2), pin_memory=True,
+                    prefetch_factor=3, persistent_workers=True, drop_last=True, with_index=True,
+                    dtype=torch.uint8, layout="NHWC")
+    assert (loader.workers, loader.prefetch, loader.shuffle) == (2, 3, "none")
+    images, _, idx = next(iter(loader))
+    assert images.shape == (8, 32, 32, 3)  # size defaults to the tile side, no augmentation
+    assert torch.equal(images[0], torch.from_numpy(reader.read(int(idx[0]))))
+    assert len(loader.dataset) == 50 and len(loader) == 6
+    loader.sampler.set_epoch(4)
+    assert loader.next_epoch_indices().tolist() == loader.epoch_indices(4).tolist()
+    with pytest.raises(ValueError, match="num_workers or workers"):
+        Loader(store, 8, num_workers=2, workers=2)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        Loader(store, 8, shufle=True)
+
+
+def test_options_without_effect_warn_once(store: Path) -> None:
+    import pipeline.loader as loader_module
+
+    loader_module._warned.discard("collate_fn")
+    with pytest.warns(UserWarning, match="collate_fn"):
+        Loader(store, 8, collate_fn=lambda b: b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Loader(store, 8, collate_fn=lambda b: b)
+
+
+def test_evaluation_framing_matches_resize_then_centre_crop(store: Path) -> None:
+    reader = StoreReader(store)
+    with Loader(store, 4, shuffle=False, size=24, dtype=torch.uint8, layout="NHWC",
+                with_index=True) as loader:
+        images, _, idx = next(iter(loader))
+    side = int(24 / 0.875)  # 27: torchvision's Resize(size / crop_pct), then CenterCrop(size)
+    for image, i in zip(images, idx.tolist(), strict=True):
+        tile = torch.from_numpy(reader.read(i)).permute(2, 0, 1)[None].float()
+        resized = torch.nn.functional.interpolate(tile, size=(side, side), mode="bilinear",
+                                                  antialias=True, align_corners=False)
+        top = int(round((side - 24) / 2))
+        expected = resized[0, :, top : top + 24, top : top + 24].permute(1, 2, 0)
+        assert (image.float() - expected).abs().mean() < 2.0
+
+
+def test_a_subset_is_an_epoch_of_its_own_with_resume(store: Path) -> None:
+    subset = list(range(0, 50, 3))
+    with Loader(store, 4, indices=subset, **UINT8) as loader:
+        assert len(loader) == 5 and len(loader.dataset) == 17
+        epoch = indices_of(list(loader))
+        assert sorted(epoch) == subset
+        it = iter(loader)
+        first = [i for _ in range(2) for i in next(it)[-1].tolist()]
+        state = loader.state_dict()
+        it.close()
+    with Loader(store, 3, indices=subset, rank=1, world_size=2, **UINT8) as a, \
+            Loader(store, 3, indices=subset, rank=0, world_size=2, **UINT8) as b:
+        a.load_state_dict(state)
+        b.load_state_dict(state)
+        rest = indices_of(list(a)) + indices_of(list(b))
+    counts = Counter(first + rest)
+    assert set(counts) == set(subset) and sum(counts.values()) - len(counts) < 2
+
+
+# -- the ledger and `tilefeed audit` ---------------------------------------------------------------
+def test_ledger_and_audit_on_a_clean_run_and_an_injected_duplicate(store: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    for rank in range(2):
+        with Loader(store, 4, rank=rank, world_size=2, ledger=ledger, **UINT8) as loader:
+            for _ in range(2):
+                list(loader)
+    results = audit(ledger)
+    assert [(r.epoch, r.once, r.never, r.ok, r.complete) for r in results] == [(0, 50, 0, True, True)] * 1 + [
+        (1, 50, 0, True, True)]
+    r = run_cli("audit", str(ledger))
+    assert r.returncode == 0 and "ok" in r.stdout
+    size = sum(p.stat().st_size for p in ledger.rglob("*.ledger"))
+    assert size < 2000  # compact: sorted ids, delta-coded
+    # a rank that handed some samples over twice: a third "run" re-delivering rank 0's first batch
+    with Loader(store, 4, rank=0, world_size=2, ledger=ledger, **UINT8) as loader:
+        it = iter(loader)
+        next(it)
+        loader.state_dict()
+        it.close()
+    r = run_cli("audit", str(ledger))
+    assert r.returncode == 1 and "FAIL: 4 delivered more than once" in r.stdout
+
+
+def _killed_after_checkpoint(store: str, ledger: str, state_file: str) -> None:
+    """A training process: 3 batches, a checkpoint, 2 more batches, then SIGKILL."""
+    with Loader(store, 4, rank=0, world_size=2, ledger=ledger, **UINT8) as loader:
+        for n, _batch in enumerate(loader):
+            if n == 2:
+                Path(state_file).write_text(json.dumps(loader.state_dict()))
+            if n == 4:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_audit_across_a_kill_and_an_elastic_resume(store: Path, tmp_path: Path) -> None:
+    ledger, state_file = tmp_path / "ledger", tmp_path / "state.json"
+    # rank 1 of the first job ran in lock-step and checkpointed at the same batch
+    with Loader(store, 4, rank=1, world_size=2, ledger=ledger, **UINT8) as loader:
+        for n, _ in enumerate(loader):
+            if n == 2:
+                loader.state_dict()
+                break
+    code = (f"from tests.pipeline.test_resume import _killed_after_checkpoint; "
+            f"_killed_after_checkpoint({str(store)!r}, {str(ledger)!r}, {str(state_file)!r})")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    state = json.loads(state_file.read_text())
+    for rank in range(3):  # the restart: three ranks, another batch size
+        with Loader(store, 5, rank=rank, world_size=3, ledger=ledger, **UINT8) as loader:
+            loader.load_state_dict(state)
+            list(loader)
+    [epoch] = audit(ledger)
+    assert epoch.complete and epoch.ok and epoch.never == 0 and epoch.runs == 5
+
+
+# -- a real 2-process job resumed as a 3-process job ------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _job(rank: int, world: int, port: int, store: str, state_file: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    with Loader(store, 4 if world == 2 else 3, shuffle="shard", **UINT8) as loader:
+        delivered = []
+        if world == 2:
+            for n, batch in enumerate(loader):
+                delivered += batch[-1].tolist()
+                if n == 3:
+                    if rank == 0:
+                        torch.save({"loader": loader.state_dict()}, state_file)
+                    break
+        else:
+            loader.load_state_dict(torch.load(state_file)["loader"])
+            for epoch in range(loader.state_dict()["epoch"], 1):
+                loader.set_epoch(epoch)
+                delivered += [i for batch in loader for i in batch[-1].tolist()]
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, delivered)
+    if rank == 0:
+        torch.save(gathered, out)
+    dist.destroy_process_group()
+
+
+def test_two_process_job_resumed_on_three_processes(store: Path, tmp_path: Path) -> None:
+    state, first, second = tmp_path / "state.pt", tmp_path / "a.pt", tmp_path / "b.pt"
+    for world, out in ((2, first), (3, second)):
+        mp.start_processes(_job, args=(world, _free_port(), str(store), str(state), str(out)),
+                           nprocs=world, join=True, start_method="spawn")
+    delivered = [i for part in torch.load(first) + torch.load(second) for i in part]
+    counts = Counter(delivered)
+    assert set(counts) == set(range(50)) and len(delivered) - 50 < 3
