@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose")
+SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak")
 
 
 def cache_dir() -> Path:
@@ -122,12 +122,12 @@ def bench_main(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] in SUBCOMMANDS:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
-                "diagnose": _diagnose}[argv[0]](argv[1:])
+                "diagnose": _diagnose, "soak": _soak}[argv[0]](argv[1:])
     parser = _parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
         "side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        "tilefeed bench {preprocess,loader,sweep,diagnose} --help.")
+        "tilefeed bench {preprocess,loader,sweep,diagnose,soak} --help.")
     _harness_args(parser)
     args = parser.parse_args(argv)
     run_compare(args)
@@ -182,6 +182,33 @@ def _bench_loader(argv: list[str]) -> int:
     result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
                            rounds=args.rounds)
     return _report(result, args.json)
+
+
+def _soak(argv: list[str]) -> int:
+    p = _parser("tilefeed bench soak",
+                "Memory, threads, open files and shared memory over the loader patterns of long "
+                "jobs (one loader over many epochs, a loader per epoch, leaving an epoch early, an "
+                "exception in the loop, train and validation loaders at once); exit 1 when any "
+                "grows after warm-up.")
+    p.add_argument("store", type=Path, metavar="STORE")
+    p.add_argument("--seconds", type=float, default=60.0, help="total run time, shared by the patterns")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--workers", type=int, default=2, help="Loader threads")
+    p.add_argument("--limit-kb", type=float, default=10.0,
+                   help="RSS growth per loader or epoch that still passes")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from bench.soak import header, format_row, soak, to_json
+
+    print(header(), flush=True)
+    results = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
+                   limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), flush=True))
+    failed = [r.pattern for r in results if not r.ok]
+    print(f"\nsoak: {'FAIL: ' + ', '.join(failed) if failed else 'pass'}: RSS growth per unit under "
+          f"{args.limit_kb:g} KB and threads, open files and shared memory flat after warm-up")
+    if args.json:
+        args.json.write_text(json.dumps(to_json(results), indent=2))
+    return 1 if failed else 0
 
 
 def _report(result: Any, json_path: Path | None) -> int:

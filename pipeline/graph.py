@@ -18,10 +18,11 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 class Augment:
     """What the graph does to each tile.
 
-    ``train=True``: the crop window and flip of each sample arrive as per-sample inputs
-    (computed on the host from the sample, see ``pipeline.crops``); the graph cuts, resizes to
-    ``size``, flips and normalises. ``train=False`` is deterministic: when ``size`` differs from
-    the tile, torchvision's evaluation framing (resize to ``size / crop_pct``, centre-crop ``size``).
+    ``windows`` (always when training): the crop window and flip of each sample arrive as
+    per-sample inputs computed on the host (``pipeline.crops``, inside each tile's picture box);
+    the graph cuts, resizes to ``size``, flips and normalises. Evaluation of a store whose tiles
+    are whole pictures uses fixed ops instead: when ``size`` differs from the tile, torchvision's
+    framing (resize to ``size / crop_pct``, centre-crop ``size``).
     """
 
     train: bool
@@ -35,6 +36,7 @@ class Augment:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     crop_pct: float = 0.875
+    windows: bool = False  # per-sample crop windows (training, or tiles with padding)
 
     @property
     def resize_to(self) -> int:
@@ -44,16 +46,16 @@ class Augment:
     @property
     def passthrough(self) -> bool:
         """uint8 NHWC eval output: the (resized) tiles as they are, with no per-pixel op."""
-        return not (self.train or self.normalize or self.channels_first)
+        return not (self.windows or self.normalize or self.channels_first)
 
 
-CROP_INPUTS = 3  # train: roi start, roi end, flip per sample, after (images, labels, indices)
+CROP_INPUTS = 3  # windows: roi start, roi end, flip per sample, after (images, labels, indices)
 
 
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
                    device_id: int | None, prefetch: int, seed: int, jpeg: bool) -> Any:
     gpu = device_id is not None
-    extra = CROP_INPUTS if augment.train else 0
+    extra = CROP_INPUTS if augment.windows else 0
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
                   prefetch_queue_depth=prefetch, seed=seed)
@@ -75,10 +77,10 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
 def _finish(images: Any, crop: list[Any], a: Augment) -> Any:
     """Evaluation centre crop, flip, normalise, cast and lay out; uint8 eval output skips every
     per-pixel op it can."""
-    centre = {} if a.train or a.resize_to == a.size else {"crop": [a.size, a.size]}
+    centre = {} if a.windows or a.resize_to == a.size else {"crop": [a.size, a.size]}
     if a.passthrough:
         return fn.crop(images, **centre) if centre else images
-    if not (a.normalize or a.train or centre):
+    if not (a.normalize or a.windows or centre):
         return fn.transpose(images, perm=[2, 0, 1])  # uint8 NCHW: layout only
     return fn.crop_mirror_normalize(
         images,
@@ -86,14 +88,14 @@ def _finish(images: Any, crop: list[Any], a: Augment) -> Any:
         output_layout="CHW" if a.channels_first else "HWC",
         mean=list(a.mean) if a.normalize else [0.0, 0.0, 0.0],
         std=list(a.std) if a.normalize else [1.0, 1.0, 1.0],
-        mirror=crop[2] if a.train else 0,
+        mirror=crop[2] if a.windows else 0,
         **centre,
     )
 
 
 def _decode_and_crop(raw: Any, crop: list[Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
     size = [a.size, a.size]
-    if a.train:
+    if a.windows:
         start, end = crop[0], crop[1]
         if jpeg:  # decode only the window (nvJPEG when there is a GPU)
             images = fn.decoders.image_slice(

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from pipeline.crops import random_resized_crops
-from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD, Augment, build_pipeline
+from pipeline import pool
+from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD, Augment
 from pipeline.ledger import Ledger
 from pipeline.order import (
     SHUFFLES,
@@ -28,7 +29,6 @@ from pipeline.order import (
     samples_per_rank,
 )
 from pipeline.reader import StoreReader
-from pipeline.source import BatchSource
 from preprocess.errors import ConfigError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
@@ -245,16 +245,15 @@ class Loader:
             train=bool(train), size=size, tile=self.reader.tile, normalize=dtype != torch.uint8,
             half=dtype == torch.float16, channels_first=layout == "NCHW", crop_pct=float(crop_pct),
             scale=tuple(scale), ratio=tuple(ratio), mean=tuple(mean), std=tuple(std),  # type: ignore[arg-type]
+            windows=bool(train) or self.reader.padded,
         )
         self.ledger = (Ledger(ledger, rank=rank, population=self.subset, samples=len(self.reader))
                        if ledger is not None else None)
         self._epoch = 0
         self._resume: tuple[int, list[Segment]] | None = None  # loaded state not yet iterated
         self._open: _OpenEpoch | None = None
-        self._source: BatchSource | None = None
-        self._pipe: Any = None
-        self._dali_iter: Any = None
-        self._clean = False  # the DALI iterator ended its last epoch and can be reset
+        self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool on first use
+        self._graph_key: Any = None
         self._dataset: Any = None
 
     def _check_subset(self, indices: Any) -> np.ndarray:
@@ -350,45 +349,47 @@ class Loader:
             self._record(complete=True)
             self._open = None
         finally:
-            if not finished:
-                self._teardown()  # batches already read ahead belong to the abandoned epoch
-            self._clean = finished
+            graph = self._graph
+            if graph is not None and graph.iterator is not None:
+                # an epoch left early drains the few batches DALI has in flight (they belong to
+                # the abandoned epoch), so the graph serves the next one; one that cannot is closed
+                graph.clean = finished or graph.drain()
+                if not graph.clean:
+                    self._release(keep=False)
 
-    def _crop_inputs(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
+    def windows(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
+        picture box, and a flip: what the graph cuts and resizes, a function of the sample.
+
+        Training: torchvision's random-resized crop of the picture. Evaluation: its framing of the
+        picture (resize the shorter side to ``size / crop_pct``, centre-crop ``size``), no flip.
+        """
         a = self.augment
-        w = random_resized_crops(self.seed, epoch, samples, a.tile, a.tile,
-                                 a.scale, a.ratio)
-        start, end = w.roi()
-        return start, end, w.flip
+        top, left, height, width = self.reader.boxes[samples].T
+        if a.train:
+            w = random_resized_crops(self.seed, epoch, samples, height, width, a.scale, a.ratio)
+            start, end = w.roi()
+            offset = np.stack([top, left], axis=1).astype(np.float32)
+            return start + offset, end + offset, w.flip
+        side = np.minimum(height, width) * (a.size / a.resize_to)
+        start = np.stack([top + (height - side) / 2, left + (width - side) / 2], axis=1)
+        return (start.astype(np.float32), (start + side[:, None]).astype(np.float32),
+                np.zeros(len(samples), dtype=np.int32))
 
     def _arm(self, plan: _OpenEpoch, epoch: int) -> Any:
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
-        extras = partial(self._crop_inputs, epoch) if self.augment.train else None
-        if self._pipe is None or not self._clean:
-            self._teardown()
+        extras = partial(self.windows, epoch) if self.augment.windows else None
+        if self._graph is not None and not self._graph.clean and self._graph.iterator is not None:
+            if not self._graph.drain():  # an earlier iterator of this Loader is still mid-epoch
+                self._release(keep=False)
+        if self._graph is None:
             device_id = self.device.index if self.device.type == "cuda" else None
             if device_id is None and self.device.type == "cuda":
                 device_id = torch.cuda.current_device()
             readers = max(1, self.workers // 2)  # measured: more readers than this only contend
-            self._source = BatchSource(self.reader, self.batch_size, readers,
-                                       ahead=readers + 1, dali_depth=self.prefetch)
-            self._pipe = build_pipeline(
-                self._source, self.augment, batch_size=self.batch_size, threads=self.workers,
-                device_id=device_id, prefetch=self.prefetch, seed=self._dali_seed(),
-                jpeg=self.reader.is_image_coded)
-            self._pipe.build()
-            self._source.start(plan.indices, plan.batches, extras)
-            self._dali_iter = DALIGenericIterator([self._pipe], ["images", "labels", "indices"],
-                                                  size=-1, auto_reset=False)
-        else:
-            assert self._source is not None
-            self._source.start(plan.indices, plan.batches, extras)
-            self._dali_iter.reset()
-        return self._dali_iter
-
-    def _dali_seed(self) -> int:
-        return (self.seed * 1_000_003 + self.rank * 7919 + 17) % (2**31 - 1)
+            settings = pool.Settings(self.batch_size, self.workers, readers, self.prefetch, device_id)
+            self._graph_key = pool.key(self.reader, self.augment, settings)
+            self._graph = pool.take(self.reader, self.augment, settings)
+        return self._graph.arm(self.reader, plan.indices, plan.batches, extras)
 
     def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         images = out["images"]
@@ -454,18 +455,20 @@ class Loader:
                            batch_size=self.batch_size, drop_last=self.drop_last, complete=complete)
 
     # -- lifetime -------------------------------------------------------------------------------
-    def _teardown(self) -> None:
-        self._dali_iter = None
-        self._pipe = None  # DALI joins its threads when the pipeline goes
-        if self._source is not None:
-            self._source.close()
-            self._source = None
-        self._clean = False
+    def _release(self, keep: bool = True) -> None:
+        """Hand the DALI graph back to the pool (``keep``) or close it; its threads go either way
+        but DALI's own, which stay parked with an idle graph (see ``pipeline.pool``)."""
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            if keep:
+                pool.give(self._graph_key, graph)
+            else:
+                graph.close()
 
     def close(self) -> None:
-        """Stop every thread and release every map (of a store this Loader opened itself); the
-        Loader can still be iterated again."""
-        self._teardown()
+        """Stop every reader thread and release every map (of a store this Loader opened itself);
+        the Loader can still be iterated again."""
+        self._release()
         if self._owns_reader:
             self.reader.close()
 
@@ -477,7 +480,7 @@ class Loader:
 
     def __del__(self) -> None:
         try:
-            self._teardown()
+            self._release()
         except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
             pass
 

@@ -29,6 +29,10 @@ class StoreReader:
         self.classes: list[str] = list(attrs["classes"])
         self.codec = fmt.TileCodec(attrs["codec"], self.tile, attrs["quality"] or 90)
         self.labels = self._read_labels()
+        # (N, 4) top, left, height, width of each tile's picture; crops and framing stay inside it
+        self.boxes = fmt.read_small_array(self.root, attrs, fmt.BOXES).astype(np.int64, copy=False)
+        full = np.array([0, 0, self.tile, self.tile])
+        self.padded = bool((self.boxes != full).any())  # some tile holds padding (pad fit, grid edges)
         self._shards: list[fmt.ShardFile | None] = [None] * attrs["shards"]
         self._lock = threading.Lock()
 

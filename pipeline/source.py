@@ -36,7 +36,8 @@ class BatchSource:
         self.reader = reader
         self.batch_size = batch_size
         self.ahead = max(1, ahead)
-        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tilefeed-read")
+        self.threads = max(1, threads)
+        self._pool: ThreadPoolExecutor | None = None  # made by start(), ended by close()
         self._pending: deque[Future[Batch]] = deque()
         self._indices = np.zeros(0, dtype=np.int64)
         self._next = 0  # next batch to submit
@@ -54,6 +55,8 @@ class BatchSource:
         """Arm an epoch: this rank's ``indices`` from batch ``first_batch`` on; ``extras`` adds
         per-sample inputs (crop windows, flips) computed from each batch's indices."""
         self.cancel()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tilefeed-read")
         self._extras = extras
         self._indices = indices
         self._batches = -(-len(indices) // self.batch_size)
@@ -64,6 +67,7 @@ class BatchSource:
         while len(self._pending) < self.ahead and self._next < self._batches:
             lo = self._next * self.batch_size
             chunk = self._indices[lo : lo + self.batch_size]
+            assert self._pool is not None
             self._pending.append(self._pool.submit(self._read, chunk, self._buffer(len(chunk))))
             self._next += 1
 
@@ -103,5 +107,8 @@ class BatchSource:
         self._pending.clear()
 
     def close(self) -> None:
+        """Cancel the reads and end the reader threads; ``start()`` makes new ones."""
         self.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -28,6 +28,7 @@ class Tiles:
     pixels: np.ndarray  # (n, T, T, 3) uint8
     rows: np.ndarray  # (n,) int32, grid row of each tile (0 in resize mode)
     cols: np.ndarray  # (n,) int32
+    boxes: np.ndarray  # (n, 4) int32: top, left, height, width of the picture in each tile
 
 
 class Rejected(Exception):
@@ -51,7 +52,7 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
                 rgb = _to_rgb(_open_checked(im, settings), settings)
             if settings.mode == "grid":
                 return _grid(rgb, settings)
-            tile = _fit(rgb, settings)
+            tile, box = _fit(rgb, settings)
     except Rejected:
         raise
     except UnidentifiedImageError:
@@ -66,7 +67,7 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except Exception as e:  # noqa: BLE001 - any other failure of any plugin: this image only
         raise Rejected(f"{type(e).__name__}: {_one_line(e)}") from None
     zero = np.zeros(1, dtype=np.int32)
-    return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero)
+    return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32))
 
 
 def _one_line(e: BaseException) -> str:
@@ -170,22 +171,25 @@ def _wide_to_rgb(im: Image.Image) -> Image.Image:
     return Image.fromarray(np.repeat(grey[..., None], 3, axis=2), "RGB")
 
 
-def _fit(im: Image.Image, settings: TileSettings) -> Image.Image:
+def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[int, int, int, int]]:
+    """The tile and the box (top, left, height, width) the picture fills in it."""
     t = settings.size
     w, h = im.size
     resample = settings.resample_filter
     if settings.fit == "stretch":
-        return im.resize((t, t), resample)
+        return im.resize((t, t), resample), (0, 0, t, t)
     if settings.fit == "crop":
         # Scale the short side to T and take the centre, in one resize over the source box.
         side = min(w, h)
         left, top = (w - side) / 2, (h - side) / 2
-        return im.resize((t, t), resample, box=(left, top, left + side, top + side))
+        return im.resize((t, t), resample, box=(left, top, left + side, top + side)), (0, 0, t, t)
+    # pad: the whole picture, its longer side T, centred on the background
     scale = t / max(w, h)
     nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
     canvas = Image.new("RGB", (t, t), settings.background)
-    canvas.paste(im.resize((nw, nh), resample), ((t - nw) // 2, (t - nh) // 2))
-    return canvas
+    top, left = (t - nh) // 2, (t - nw) // 2
+    canvas.paste(im.resize((nw, nh), resample), (left, top))
+    return canvas, (top, left, nh, nw)
 
 
 def grid_positions(length: int, tile: int, stride: int) -> list[int]:
@@ -204,7 +208,9 @@ def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
     tiles[...] = np.asarray(settings.background, dtype=np.uint8)  # edge tiles are padded
     rows = np.repeat(np.arange(len(ys), dtype=np.int32), len(xs))
     cols = np.tile(np.arange(len(xs), dtype=np.int32), len(ys))
+    boxes = np.zeros((n, 4), dtype=np.int32)
     for k, (r, c) in enumerate(zip(rows, cols, strict=True)):
         patch = a[ys[r] : ys[r] + t, xs[c] : xs[c] + t]
         tiles[k, : patch.shape[0], : patch.shape[1]] = patch
-    return Tiles(tiles, rows, cols)
+        boxes[k] = (0, 0, patch.shape[0], patch.shape[1])  # edge tiles: the rest is padding
+    return Tiles(tiles, rows, cols, boxes)

@@ -38,7 +38,8 @@ SOURCES: Final = "sources"  # index of the source image of each tile, into the s
 ROWS: Final = "rows"  # grid mode: tile row within its source image
 COLS: Final = "cols"  # grid mode: tile column within its source image
 SOURCE_PATHS: Final = "source_paths"  # the sorted source list, as UTF-8 strings
-SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, SOURCE_PATHS)  # all but images: read whole
+BOXES: Final = "boxes"  # (N, 4) int32: top, left, height, width of the picture within its tile
+SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, BOXES, SOURCE_PATHS)  # all but images: read whole
 
 CODECS: Final = ("lz4", "zstd", "none", "jpeg")
 JPEG_CODEC_ID: Final = "tilefeed.jpeg"
@@ -224,8 +225,10 @@ def attrs_digest(attrs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def small_chunk_paths(root: Path, name: str, length: int, chunk: int) -> list[Path]:
-    return [root / name / "c" / str(i) for i in range(shard_count(length, chunk))]
+def small_chunk_paths(root: Path, name: str, length: int, chunk: int, ndim: int = 1) -> list[Path]:
+    """The chunk files of an array chunked along its first axis only (whole rows)."""
+    rest = ["0"] * (ndim - 1)
+    return [root.joinpath(name, "c", str(i), *rest) for i in range(shard_count(length, chunk))]
 
 
 def describe_arrays(root: Path, names: list[str], shard_bytes: list[int]) -> dict[str, Any]:
@@ -237,8 +240,9 @@ def describe_arrays(root: Path, names: list[str], shard_bytes: list[int]) -> dic
     for name in names:
         meta = json.loads((root / name / "zarr.json").read_text())
         length, chunk = meta["shape"][0], meta["chunk_grid"]["configuration"]["chunk_shape"][0]
-        chunks = small_chunk_paths(root, name, length, chunk)
-        out[name] = {"length": length, "chunk": chunk, "chunks": len(chunks),
+        ndim = len(meta["shape"])
+        chunks = small_chunk_paths(root, name, length, chunk, ndim)
+        out[name] = {"length": length, "chunk": chunk, "ndim": ndim, "chunks": len(chunks),
                      "sha256": sha256_files(chunks),
                      "metadata_sha256": sha256_files([root / name / "zarr.json"])}
     return out
@@ -264,7 +268,7 @@ def array_problems(root: Path, attrs: dict[str, Any], name: str) -> list[tuple[s
             elif size != expected:
                 problems.append((str(path), f"{size} bytes, expected {expected} (truncated or altered)"))
         return problems
-    chunks = small_chunk_paths(root, name, rec["length"], rec["chunk"])
+    chunks = small_chunk_paths(root, name, rec["length"], rec["chunk"], rec.get("ndim", 1))
     for path in chunks:
         if not path.is_file():
             problems.append((str(path), "missing chunk (zarr would read it as zeros)"))

@@ -260,7 +260,7 @@ def write_part(
     load = load_isolated if isolate else load_tiles
     codec = fmt.TileCodec(store.codec, tiles.size, store.quality)
     record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
-                              "cols": [], "rejects": []}
+                              "cols": [], "boxes": [], "rejects": []}
     root = Path(work)
     final = root / _part_name(part, ".bin")
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
@@ -279,6 +279,7 @@ def write_part(
             record["sources"] += [first + k] * len(result.pixels)
             record["rows"] += result.rows.tolist()
             record["cols"] += result.cols.tolist()
+            record["boxes"] += result.boxes.tolist()
     os.replace(tmp, final)
     _atomic_write(root / _part_name(part, ".json"), [json.dumps(record).encode()])
     return record
@@ -623,9 +624,10 @@ def _write_metadata(
     if tiles.mode == "grid":
         columns[fmt.ROWS] = np.array([v for r in records for v in r["rows"]], dtype=np.int32)
         columns[fmt.COLS] = np.array([v for r in records for v in r["cols"]], dtype=np.int32)
+    columns[fmt.BOXES] = np.array([v for r in records for v in r["boxes"]], dtype=np.int32).reshape(-1, 4)
     for name, values in columns.items():
-        group.create_array(name, data=values, chunks=(min(samples, 1 << 20),), overwrite=True,
-                           **fmt.small_array_codecs())
+        group.create_array(name, data=values, chunks=(min(samples, 1 << 18), *values.shape[1:]),
+                           overwrite=True, **fmt.small_array_codecs())
     paths = np.array(sources.paths, dtype=np.dtypes.StringDType())
     group.create_array(fmt.SOURCE_PATHS, data=paths, chunks=(min(len(paths), 1 << 16),),
                        overwrite=True, **fmt.small_array_codecs())

@@ -1,0 +1,168 @@
+"""``tilefeed bench soak STORE``: memory and resources over the loader patterns of long jobs.
+
+Runs each pattern for a share of the time: one Loader over many epochs; a new Loader per epoch;
+leaving an epoch early; an exception inside the loop; a train and a validation Loader alive at
+once. It samples RSS, threads, open files, shared-memory segments and (on a GPU) device memory
+after every unit (an epoch or a Loader), and fits the growth per unit after warm-up: a pattern
+passes when the fitted RSS growth after warm-up stays under ``limit_kb`` per unit (plus 2 MB of
+allocator jitter, which only matters in short runs) and threads, files and segments do not grow.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+LIMIT_KB = 10.0  # RSS growth per unit that still passes: 1,000 loaders under 10 MB
+NOISE_KB = 2048.0  # allocator jitter a short run cannot tell from growth: allowed on top
+
+
+@dataclass
+class PatternResult:
+    pattern: str
+    unit: str
+    units: int
+    seconds: float
+    rss_start_mb: float
+    rss_end_mb: float
+    rss_slope_kb: float  # per unit, after warm-up
+    rss_growth_kb: float  # the fitted growth over the units after warm-up
+    threads: tuple[int, int]  # (min, max) after warm-up
+    open_files: tuple[int, int]
+    shm_segments: tuple[int, int]
+    gpu_slope_kb: float | None
+    ok: bool
+
+
+def _shm_segments(proc: psutil.Process) -> int:
+    """Shared-memory segments this process maps or holds open (not the machine's: other
+    processes come and go there)."""
+    paths = {m.path for m in proc.memory_maps() if m.path.startswith("/dev/shm/")}
+    paths |= {f.path for f in proc.open_files() if f.path.startswith("/dev/shm/")}
+    return len(paths)
+
+
+def _slope(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    x = np.arange(len(values), dtype=np.float64)
+    return float(np.polyfit(x, np.asarray(values, dtype=np.float64), 1)[0])
+
+
+def _patterns(store: str, batch_size: int, workers: int) -> dict[str, tuple[str, Callable[[Any], Any]]]:
+    """name -> (unit, one unit of work given the long-lived state)."""
+    from pipeline import Loader
+
+    def make(**kw: Any) -> Loader:
+        return Loader(store, batch_size, train=True, num_workers=workers, **kw)
+
+    def one_loader_many_epochs(state: dict[str, Any]) -> None:
+        if "loader" not in state:
+            state["loader"] = make()
+        for _batch in state["loader"]:
+            pass
+
+    def loader_per_epoch(state: dict[str, Any]) -> None:
+        with make() as loader:
+            for _batch in loader:
+                pass
+
+    def break_early(state: dict[str, Any]) -> None:
+        with make() as loader:
+            for n, _batch in enumerate(loader):
+                if n == 1:
+                    break
+
+    def exception_inside(state: dict[str, Any]) -> None:
+        try:
+            with make() as loader:
+                for _batch in loader:
+                    raise RuntimeError("inside the loop")
+        except RuntimeError:
+            pass
+
+    def train_and_val(state: dict[str, Any]) -> None:
+        with make() as train, Loader(store, batch_size, shuffle=False, num_workers=workers) as val:
+            for _batch in train:
+                pass
+            for _batch in val:
+                pass
+
+    return {
+        "one loader, many epochs": ("epoch", one_loader_many_epochs),
+        "new loader per epoch": ("loader", loader_per_epoch),
+        "break out early": ("loader", break_early),
+        "exception in the loop": ("loader", exception_inside),
+        "train + val alive at once": ("loader pair", train_and_val),
+    }
+
+
+def soak(store: str | Path, *, seconds: float = 60.0, batch_size: int = 16, workers: int = 2,
+         limit_kb: float = LIMIT_KB, warmup: float = 0.3,
+         on_result: Callable[[PatternResult], None] | None = None) -> list[PatternResult]:
+    """Run every pattern for ``seconds / 5``; growth is fitted over all but the first ``warmup``."""
+    proc = psutil.Process()
+    gpu = torch.cuda.is_available()
+    results = []
+    patterns = _patterns(str(store), batch_size, workers)
+    for name, (unit, work) in patterns.items():
+        state: dict[str, Any] = {}
+        samples: list[tuple[float, int, int, int, float]] = []
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds / len(patterns) or len(samples) < 20:
+            work(state)
+            gc.collect()
+            samples.append((proc.memory_info().rss / 1024, proc.num_threads(), proc.num_fds(),
+                            _shm_segments(proc), torch.cuda.memory_reserved() / 1024 if gpu else 0.0))
+        if "loader" in state:
+            state["loader"].close()
+        steady = samples[int(len(samples) * warmup):]
+        rss = [s[0] for s in steady]
+        columns = list(zip(*steady, strict=True))
+        flat = all(min(c) == max(c) for c in columns[1:4])
+        slope = _slope(rss)
+        growth = slope * len(steady)
+        gpu_slope = _slope([s[4] for s in steady]) if gpu else None
+        allowed = limit_kb * len(steady) + NOISE_KB
+        result = PatternResult(
+            pattern=name, unit=unit, units=len(samples), seconds=time.perf_counter() - started,
+            rss_start_mb=samples[0][0] / 1024, rss_end_mb=samples[-1][0] / 1024, rss_slope_kb=slope,
+            rss_growth_kb=growth,
+            threads=(min(columns[1]), max(columns[1])), open_files=(min(columns[2]), max(columns[2])),
+            shm_segments=(min(columns[3]), max(columns[3])), gpu_slope_kb=gpu_slope,
+            ok=growth < allowed and flat and (gpu_slope is None or gpu_slope * len(steady) < allowed),
+        )
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results
+
+
+def format_row(r: PatternResult) -> str:
+    def span(v: tuple[int, int]) -> str:
+        return str(v[0]) if v[0] == v[1] else f"{v[0]}-{v[1]}"
+
+    gpu = "" if r.gpu_slope_kb is None else f" | {r.gpu_slope_kb:+.1f}"
+    return (f"| {r.pattern} | {r.units} {r.unit}s | {r.rss_start_mb:.0f} -> {r.rss_end_mb:.0f} | "
+            f"{r.rss_slope_kb:+.1f} | {span(r.threads)} | {span(r.open_files)} | "
+            f"{span(r.shm_segments)}{gpu} | {'pass' if r.ok else 'FAIL'} |")
+
+
+def header() -> str:
+    gpu = torch.cuda.is_available()
+    cols = ["pattern", "units", "RSS MB", "RSS KB/unit after warm-up", "threads", "open files",
+            "shm segments", *(["GPU KB/unit"] if gpu else []), "verdict"]
+    align = ["---", "---:", "---:", "---:", "---:", "---:", "---:", *(["---:"] if gpu else []), "---"]
+    return "| " + " | ".join(cols) + " |\n| " + " | ".join(align) + " |"
+
+
+def to_json(results: list[PatternResult]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in results]
