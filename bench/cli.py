@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak")
+SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect")
 
 
 def cache_dir() -> Path:
@@ -30,13 +30,13 @@ def demo_images(count: int, classes: int = 8) -> Path:
     return make_image_folder(folder, classes=classes, per_class=per_class)
 
 
-def demo_store(images: Path, size: int = 224, codec: str = "lz4") -> Path:
+def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad") -> Path:
     """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
     from preprocess import StoreSettings, TileSettings, preprocess
     from preprocess.writer import progress_bar
 
-    store = cache_dir() / f"{images.name}-{size}-{codec}"
-    s = preprocess(images, store, TileSettings(size=size), StoreSettings(codec=codec),
+    store = cache_dir() / f"{images.name}-{size}-{codec}-{fit}"
+    s = preprocess(images, store, TileSettings(size=size, fit=fit), StoreSettings(codec=codec),
                    progress=progress_bar(sys.stderr.isatty()))
     print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
           flush=True)
@@ -122,12 +122,12 @@ def bench_main(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] in SUBCOMMANDS:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
-                "diagnose": _diagnose, "soak": _soak}[argv[0]](argv[1:])
+                "diagnose": _diagnose, "soak": _soak, "aspect": _aspect}[argv[0]](argv[1:])
     parser = _parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
         "side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        "tilefeed bench {preprocess,loader,sweep,diagnose,soak} --help.")
+        "tilefeed bench {preprocess,loader,sweep,diagnose,soak,aspect} --help.")
     _harness_args(parser)
     args = parser.parse_args(argv)
     run_compare(args)
@@ -178,7 +178,7 @@ def _bench_loader(argv: list[str]) -> int:
     from bench.loader_bench import bench_loaders
 
     images = args.images or demo_images(args.count)
-    store = args.store or demo_store(images)
+    store = args.store or demo_store(images, fit="crop")  # whole tiles: the read path alone
     result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
                            rounds=args.rounds)
     return _report(result, args.json)
@@ -209,6 +209,21 @@ def _soak(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps(to_json(results), indent=2))
     return 1 if failed else 0
+
+
+def _aspect(argv: list[str]) -> int:
+    p = _parser("tilefeed bench aspect",
+                "Train one small network three ways on a task whose label lies near the picture's "
+                "border: torchvision's crop rule on the original pictures, tilefeed with aspect-true "
+                "tiles (--fit pad) and with centre-square tiles (--fit crop); validation accuracy "
+                "on the same whole pictures.")
+    p.add_argument("--seeds", type=int, default=5, help="training runs per view")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from bench.aspect import bench_aspect
+
+    return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
 
 
 def _report(result: Any, json_path: Path | None) -> int:

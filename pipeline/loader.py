@@ -359,25 +359,14 @@ class Loader:
 
     def windows(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
-        picture box, and a flip: what the graph cuts and resizes, a function of the sample.
-
-        Training: torchvision's random-resized crop of the picture. Evaluation: its framing of the
-        picture (resize the shorter side to ``size / crop_pct``, centre-crop ``size``), no flip.
-        """
-        a = self.augment
-        top, left, height, width = self.reader.boxes[samples].T
-        if a.train:
-            w = random_resized_crops(self.seed, epoch, samples, height, width, a.scale, a.ratio)
-            start, end = w.roi()
-            offset = np.stack([top, left], axis=1).astype(np.float32)
-            return start + offset, end + offset, w.flip
-        side = np.minimum(height, width) * (a.size / a.resize_to)
-        start = np.stack([top + (height - side) / 2, left + (width - side) / 2], axis=1)
-        return (start.astype(np.float32), (start + side[:, None]).astype(np.float32),
-                np.zeros(len(samples), dtype=np.int32))
+        picture box, and a flip: what the graph cuts and resizes, a function of the sample."""
+        return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, samples)
 
     def _arm(self, plan: _OpenEpoch, epoch: int) -> Any:
-        extras = partial(self.windows, epoch) if self.augment.windows else None
+        # a plain function of the settings, not a bound method: the graph, which may outlive
+        # this Loader in the pool, must not keep it alive (or form a cycle with it)
+        extras = (partial(window_inputs, self.reader.boxes, self.augment, self.seed, epoch)
+                  if self.augment.windows else None)
         if self._graph is not None and not self._graph.clean and self._graph.iterator is not None:
             if not self._graph.drain():  # an earlier iterator of this Loader is still mid-epoch
                 self._release(keep=False)
@@ -483,6 +472,23 @@ class Loader:
             self._release()
         except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
             pass
+
+
+def window_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int,
+                  samples: np.ndarray) -> tuple[np.ndarray, ...]:
+    """See ``Loader.windows``. Training: torchvision's random-resized crop of each picture (its
+    box in the tile). Evaluation: its framing of the picture (shorter side to ``size / crop_pct``,
+    centre crop ``size``), no flip."""
+    top, left, height, width = boxes[samples].T
+    if a.train:
+        w = random_resized_crops(seed, epoch, samples, height, width, a.scale, a.ratio)
+        start, end = w.roi()
+        offset = np.stack([top, left], axis=1).astype(np.float32)
+        return start + offset, end + offset, w.flip
+    side = np.minimum(height, width) * (a.size / a.resize_to)
+    start = np.stack([top + (height - side) / 2, left + (width - side) / 2], axis=1)
+    return (start.astype(np.float32), (start + side[:, None]).astype(np.float32),
+            np.zeros(len(samples), dtype=np.int32))
 
 
 class EpochSampler:

@@ -50,6 +50,12 @@ class Graph:
         self.clean = False
         return self.iterator
 
+    @property
+    def alive(self) -> bool:
+        """DALI shuts a pipeline down (``_pipe`` None) when the garbage collector finalises it,
+        even while something still refers to it, e.g. a Loader dropped inside a reference cycle."""
+        return self.pipe is not None and getattr(self.pipe, "_pipe", None) is not None
+
     def drain(self) -> bool:
         """Stop mid-epoch and let DALI finish what it has in flight; True when reusable."""
         try:
@@ -86,8 +92,10 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
     """An idle graph with these settings, or a new one."""
     with _lock:
         idle = _idle.get(key(reader, augment, settings))
-        if idle:
-            return idle.pop()
+        while idle:
+            graph = idle.pop()
+            if graph.alive:
+                return graph
     s = settings
     source = BatchSource(reader, s.batch_size, s.readers, ahead=s.readers + 1, dali_depth=s.prefetch)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
@@ -101,7 +109,7 @@ def give(graph_key: Hashable, graph: Graph) -> None:
 
     A kept graph ends its reader threads (``start()`` makes new ones) and forgets the store;
     only DALI's own worker threads stay parked with it."""
-    if graph.iterator is None or graph.clean or graph.drain():
+    if graph.alive and (graph.iterator is None or graph.clean or graph.drain()):
         graph.source.close()
         graph.source.reader = None  # type: ignore[assignment]  # the store is the Loader's, not the pool's
         with _lock:

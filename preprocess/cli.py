@@ -71,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=_positive, default=256, help="tile side T in pixels")
     p.add_argument("--mode", choices=MODES, default="resize",
                    help="resize: one tile per image; grid: cut each image into TxT tiles")
-    p.add_argument("--fit", choices=FITS, default="crop",
-                   help="resize mode: centre-crop the short side, pad the long side, or stretch")
+    p.add_argument("--fit", choices=FITS, default="pad",
+                   help="resize mode: pad keeps the whole picture (longer side T, its box recorded, "
+                   "so training crops and evaluation framing see what torchvision's do); crop keeps "
+                   "the centre square (the borders never reach training); stretch distorts")
     p.add_argument("--stride", type=_positive, default=None,
                    help="grid mode: pixels between tile origins (default: T, no overlap)")
     p.add_argument("--resample", choices=sorted(RESAMPLERS), default="bicubic",

@@ -28,7 +28,7 @@ class TileSettings:
 
     size: int = 256
     mode: str = "resize"
-    fit: str = "crop"
+    fit: str = "pad"  # the whole picture, as torchvision's crops see it (tilefeed bench aspect)
     stride: int = 0  # grid mode; 0 means the tile size (no overlap)
     resample: str = "bicubic"
     background: tuple[int, int, int] = (255, 255, 255)

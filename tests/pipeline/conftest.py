@@ -14,7 +14,7 @@ from tests.conftest import write_folder
 def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: int = 8) -> Path:
     src = write_folder(root / "src", classes=5, per_class=samples_per_class, size=(48, 40))
     out = root / f"store-{codec}"
-    preprocess(src, out, TileSettings(size=32), StoreSettings(codec=codec, shard_size=shard_size),
+    preprocess(src, out, TileSettings(size=32, fit="crop"), StoreSettings(codec=codec, shard_size=shard_size),
                workers=1)
     return out
 

@@ -14,7 +14,8 @@ from PIL import Image
 from pipeline import Loader, StoreReader
 from preprocess import StoreSettings, TileSettings, preprocess
 from tests.conftest import photo, psnr
-from tests.pipeline.test_crops import RATIO, SCALE, ks, reference_get_params
+from bench.aspect import torchvision_get_params
+from tests.pipeline.test_crops import RATIO, SCALE, ks
 
 SIZES = [(320, 240), (240, 320), (400, 200), (256, 256)]  # width, height
 
@@ -59,7 +60,7 @@ def test_training_crops_follow_torchvision_on_the_original_picture(
     y0, x0 = (start[:, 0] - top) * sy, (start[:, 1] - left) * sx
     h, w = (end[:, 0] - start[:, 0]) * sy, (end[:, 1] - start[:, 1]) * sx
     rng = random.Random(sample)
-    ref = np.array([reference_get_params(rng, height, width) for _ in range(n)], dtype=np.float64)
+    ref = np.array([torchvision_get_params(rng, height, width) for _ in range(n)], dtype=np.float64)
     critical = 1.95 * math.sqrt(2 / n)  # two-sample KS at alpha = 0.001
     pairs = {
         "area": (h * w / (height * width), ref[:, 2] * ref[:, 3] / (height * width)),

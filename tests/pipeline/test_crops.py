@@ -8,30 +8,10 @@ import random
 import numpy as np
 import pytest
 
+from bench.aspect import torchvision_get_params
 from pipeline.crops import random_resized_crops, uniforms
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
-
-
-def reference_get_params(rng: random.Random, height: int, width: int) -> tuple[int, int, int, int]:
-    """RandomResizedCrop.get_params as torchvision documents it: 10 tries, then the centre fallback."""
-    area = height * width
-    log_ratio = (math.log(RATIO[0]), math.log(RATIO[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(*SCALE)
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-    in_ratio = width / height
-    if in_ratio < min(RATIO):
-        w, h = width, int(round(width / min(RATIO)))
-    elif in_ratio > max(RATIO):
-        h, w = height, int(round(height * max(RATIO)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
 
 
 def ks(a: np.ndarray, b: np.ndarray) -> float:
@@ -47,7 +27,7 @@ def test_crop_windows_follow_torchvision_distribution(height: int, width: int) -
     n = 6000
     ours = random_resized_crops(3, 1, np.arange(n), height, width, SCALE, RATIO)
     rng = random.Random(0)
-    ref = np.array([reference_get_params(rng, height, width) for _ in range(n)], dtype=np.float64)
+    ref = np.array([torchvision_get_params(rng, height, width) for _ in range(n)], dtype=np.float64)
     assert (ours.top >= 0).all() and (ours.left >= 0).all()
     assert (ours.top + ours.height <= height).all() and (ours.left + ours.width <= width).all()
     features = {

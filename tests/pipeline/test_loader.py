@@ -201,3 +201,17 @@ def test_jpeg_store_through_the_cpu_decoder(jpeg_store: Path, train: bool) -> No
             assert labels.shape == idx.shape
             seen += idx.tolist()
     assert sorted(seen) == list(range(50))
+
+
+def test_a_loader_dropped_mid_epoch_inside_a_reference_cycle_spoils_no_later_loader(store: Path) -> None:
+    import gc
+
+    for _ in range(5):
+        loader = Loader(store, 4, train=True, size=24)
+        loader.me = loader  # type: ignore[attr-defined]  # a cycle, as a user's objects may make
+        it = iter(loader)
+        next(it)
+        del loader, it
+        gc.collect()  # finalises the cycle: DALI may shut the pipeline down under the Loader
+        with Loader(store, 4, train=True, size=24, with_index=True) as fresh:
+            assert len(indices_of(fresh)) == 50
