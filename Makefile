@@ -7,19 +7,21 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test check demo bench gpu-check clean
+.PHONY: setup test check demo bench gpu-check wheelhouse install-offline clean
 
 setup: $(STAMP)
 
 # The CPU build on these machines (an open range pulls a multi-GB CUDA build); a GPU machine
 # with network access can ask for another: make setup TORCH_SPEC=torch==2.14.1
 TORCH_SPEC ?= torch==2.13.0
+# DALI's build: cuda12 also runs CPU-only; a CUDA 13 node takes CUDA=13.
+CUDA ?= 12
 PIL_PLUGINS := pillow-avif-plugin==1.6.0 pillow-heif==1.8.1
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) "$(TORCH_SPEC)"
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,cuda$(CUDA)]'
 	# pillow-simd last: it provides the same PIL package as pillow, which matplotlib pulls in.
 	# It compiles only the codecs whose headers are present: install them first (apt-get as
 	# root on Debian/Ubuntu; elsewhere it stops naming the packages).
@@ -50,12 +52,28 @@ bench: setup
 	$(VENV)/bin/tilefeed bench --loaders baseline,dali-files,tiles-dataloader,tilefeed \
 		--batch-size 64 --steps 40 --step-ms 40 --workers 2 --json bench-out/bench.json --plots bench-out
 
+# Offline GPU nodes: on a machine with the package index, download every wheel a node needs
+# (default: CPython 3.12, CUDA 13; WH_PY=3.11 WH_CUDA=12 for others), torch excepted.
+WH_PY   ?= 3.12
+WH_CUDA ?= 13
+WHEELHOUSE ?= wheelhouse
+wheelhouse: setup
+	$(PY) tools/wheelhouse.py --python $(WH_PY) --cuda $(WH_CUDA) --out $(WHEELHOUSE)
+
+# On the node, into its own Python (which has CUDA torch): no network needed.
+NODE_PY ?= python3
+install-offline:
+	$(NODE_PY) -m pip install --no-index --find-links $(WHEELHOUSE) 'tilefeed[cuda$(WH_CUDA)]' \
+		pillow-avif-plugin pillow-heif pillow
+	$(NODE_PY) -m preprocess.doctor --pil --offline
+
 # On a CUDA machine, in a few minutes: the GPU tests, then a short GPU bench (nvJPEG store too).
 # GPU_PY is any Python with CUDA torch, DALI and this project installed (default: the venv).
 GPU_PY ?= $(PY)
 TF     := $(GPU_PY) -m preprocess.cli
 gpu-check:
-	$(GPU_PY) -c "import torch, nvidia.dali; assert torch.cuda.is_available(), 'gpu-check needs CUDA'"
+	@$(GPU_PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: no CUDA device (torch.cuda.is_available() is False): run it on a GPU node')"
+	@$(GPU_PY) -c "import sys, importlib.util as u; u.find_spec('nvidia.dali') or sys.exit('gpu-check: DALI is not installed: pip install tilefeed[cuda12] or [cuda13]')"
 	$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider
 	$(TF) bench --loaders baseline,dali-files,tilefeed --steps 40 --step-ms 20 --workers 4 \
 		--json bench-out/gpu.json --plots bench-out/gpu

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD
+from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 
 WIDTH, HEIGHT, MARK = 128, 96, 10
 SIDE = 64  # network input

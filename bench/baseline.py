@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD
+from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 from preprocess.sources import find_sources
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from bench.baseline import MEAN, STD, JpegFolder, jpeg_dataloader, random_resized_box, seed_worker
 from pipeline import Loader, TileDataset
-from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD
+from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 from preprocess.errors import ConfigError
 
 LOADERS = ("baseline", "dali-files", "tiles-dataloader", "tilefeed")

@@ -2,52 +2,12 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 from nvidia.dali import fn, pipeline_def, types
 
+from pipeline.augment import Augment
 from pipeline.source import BatchSource
-
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-
-
-@dataclass(frozen=True)
-class Augment:
-    """What the graph does to each tile.
-
-    ``windows`` (always when training): the crop window and flip of each sample arrive as
-    per-sample inputs computed on the host (``pipeline.crops``, inside each tile's picture box);
-    the graph cuts, resizes to ``size``, flips and normalises. Evaluation of a store whose tiles
-    are whole pictures uses fixed ops instead: when ``size`` differs from the tile, torchvision's
-    framing (resize to ``size / crop_pct``, centre-crop ``size``).
-    """
-
-    train: bool
-    size: int
-    tile: int
-    normalize: bool  # False for uint8 output: pixels pass through unscaled
-    half: bool  # float16 output straight from DALI
-    channels_first: bool
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
-    crop_pct: float = 0.875
-    windows: bool = False  # per-sample crop windows (training, or tiles with padding)
-
-    @property
-    def resize_to(self) -> int:
-        """Evaluation: the side the tile is resized to before the centre crop."""
-        return self.tile if self.size == self.tile else math.floor(self.size / self.crop_pct + 1e-9)
-
-    @property
-    def passthrough(self) -> bool:
-        """uint8 NHWC eval output: the (resized) tiles as they are, with no per-pixel op."""
-        return not (self.windows or self.normalize or self.channels_first)
-
 
 CROP_INPUTS = 3  # windows: roi start, roi end, flip per sample, after (images, labels, indices)
 

@@ -17,7 +17,7 @@ import torch
 
 from pipeline.crops import random_resized_crops
 from pipeline import pool
-from pipeline.graph import IMAGENET_MEAN, IMAGENET_STD, Augment
+from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
 from pipeline.ledger import Ledger
 from pipeline.order import (
     SHUFFLES,
@@ -29,7 +29,7 @@ from pipeline.order import (
     samples_per_rank,
 )
 from pipeline.reader import StoreReader
-from preprocess.errors import ConfigError
+from preprocess.errors import ConfigError, DaliMissingError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC")
@@ -52,6 +52,16 @@ def _distributed_rank() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def require_dali() -> None:
+    """A one-line error naming the extra to install, before anything else fails without DALI."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        raise DaliMissingError(
+            "the Loader runs on NVIDIA DALI, which is not installed: pip install 'tilefeed[cuda12]' "
+            "(CUDA 12 drivers, or CPU only) or 'tilefeed[cuda13]' (CUDA 13)") from None
 
 
 def _int(name: str, value: Any, minimum: int) -> int:
@@ -182,6 +192,7 @@ class Loader:
         shuffle_window: int = 4,
         **dataloader_options: Any,
     ) -> None:
+        require_dali()
         unknown = set(dataloader_options) - set(NO_EFFECT)
         if unknown:
             raise TypeError(f"Loader() got unexpected keyword arguments: {', '.join(sorted(unknown))}")

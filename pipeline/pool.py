@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.graph import Augment, build_pipeline
+from pipeline.augment import Augment
 from pipeline.reader import StoreReader
 from pipeline.source import BatchSource, Extras
 
@@ -96,6 +96,8 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
             graph = idle.pop()
             if graph.alive:
                 return graph
+    from pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
+
     s = settings
     source = BatchSource(reader, s.batch_size, s.readers, ahead=s.readers + 1, dali_depth=s.prefetch)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,

@@ -86,7 +86,9 @@ PIL_CODECS: dict[str, tuple[Callable[[], str], str]] = {
 }
 
 
-def _pil(report: Report) -> None:
+def _pil(report: Report, offline: bool) -> None:
+    """``offline``: a node installed from a wheelhouse, where pillow-simd may not compile; its PIL
+    then serves preprocessing (the GPU loader needs no PIL) and gaps are warnings."""
     import PIL
     from PIL import features
 
@@ -95,7 +97,10 @@ def _pil(report: Report) -> None:
     register_plugins()
     simd = "post" in PIL.__version__
     report.add("PIL", simd, f"{PIL.__version__} ({'pillow-simd' if simd else 'not pillow-simd'})",
-               "`make setup` installs pillow-simd last; something installed plain pillow over it")
+               "pillow-simd could not be built offline: preprocessing uses this PIL (slower resize); "
+               "the GPU loader needs no PIL" if offline else
+               "`make setup` installs pillow-simd last; something installed plain pillow over it",
+               required=not offline)
     avx2 = _cpu_has("avx2")
     report.add("AVX2", avx2, "the CPU has AVX2" if avx2 else "this CPU has no AVX2 (slower resize)",
                required=False)
@@ -103,10 +108,11 @@ def _pil(report: Report) -> None:
         try:
             report.add(f"codec {name}", True, f"{what}: {prove()}")
         except Exception as e:  # noqa: BLE001 - any failure means the codec is not usable
-            report.add(f"codec {name}", False, f"{what}: {type(e).__name__}: {e}", SETUP_FIX)
+            report.add(f"codec {name}", False, f"{what}: {type(e).__name__}: {e}", SETUP_FIX,
+                       required=not offline)
     for feature in ("littlecms2", "libimagequant"):
         ok = bool(features.check(feature))
-        report.add(feature, ok, "available" if ok else "missing", SETUP_FIX)
+        report.add(feature, ok, "available" if ok else "missing", SETUP_FIX, required=not offline)
 
 
 def _cpu_has(flag: str) -> bool:
@@ -138,6 +144,12 @@ def _stack(report: Report) -> None:
     except Exception as e:  # noqa: BLE001
         report.add("torch", False, f"cannot import: {e}", "pip install torch")
     dali = _dali_distribution()
+    torch_cuda = _torch_cuda_major()
+    if dali is not None and torch_cuda is not None:
+        dali_cuda = int(dali[0].removeprefix("nvidia-dali-cuda")[:-1])
+        report.add("CUDA match", dali_cuda == torch_cuda,
+                   f"torch CUDA {torch_cuda}, DALI built for CUDA {dali_cuda}",
+                   f"pip uninstall {dali[0]} && pip install 'tilefeed[cuda{torch_cuda}]'")
     if dali is None:
         report.add("DALI", False, "not installed", "pip install 'tilefeed[cuda12]' (or [cuda13])")
     else:
@@ -155,9 +167,19 @@ def _stack(report: Report) -> None:
     report.add("cores", True, f"{cores} usable by this process", required=False)
 
 
-def diagnose(pil_only: bool = False) -> Report:
+def _torch_cuda_major() -> int | None:
+    """CUDA major version of the installed torch; None for a CPU build (never a mismatch)."""
+    try:
+        import torch
+
+        return int(torch.version.cuda.split(".")[0]) if torch.version.cuda else None
+    except Exception:  # noqa: BLE001 - reported by the torch line
+        return None
+
+
+def diagnose(pil_only: bool = False, offline: bool = False) -> Report:
     report = Report()
-    _pil(report)
+    _pil(report, offline)
     if not pil_only:
         _stack(report)
     return report
@@ -183,8 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tilefeed doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pil", action="store_true", help="check the PIL build only")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--offline", action="store_true",
+                        help="a node installed from a wheelhouse: PIL gaps are warnings")
     args = parser.parse_args(argv)
-    report = diagnose(pil_only=args.pil)
+    report = diagnose(pil_only=args.pil, offline=args.offline)
     if args.json:
         print(json.dumps({"checks": [asdict(c) for c in report.checks],
                           "problems": len(report.problems)}, indent=2))

@@ -41,3 +41,7 @@ class CorruptChunkError(TilefeedError, OSError):
         self.shard = shard
         self.sample = sample
         self.detail = detail
+
+
+class DaliMissingError(TilefeedError, ImportError):
+    """NVIDIA DALI, which the Loader runs on, is not installed."""
