@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	# AVIF and HEIC through plugin wheels that bundle their libraries; --no-deps, or they
 	# would pull plain pillow back over pillow-simd.
 	$(PIP) --no-deps $(PIL_PLUGINS)
-	$(PY) -m preprocess.doctor --pil
+	$(PY) -m tilefeed.preprocess.doctor --pil
 	touch $@
 
 test: setup
@@ -40,7 +40,7 @@ test: setup
 # Lint and types: ruff (pyflakes, pycodestyle, bugbear) and mypy over the three packages.
 check: setup
 	$(PY) -m ruff check .
-	$(PY) -m mypy preprocess pipeline bench
+	$(PY) -m mypy -p tilefeed
 
 demo: setup
 	$(VENV)/bin/tilefeed demo
@@ -65,12 +65,12 @@ NODE_PY ?= python3
 install-offline:
 	$(NODE_PY) -m pip install --no-index --find-links $(WHEELHOUSE) 'tilefeed[cuda$(WH_CUDA)]' \
 		pillow-avif-plugin pillow-heif pillow
-	$(NODE_PY) -m preprocess.doctor --pil --offline
+	$(NODE_PY) -m tilefeed.preprocess.doctor --pil --offline
 
 # On a CUDA machine, in a few minutes: the GPU tests, then a short GPU bench (nvJPEG store too).
 # GPU_PY is any Python with CUDA torch, DALI and this project installed (default: the venv).
 GPU_PY ?= $(PY)
-TF     := $(GPU_PY) -m preprocess.cli
+TF     := $(GPU_PY) -m tilefeed
 gpu-check:
 	@$(GPU_PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: no CUDA device (torch.cuda.is_available() is False): run it on a GPU node')"
 	@$(GPU_PY) -c "import sys, importlib.util as u; u.find_spec('nvidia.dali') or sys.exit('gpu-check: DALI is not installed: pip install tilefeed[cuda12] or [cuda13]')"

@@ -1,5 +1,5 @@
 """Measure data-loader wait against step time: ``bench.watch(loader)`` or ``bench.measure``."""
 
-from bench.harness import RunResult, measure, watch
+from tilefeed.bench.harness import RunResult, measure, watch
 
 __all__ = ["RunResult", "measure", "watch"]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 
 WIDTH, HEIGHT, MARK = 128, 96, 10
 SIDE = 64  # network input
@@ -165,8 +165,8 @@ def _train(batches_per_epoch: Callable[[int], Iterable[tuple[torch.Tensor, torch
 
 def bench_aspect(*, train_count: int = 512, val_count: int = 256, epochs: int = 10, seeds: int = 3,
                  batch: int = 32) -> AspectResult:
-    from pipeline import Loader
-    from preprocess import StoreSettings, TileSettings, preprocess
+    from tilefeed.pipeline import Loader
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 
     accuracy: dict[str, list[float]] = {"torchvision's rule, original pictures": [],
                                         "tilefeed, aspect-true tiles (--fit pad)": [],
@@ -178,7 +178,7 @@ def bench_aspect(*, train_count: int = 512, val_count: int = 256, epochs: int = 
         stores = {}
         for fit in ("pad", "crop"):
             stores[fit] = root / f"store-{fit}"
-            preprocess(train, stores[fit], TileSettings(size=WIDTH if fit == "pad" else HEIGHT, fit=fit),
+            preprocess(train, stores[fit], TileSettings(tile=WIDTH if fit == "pad" else HEIGHT, fit=fit),
                        StoreSettings(codec="none"), workers=1)
         names = list(accuracy)
         for seed in range(seeds):

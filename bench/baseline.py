@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
-from preprocess.sources import find_sources
+from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.preprocess.sources import find_sources
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
 STD = torch.tensor(IMAGENET_STD).view(3, 1, 1)

@@ -11,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tilefeed.preprocess.format import ceil_div
+
 SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect")
 
 
@@ -21,9 +23,9 @@ def cache_dir() -> Path:
 
 
 def demo_images(count: int, classes: int = 8) -> Path:
-    from bench.synthetic import make_image_folder
+    from tilefeed.bench.synthetic import make_image_folder
 
-    per_class = -(-count // classes)
+    per_class = ceil_div(count, classes)
     folder = cache_dir() / f"images-{classes}x{per_class}"
     print(f"images: {folder} ({classes} classes x {per_class}, generated once, then reused)",
           flush=True)
@@ -32,11 +34,11 @@ def demo_images(count: int, classes: int = 8) -> Path:
 
 def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad") -> Path:
     """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
-    from preprocess import StoreSettings, TileSettings, preprocess
-    from preprocess.writer import progress_bar
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+    from tilefeed.preprocess.cli import progress_bar
 
     store = cache_dir() / f"{images.name}-{size}-{codec}-{fit}"
-    s = preprocess(images, store, TileSettings(size=size, fit=fit), StoreSettings(codec=codec),
+    s = preprocess(images, store, TileSettings(tile=size, fit=fit), StoreSettings(codec=codec),
                    progress=progress_bar(sys.stderr.isatty()))
     print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
           flush=True)
@@ -85,11 +87,11 @@ def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefe
 def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
-    from bench.loaders import LoaderSettings
-    from bench.steps import EmulatedStep, ModelStep
+    from tilefeed.bench.loaders import LoaderSettings
+    from tilefeed.bench.steps import EmulatedStep, ModelStep
 
-    from bench.loaders import LOADERS
-    from preprocess.errors import ConfigError
+    from tilefeed.bench.loaders import LOADERS
+    from tilefeed.preprocess.errors import ConfigError
 
     device = torch.device(args.device) if args.device else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
@@ -135,8 +137,8 @@ def bench_main(argv: Sequence[str]) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> list[Any]:
-    from bench.compare import compare, report, settings_dict, write_json
-    from bench.plots import plot_runs
+    from tilefeed.bench.compare import compare, report, settings_dict, write_json
+    from tilefeed.bench.plots import plot_runs
 
     settings, step = _resolve(args)
     runs, fair_line = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
@@ -158,7 +160,7 @@ def _bench_preprocess(argv: list[str]) -> int:
     p.add_argument("--codec", default="lz4", help="tile codec")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
     args = p.parse_args(argv)
-    from bench.preprocess_bench import bench_preprocess
+    from tilefeed.bench.preprocess_bench import bench_preprocess
 
     result = bench_preprocess(args.images or demo_images(args.count), size=args.size,
                               codec=args.codec, rounds=args.rounds)
@@ -175,7 +177,7 @@ def _bench_loader(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, default=2, help="workers for every loader")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
     args = p.parse_args(argv)
-    from bench.loader_bench import bench_loaders
+    from tilefeed.bench.loader_bench import bench_loaders
 
     images = args.images or demo_images(args.count)
     store = args.store or demo_store(images, fit="crop")  # whole tiles: the read path alone
@@ -198,7 +200,7 @@ def _soak(argv: list[str]) -> int:
                    help="RSS growth per loader or epoch that still passes")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    from bench.soak import header, format_row, soak, to_json
+    from tilefeed.bench.soak import header, format_row, soak, to_json
 
     print(header(), flush=True)
     results = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
@@ -221,7 +223,7 @@ def _aspect(argv: list[str]) -> int:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    from bench.aspect import bench_aspect
+    from tilefeed.bench.aspect import bench_aspect
 
     return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
 
@@ -239,9 +241,9 @@ def _sweep(argv: list[str]) -> int:
     p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms")
     p.add_argument("--values", default="0,10,20,40,80", help="comma list of values to sweep")
     args = p.parse_args(argv)
-    from bench.compare import compare, settings_dict, write_json
-    from bench.harness import format_table
-    from bench.plots import plot_sweep
+    from tilefeed.bench.compare import compare, settings_dict, write_json
+    from tilefeed.bench.harness import format_table
+    from tilefeed.bench.plots import plot_sweep
 
     values = [float(v) for v in args.values.split(",")]
     curves: dict[str, list[float]] = {name: [] for name in _names(args)}
@@ -272,7 +274,7 @@ def _diagnose(argv: list[str]) -> int:
                 "and which lever helps, with the numbers behind it.")
     _harness_args(p, loaders="baseline")
     args = p.parse_args(argv)
-    from bench.diagnose import diagnose
+    from tilefeed.bench.diagnose import diagnose
 
     settings, step = _resolve(args)
     print(diagnose(_names(args)[0], settings, step, steps=args.steps, warmup=args.warmup))
@@ -290,18 +292,21 @@ def demo_main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("tilefeed-demo"),
                         help="folder for the JSON and the plots")
     args = parser.parse_args(argv)
-    from preprocess.inspection import format_info, info
+    from tilefeed.preprocess.inspection import format_info, info
 
     images = demo_images(args.count)
     store = demo_store(images)
     print(format_info(info(store), max_rejects=5))
     print(f"\nbench: baseline (PIL DataLoader) vs tilefeed, batch 64, 2 workers, "
           f"{args.step_ms:g} ms emulated step", flush=True)
-    bench = argparse.Namespace(
-        images=images, store=store, loaders="baseline,tilefeed", batch_size=64, steps=args.steps,
-        warmup=3, step="emulated", step_ms=args.step_ms, accumulate=1, model_width=None,
-        workers=2, size=224, eval=False, device=None, count=args.count, codec="lz4",
-        json=args.out / "bench.json", plots=args.out)
+    # the bench's own parser and defaults, so the demo never drifts from `tilefeed bench`
+    bench_parser = _parser("tilefeed bench", "")
+    _harness_args(bench_parser)
+    bench = bench_parser.parse_args([
+        "--images", str(images), "--store", str(store), "--loaders", "baseline,tilefeed",
+        "--batch-size", "64", "--steps", str(args.steps), "--step-ms", str(args.step_ms),
+        "--workers", "2", "--count", str(args.count), "--json", str(args.out / "bench.json"),
+        "--plots", str(args.out)])
     base, tiles = run_compare(bench)
     print(f"\ntilefeed: stall {base.stall_fraction:.0%} -> {tiles.stall_fraction:.0%}, "
           f"{tiles.samples_per_s / base.samples_per_s:.1f}x the samples per second of the PIL "

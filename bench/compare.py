@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from bench.harness import RunResult, Step, format_table, measure
-from bench.loaders import LoaderSettings, build_loader
-from preprocess.errors import ConfigError
+from tilefeed.bench.harness import RunResult, Step, format_table, measure
+from tilefeed.bench.loaders import LoaderSettings, build_loader
+from tilefeed.preprocess.errors import ConfigError
+from tilefeed.preprocess.settings import usable_cores
 
 
 class UnfairComparison(ConfigError):
@@ -54,7 +55,7 @@ def settings_dict(settings: LoaderSettings, step: Any, steps: int, warmup: int) 
     d = {k: str(v) if isinstance(v, (Path, torch.device)) else v
          for k, v in asdict(settings).items()}
     d.update(steps=steps, warmup=warmup, step=step.describe(), augmentation=settings.augmentation,
-             host=platform.node(), cpus=len(os.sched_getaffinity(0)),
+             host=platform.node(), cpus=usable_cores(),
              gpu=torch.cuda.get_device_name(settings.device) if settings.device.type == "cuda"
              else None, torch=torch.__version__)
     return d

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from bench.harness import measure
-from bench.loaders import LoaderSettings, build_loader
-from bench.steps import EmulatedStep
+from tilefeed.bench.harness import measure
+from tilefeed.bench.loaders import LoaderSettings, build_loader
+from tilefeed.bench.steps import EmulatedStep
 
 
 def _loader_alone(name: str, s: LoaderSettings, steps: int, warmup: int) -> float:

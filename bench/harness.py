@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bench.memory import MemorySampler, steady_growth
+from tilefeed.bench.memory import MemorySampler, steady_growth
 
 Step = Callable[[torch.Tensor, torch.Tensor], Any]
 
@@ -68,8 +68,11 @@ class Watch:
     prints them when the loop ends."""
 
     def __init__(self, iterable: Iterable[Any], *, name: str = "loader", warmup: int = 2,
-                 device: torch.device | str | None = None, report: bool = False) -> None:
+                 device: torch.device | str | None = None, report: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """``clock``: seconds, monotonic; tests pass a fake one to assert exact figures."""
         self.iterable, self.name, self.warmup, self.report = iterable, name, warmup, report
+        self.clock = clock
         self.device = torch.device(device) if device is not None else (
             torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
         self.cuda = self.device.type == "cuda"
@@ -89,18 +92,18 @@ class Watch:
             torch.cuda.reset_peak_memory_stats(self.device)
         with MemorySampler() as sampler:
             self._sampler = sampler
-            self._t_begin = time.perf_counter()
+            self._t_begin = self.clock()
             it = iter(self.iterable)
             while True:
-                t0 = time.perf_counter()
+                t0 = self.clock()
                 self._end_step(t0)
                 try:
                     batch = next(it)
                 except StopIteration:
                     break
-                t1 = time.perf_counter()
+                t1 = self.clock()
                 batch = self._to_device(batch)
-                t2 = time.perf_counter()
+                t2 = self.clock()
                 self.waits.append(t1 - t0)
                 self.h2d.append(t2 - t1)
                 self._note(batch)
@@ -110,9 +113,9 @@ class Watch:
                     self._events.append((start, None))
                 if len(self.waits) == self.warmup + 1:
                     self._t_first = t0
-                self._step_start = time.perf_counter()
+                self._step_start = self.clock()
                 yield batch
-            self._t_end = time.perf_counter()
+            self._t_end = self.clock()
         if self.report:
             print(format_table([self.result()]))
 
@@ -150,7 +153,7 @@ class Watch:
     def result(self) -> RunResult:
         """The figures over the steps measured so far (warm-up excluded); a loop left with
         ``break`` counts its last step as ending now."""
-        self._end_step(time.perf_counter())
+        self._end_step(self.clock())
         w = self.warmup
         n = len(self.steps)
         waits, h2d = self.waits[w:n], self.h2d[w:n]
@@ -191,16 +194,20 @@ class Watch:
         )
 
 
-def watch(iterable: Iterable[Any], **kwargs: Any) -> Watch:
-    return Watch(iterable, **kwargs)
+def watch(iterable: Iterable[Any], *, name: str = "loader", warmup: int = 2,
+          device: torch.device | str | None = None, report: bool = False,
+          clock: Callable[[], float] = time.perf_counter) -> Watch:
+    """``for batch in watch(loader): train_step(batch)``: wait and step times of a loop you own."""
+    return Watch(iterable, name=name, warmup=warmup, device=device, report=report, clock=clock)
 
 
 def measure(loader: Iterable[Any], step: Step, *, steps: int, warmup: int = 2,
-            name: str = "loader", device: torch.device | str | None = None) -> RunResult:
+            name: str = "loader", device: torch.device | str | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> RunResult:
     """Run ``step(images, labels)`` on ``warmup + steps`` batches (epochs restart as needed)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    watcher = Watch(_forever(loader), name=name, warmup=warmup, device=device)
+    watcher = Watch(_forever(loader), name=name, warmup=warmup, device=device, clock=clock)
     for k, batch in enumerate(watcher):
         step(batch[0], batch[1])
         if k + 1 == warmup + steps:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.baseline import jpeg_dataloader
-from pipeline import Loader, StoreReader
+from tilefeed.bench.baseline import jpeg_dataloader
+from tilefeed.pipeline import Loader, StoreReader
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from bench.baseline import MEAN, STD, JpegFolder, jpeg_dataloader, random_resized_box, seed_worker
-from pipeline import Loader, TileDataset
-from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
-from preprocess.errors import ConfigError
+from tilefeed.bench.baseline import MEAN, STD, JpegFolder, jpeg_dataloader, random_resized_box, seed_worker
+from tilefeed.pipeline import Loader, TileDataset
+from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.preprocess.errors import ConfigError
 
 LOADERS = ("baseline", "dali-files", "tiles-dataloader", "tilefeed")
 
@@ -58,25 +59,36 @@ def build_loader(name: str, s: LoaderSettings) -> Iterable[Any]:
 
 
 class TileTransform:
-    """The same augmentation family as the baseline, on a (T, T, 3) uint8 tile tensor."""
+    """The same augmentation family as the baseline, on a (T, T, 3) uint8 tile tensor.
+
+    Its random stream comes from ``torch.initial_seed()`` in the process that calls it, first use:
+    each DataLoader worker gets a seed of its own, so workers do not repeat each other's crops.
+    """
 
     def __init__(self, size: int, train: bool) -> None:
-        import random
-
         self.size, self.train = size, train
-        self._rng = random.Random(0)
+        self._rng: random.Random | None = None
+
+    @property
+    def rng(self) -> random.Random:
+        if self._rng is None:
+            self._rng = random.Random(torch.initial_seed())
+        return self._rng
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_rng": None}  # each worker process draws its own stream
 
     def __call__(self, tile: torch.Tensor) -> torch.Tensor:
         chw = tile.permute(2, 0, 1)
         if self.train:
-            left, top, right, bottom = random_resized_box(chw.shape[2], chw.shape[1], self._rng)
+            left, top, right, bottom = random_resized_box(chw.shape[2], chw.shape[1], self.rng)
             chw = chw[:, top:bottom, left:right]
         x = chw.unsqueeze(0).float()
         if x.shape[-2:] != (self.size, self.size):
             x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", antialias=True,
                               align_corners=False)
         x = x[0]
-        if self.train and self._rng.random() < 0.5:
+        if self.train and self.rng.random() < 0.5:
             x = x.flip(-1)
         return (x - MEAN) / STD
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.harness import RunResult
+from tilefeed.bench.harness import RunResult
 
 
 def _pyplot():  # type: ignore[no-untyped-def]

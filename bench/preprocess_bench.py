@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from preprocess import StoreSettings, TileSettings, preprocess
-from preprocess.decode import Rejected, load_tiles
-from preprocess.sources import find_sources
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess.images import Rejected, load_tiles
+from tilefeed.preprocess.sources import find_sources
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class PreprocessBenchResult:
 def bench_preprocess(images: Path, *, size: int = 224, codec: str = "lz4", rounds: int = 5,
                      log: bool = True) -> PreprocessBenchResult:
     sources = find_sources(images)
-    tiles, store = TileSettings(size=size), StoreSettings(codec=codec)
+    tiles, store = TileSettings(tile=size), StoreSettings(codec=codec)
     rates: dict[str, list[float]] = {"bare": [], "1": [], "2": []}
     with tempfile.TemporaryDirectory(prefix="tilefeed-bench-") as tmp:
         for r in range(rounds):

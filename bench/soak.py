@@ -60,7 +60,7 @@ def _slope(values: list[float]) -> float:
 
 def _patterns(store: str, batch_size: int, workers: int) -> dict[str, tuple[str, Callable[[Any], Any]]]:
     """name -> (unit, one unit of work given the long-lived state)."""
-    from pipeline import Loader
+    from tilefeed.pipeline import Loader
 
     def make(**kw: Any) -> Loader:
         return Loader(store, batch_size, train=True, num_workers=workers, **kw)

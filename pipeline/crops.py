@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.augment import Augment
 
 TRIES = 10
 _DRAWS = 4 * TRIES + 1  # per try: area, aspect, top, left; then the flip
@@ -93,3 +97,23 @@ def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np
     flip = (u[:, -1] < 0.5).astype(np.int32)
     return Windows(top.astype(np.int64), left.astype(np.int64), height.astype(np.int64),
                    width.astype(np.int64), flip)
+
+
+def window_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int,
+                  samples: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip.
+
+    ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
+    random-resized crop of the picture. Evaluation: its framing of the picture (shorter side to
+    ``size / crop_pct``, centre crop ``size``), no flip.
+    """
+    top, left, height, width = boxes[samples].T
+    if a.train:
+        w = random_resized_crops(seed, epoch, samples, height, width, a.scale, a.ratio)
+        start, end = w.roi()
+        offset = np.stack([top, left], axis=1).astype(np.float32)
+        return start + offset, end + offset, w.flip
+    side = np.minimum(height, width) * (a.size / a.resize_to)
+    start = np.stack([top + (height - side) / 2, left + (width - side) / 2], axis=1)
+    return (start.astype(np.float32), (start + side[:, None]).astype(np.float32),
+            np.zeros(len(samples), dtype=np.int32))

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from pipeline.reader import StoreReader
+from tilefeed.pipeline.reader import StoreReader
 
 
 class TileDataset(Dataset[tuple[Any, int]]):

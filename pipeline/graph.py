@@ -6,8 +6,8 @@ from typing import Any
 
 from nvidia.dali import fn, pipeline_def, types
 
-from pipeline.augment import Augment
-from pipeline.source import BatchSource
+from tilefeed.pipeline.augment import Augment
+from tilefeed.pipeline.source import BatchSource
 
 CROP_INPUTS = 3  # windows: roi start, roi end, flip per sample, after (images, labels, indices)
 
@@ -24,7 +24,7 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
             source=source, num_outputs=3 + extra, batch=True,
             dtype=[types.UINT8, types.INT64, types.INT64, types.FLOAT, types.FLOAT, types.INT32][: 3 + extra],
             layout=[None if jpeg else "HWC", None, None, None, None, None][: 3 + extra],
-            no_copy=not source.copies_input,
+            no_copy=not source.dali_copies,
         )
         images = _finish(_decode_and_crop(raw, crop, augment, gpu=gpu, jpeg=jpeg), crop, augment)
         if gpu:

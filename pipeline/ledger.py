@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from tilefeed.preprocess.atomic import atomic_write
+
 POPULATION = "population.npz"  # the samples an epoch covers (a subset's ids), written once
 
 
@@ -38,12 +40,6 @@ def _unpack(data: bytes) -> np.ndarray:
     return np.cumsum(np.frombuffer(zlib.decompress(data[:-1]), dtype=dtype).astype(np.int64))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 class Ledger:
     """The writer side: one per Loader; ``record`` rewrites this rank's file for an epoch."""
 
@@ -55,7 +51,7 @@ class Ledger:
         ids = np.arange(samples, dtype=np.int64) if population is None else population
         pop = self.root / POPULATION
         if not pop.exists():
-            _atomic_write(pop, _pack(ids))
+            atomic_write(pop, _pack(ids))
 
     def record(self, epoch: int, ids: np.ndarray, *, world_size: int, batch_size: int,
                drop_last: bool, complete: bool) -> None:
@@ -65,7 +61,7 @@ class Ledger:
                 "batch_size": batch_size, "drop_last": drop_last, "complete": complete,
                 "delivered": int(len(ids))}
         head = json.dumps(meta).encode()
-        _atomic_write(folder / f"{self.run}-rank{self.rank:05d}.ledger",
+        atomic_write(folder / f"{self.run}-rank{self.rank:05d}.ledger",
                       len(head).to_bytes(4, "little") + head + _pack(ids))
 
 

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.crops import random_resized_crops
-from pipeline import pool
-from pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
-from pipeline.ledger import Ledger
-from pipeline.order import (
+from tilefeed.pipeline.crops import window_inputs
+from tilefeed.pipeline import pool
+from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
+from tilefeed.pipeline.ledger import Ledger
+from tilefeed.pipeline.order import (
     SHUFFLES,
     Segment,
     batches_per_rank,
@@ -28,8 +28,9 @@ from pipeline.order import (
     remaining,
     samples_per_rank,
 )
-from pipeline.reader import StoreReader
-from preprocess.errors import ConfigError, DaliMissingError
+from tilefeed.pipeline.reader import StoreReader
+from tilefeed.preprocess.errors import ConfigError, DaliMissingError
+from tilefeed.preprocess.settings import usable_cores
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC")
@@ -248,7 +249,7 @@ class Loader:
         self.shuffle, self.seed, self.drop_last = shuffle, _int("seed", seed, 0), bool(drop_last)
         self.rank, self.world_size = rank, world_size
         self.dtype, self.layout, self.with_index = dtype, layout, with_index
-        self.workers = threads or min(4, len(os.sched_getaffinity(0)))
+        self.workers = threads or min(4, usable_cores())
         self.prefetch = depth
         self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
         self.shuffle_window = shuffle_window
@@ -294,7 +295,7 @@ class Loader:
         if self._dataset is None:
             from torch.utils.data import Subset
 
-            from pipeline.dataset import TileDataset
+            from tilefeed.pipeline.dataset import TileDataset
 
             full = TileDataset(self.reader.root)
             self._dataset = full if self.subset is None else Subset(full, self.subset.tolist())
@@ -483,23 +484,6 @@ class Loader:
             self._release()
         except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
             pass
-
-
-def window_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int,
-                  samples: np.ndarray) -> tuple[np.ndarray, ...]:
-    """See ``Loader.windows``. Training: torchvision's random-resized crop of each picture (its
-    box in the tile). Evaluation: its framing of the picture (shorter side to ``size / crop_pct``,
-    centre crop ``size``), no flip."""
-    top, left, height, width = boxes[samples].T
-    if a.train:
-        w = random_resized_crops(seed, epoch, samples, height, width, a.scale, a.ratio)
-        start, end = w.roi()
-        offset = np.stack([top, left], axis=1).astype(np.float32)
-        return start + offset, end + offset, w.flip
-    side = np.minimum(height, width) * (a.size / a.resize_to)
-    start = np.stack([top + (height - side) / 2, left + (width - side) / 2], axis=1)
-    return (start.astype(np.float32), (start + side[:, None]).astype(np.float32),
-            np.zeros(len(samples), dtype=np.int32))
 
 
 class EpochSampler:

@@ -20,6 +20,8 @@ from typing import Final
 
 import numpy as np
 
+from tilefeed.preprocess.format import ceil_div
+
 SHUFFLES: Final = ("global", "shard", "none")
 
 
@@ -46,7 +48,7 @@ def _full_order(samples: int, *, shuffle: str, seed: int, epoch: int, shard_size
         return rng.permutation(samples).astype(np.int64)
     if shuffle != "shard":
         raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
-    shards = rng.permutation(-(-samples // shard_size))
+    shards = rng.permutation(ceil_div(samples, shard_size))
     parts = []
     for start in range(0, len(shards), window):
         group = np.concatenate([
@@ -60,11 +62,11 @@ def _full_order(samples: int, *, shuffle: str, seed: int, epoch: int, shard_size
 def samples_per_rank(samples: int, world_size: int, batch_size: int, drop_last: bool) -> int:
     if drop_last:
         return samples // (world_size * batch_size) * batch_size
-    return -(-samples // world_size)
+    return ceil_div(samples, world_size)
 
 
 def batches_per_rank(samples: int, world_size: int, batch_size: int, drop_last: bool) -> int:
-    return -(-samples_per_rank(samples, world_size, batch_size, drop_last) // batch_size)
+    return ceil_div(samples_per_rank(samples, world_size, batch_size, drop_last), batch_size)
 
 
 def rank_indices(order: np.ndarray, *, rank: int, world_size: int, batch_size: int,

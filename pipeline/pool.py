@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.augment import Augment
-from pipeline.reader import StoreReader
-from pipeline.source import BatchSource, Extras
+from tilefeed.pipeline.augment import Augment
+from tilefeed.pipeline.reader import StoreReader
+from tilefeed.pipeline.source import BatchSource, Extras
 
 MAX_IDLE = 4
 _idle: dict[Hashable, list[Graph]] = {}
@@ -96,7 +96,7 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
             graph = idle.pop()
             if graph.alive:
                 return graph
-    from pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
+    from tilefeed.pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
 
     s = settings
     source = BatchSource(reader, s.batch_size, s.readers, ahead=s.readers + 1, dali_depth=s.prefetch)

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from preprocess import format as fmt
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.zarr_codecs import read_small_array
 
 
 class StoreReader:
@@ -30,7 +31,7 @@ class StoreReader:
         self.codec = fmt.TileCodec(attrs["codec"], self.tile, attrs["quality"] or 90)
         self.labels = self._read_labels()
         # (N, 4) top, left, height, width of each tile's picture; crops and framing stay inside it
-        self.boxes = fmt.read_small_array(self.root, attrs, fmt.BOXES).astype(np.int64, copy=False)
+        self.boxes = read_small_array(self.root, attrs, fmt.BOXES).astype(np.int64, copy=False)
         full = np.array([0, 0, self.tile, self.tile])
         self.padded = bool((self.boxes != full).any())  # some tile holds padding (pad fit, grid edges)
         self._shards: list[fmt.ShardFile | None] = [None] * attrs["shards"]
@@ -42,7 +43,7 @@ class StoreReader:
         rather than deep inside an epoch. Costs one read of the small arrays, not of the tiles."""
         for name in self.attrs["arrays"]:
             fmt.check_array(self.root, self.attrs, name)
-        labels = fmt.read_small_array(self.root, self.attrs, fmt.LABELS).astype(np.int64, copy=False)
+        labels = read_small_array(self.root, self.attrs, fmt.LABELS).astype(np.int64, copy=False)
         if labels.shape != (self.samples,):
             raise fmt.StoreFormatError(
                 f"store {str(self.root)!r}: labels hold {labels.shape[0]} entries, "

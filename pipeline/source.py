@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.reader import StoreReader
+from tilefeed.pipeline.reader import StoreReader
+from tilefeed.preprocess.format import ceil_div
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
 Extras = Callable[[np.ndarray], tuple[np.ndarray, ...]]  # sample indices -> per-sample graph inputs
@@ -28,7 +29,7 @@ class BatchSource:
     advance on ``threads`` threads. Lossless batches decode into a ring of preallocated arrays
     that DALI reads in place (``no_copy``): DALI is done with a batch ``dali_depth`` iterations
     after taking it, so a ring of ``ahead + dali_depth + 2`` slots is never overwritten early.
-    JPEG batches are lists of fresh byte arrays that DALI copies (``copies_input``).
+    JPEG batches are lists of fresh byte arrays, which DALI copies in (``dali_copies``).
     """
 
     def __init__(self, reader: StoreReader, batch_size: int, threads: int, ahead: int,
@@ -48,7 +49,8 @@ class BatchSource:
         self._extras: Extras | None = None
 
     @property
-    def copies_input(self) -> bool:
+    def dali_copies(self) -> bool:
+        """DALI must copy the batches in: JPEG batches are fresh byte arrays, not ring slots."""
         return self.reader.is_image_coded
 
     def start(self, indices: np.ndarray, first_batch: int = 0, extras: Extras | None = None) -> None:
@@ -59,7 +61,7 @@ class BatchSource:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tilefeed-read")
         self._extras = extras
         self._indices = indices
-        self._batches = -(-len(indices) // self.batch_size)
+        self._batches = ceil_div(len(indices), self.batch_size)
         self._next = first_batch
         self._fill()
 

@@ -1,6 +1,23 @@
-"""Offline conversion of an image dataset into pre-tiled, sharded Zarr v3 stores."""
+"""Offline conversion of an image dataset into pre-tiled, sharded Zarr v3 stores.
 
-from preprocess.settings import StoreSettings, TileSettings
-from preprocess.writer import Summary, preprocess
+The writer (and with it multiprocessing and zarr) loads on first use of ``preprocess``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tilefeed.preprocess.settings import StoreSettings, TileSettings
+
+if TYPE_CHECKING:
+    from tilefeed.preprocess.writer import Summary, preprocess
 
 __all__ = ["StoreSettings", "Summary", "TileSettings", "preprocess"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("preprocess", "Summary"):
+        from tilefeed.preprocess import writer
+
+        return getattr(writer, name)
+    raise AttributeError(f"module 'tilefeed.preprocess' has no attribute {name!r}")

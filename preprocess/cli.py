@@ -6,13 +6,14 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib import metadata
 
-from preprocess.errors import TilefeedError
-from preprocess.format import CODECS
-from preprocess.inspection import printable
-from preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS
-from preprocess.sources import LABEL_RULES
+from tilefeed.preprocess.errors import TilefeedError
+from tilefeed.preprocess.format import CODECS
+from tilefeed.preprocess.inspection import printable
+from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS
+from tilefeed.preprocess.sources import LABEL_RULES
 
 EPILOG = """examples:
   tilefeed preprocess ~/data/train store/train --size 256 --codec lz4
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"tilefeed {metadata.version('tilefeed')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -152,14 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "verify":
             return _verify(args)
         if args.command == "doctor":
-            from preprocess import doctor
+            from tilefeed.preprocess import doctor
 
             return doctor.main(args.args)
         if args.command == "audit":
-            from pipeline.ledger import audit_main
+            from tilefeed.pipeline.ledger import audit_main
 
             return audit_main(args.args)
-        from bench import cli as bench_cli
+        from tilefeed.bench import cli as bench_cli
 
         if args.command == "bench":
             return bench_cli.bench_main(args.args)
@@ -177,12 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _preprocess(args: argparse.Namespace) -> int:
-    from preprocess.settings import StoreSettings, TileSettings
-    from preprocess.sources import SourceOptions
-    from preprocess.writer import preprocess, progress_bar
+    from tilefeed.preprocess.settings import StoreSettings, TileSettings
+    from tilefeed.preprocess.sources import SourceOptions
+    from tilefeed.preprocess.writer import preprocess
 
     tiles = TileSettings(
-        size=args.size, mode=args.mode, fit=args.fit, stride=args.stride or 0,
+        tile=args.size, mode=args.mode, fit=args.fit, stride=args.stride or 0,
         resample=args.resample, background=args.background, max_pixels=args.max_pixels,
         icc=args.icc,
     )
@@ -216,7 +218,7 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from preprocess.inspection import format_info, info
+    from tilefeed.preprocess.inspection import format_info, info
 
     d = info(args.store)
     print(json.dumps(d, indent=2) if args.json else format_info(d))
@@ -226,8 +228,8 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from preprocess.format import load_attrs
-    from preprocess.inspection import verify
+    from tilefeed.preprocess.format import load_attrs
+    from tilefeed.preprocess.inspection import verify
 
     shards = load_attrs(args.store)["shards"]
     with tqdm(total=shards, unit="shard", disable=args.quiet or not sys.stderr.isatty(),
@@ -241,6 +243,30 @@ def _verify(args: argparse.Namespace) -> int:
         return 1
     print(f"{printable(args.store)}: sound ({shards} shards {what})")
     return 0
+
+
+def progress_bar(enabled: bool) -> Callable[[int], Callable[[int, int], None]]:
+    """A tqdm bar over sources, with rate, ETA and the running reject count."""
+
+    def start(total: int) -> Callable[[int, int], None]:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="img", disable=not enabled, file=sys.stderr,
+                   dynamic_ncols=True, smoothing=0.1)
+        rejected = 0
+
+        def tick(done: int, rejects: int) -> None:
+            nonlocal rejected
+            rejected += rejects
+            if rejects:
+                bar.set_postfix(rejected=rejected, refresh=False)
+            bar.update(done)
+            if bar.n >= total:
+                bar.close()
+
+        return tick
+
+    return start
 
 
 if __name__ == "__main__":

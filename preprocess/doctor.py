@@ -92,7 +92,7 @@ def _pil(report: Report, offline: bool) -> None:
     import PIL
     from PIL import features
 
-    from preprocess.plugins import register_plugins
+    from tilefeed.preprocess.plugins import register_plugins
 
     register_plugins()
     simd = "post" in PIL.__version__
@@ -163,7 +163,9 @@ def _stack(report: Report) -> None:
     for dist in ("zarr", "numcodecs", "crc32c"):
         version = _version(dist)
         report.add(dist, version is not None, version or "not installed", f"pip install {dist}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from tilefeed.preprocess.settings import usable_cores
+
+    cores = usable_cores()
     report.add("cores", True, f"{cores} usable by this process", required=False)
 
 

@@ -26,7 +26,7 @@ import crc32c as _crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd, blosc
 
-from preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
+from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
 
 FORMAT_NAME: Final = "tilefeed"
 FORMAT_VERSION: Final = 2  # 2: every array checksummed and digested; 1 is refused (rebuild it)
@@ -60,8 +60,12 @@ def crc_bytes(data: Buffer) -> bytes:
     return crc32c(data).to_bytes(4, "little")
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def shard_count(samples: int, tiles_per_shard: int) -> int:
-    return -(-samples // tiles_per_shard)
+    return ceil_div(samples, tiles_per_shard)
 
 
 def shard_relpath(shard: int) -> str:
@@ -77,21 +81,43 @@ def index_nbytes(tiles_per_shard: int) -> int:
     return 16 * tiles_per_shard + CRC_NBYTES
 
 
-def encode_index(offsets: np.ndarray) -> bytes:
-    """(S, 2) uint64 (offset, nbytes) -> the shard index bytes, crc32c appended."""
-    raw = np.ascontiguousarray(offsets, dtype="<u8").tobytes()
-    return raw + crc_bytes(raw)
+class ShardIndex:
+    """The (offset, nbytes) table at the end of a shard, with named operations (as zarr's
+    ``_ShardIndex``): an entry of all ones marks a chunk that is not written."""
 
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = table  # (S, 2) uint64
 
-def decode_index(buf: bytes | memoryview, tiles_per_shard: int, shard_name: str) -> np.ndarray:
-    """Shard index bytes -> (S, 2) uint64, after checking the crc32c."""
-    expected = index_nbytes(tiles_per_shard)
-    if len(buf) != expected:
-        raise CorruptChunkError(shard_name, None, f"index is {len(buf)} bytes, expected {expected}")
-    raw = memoryview(buf)[:-CRC_NBYTES]
-    if crc_bytes(raw) != bytes(buf[-CRC_NBYTES:]):
-        raise CorruptChunkError(shard_name, None, "index crc32c mismatch")
-    return np.frombuffer(raw, dtype="<u8").reshape(tiles_per_shard, 2)
+    @classmethod
+    def packed(cls, tiles_per_shard: int, sizes: list[int]) -> ShardIndex:
+        """The first ``len(sizes)`` chunks back to back from offset 0; the rest not written."""
+        table = np.full((tiles_per_shard, 2), EMPTY_CHUNK, dtype=np.uint64)
+        n = len(sizes)
+        table[:n, 1] = sizes
+        table[:n, 0] = np.cumsum(sizes, dtype=np.uint64) - table[:n, 1]
+        return cls(table)
+
+    @classmethod
+    def decode(cls, buf: bytes | memoryview, tiles_per_shard: int, shard_name: str) -> ShardIndex:
+        """Shard index bytes -> the table, after checking the crc32c."""
+        expected = index_nbytes(tiles_per_shard)
+        if len(buf) != expected:
+            raise CorruptChunkError(shard_name, None, f"index is {len(buf)} bytes, expected {expected}")
+        raw = memoryview(buf)[:-CRC_NBYTES]
+        if crc_bytes(raw) != bytes(buf[-CRC_NBYTES:]):
+            raise CorruptChunkError(shard_name, None, "index crc32c mismatch")
+        return cls(np.frombuffer(raw, dtype="<u8").reshape(tiles_per_shard, 2).copy())
+
+    def encode(self) -> bytes:
+        raw = np.ascontiguousarray(self.table, dtype="<u8").tobytes()
+        return raw + crc_bytes(raw)
+
+    def is_empty(self, local: int) -> bool:
+        return bool((self.table[local] == EMPTY_CHUNK).all())
+
+    def written(self) -> int:
+        """How many chunks the index lists as written."""
+        return int(np.count_nonzero(~(self.table == EMPTY_CHUNK).all(axis=1)))
 
 
 @dataclass(frozen=True)
@@ -99,7 +125,8 @@ class TileCodec:
     """Encodes one (T, T, 3) uint8 tile into chunk bytes (crc32c appended) and back.
 
     This is the fast path both sides share: plain numcodecs/PIL calls, no zarr machinery, and
-    byte-for-byte what zarr-python writes and reads for the codecs ``zarr_codecs`` declares.
+    byte-for-byte what zarr-python writes and reads for the codecs ``zarr_codecs.images_codecs``
+    declares.
     """
 
     name: str
@@ -177,33 +204,6 @@ def decode_jpeg(payload: bytes | memoryview) -> np.ndarray:
 
     with Image.open(io.BytesIO(payload)) as im:
         return np.asarray(im.convert("RGB"))
-
-
-def zarr_codecs(codec: str, quality: int) -> dict[str, Any]:
-    """The serializer and compressors zarr.create_array needs to declare ``images``'s inner codecs."""
-    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
-
-    from preprocess.jpeg_codec import JpegCodec
-
-    serializer: Any = JpegCodec(quality=quality) if codec == "jpeg" else BytesCodec()
-    compressors: list[Any] = []
-    if codec == "lz4":
-        compressors = [BloscCodec(cname="lz4", clevel=LZ4_LEVEL, shuffle="noshuffle", typesize=1)]
-    elif codec == "zstd":
-        compressors = [ZstdCodec(level=ZSTD_LEVEL)]
-    return {"serializer": serializer, "compressors": [*compressors, Crc32cCodec()]}
-
-
-def small_array_codecs() -> dict[str, Any]:
-    """Compressors of the arrays beside the tiles: zstd, then crc32c, so every chunk is checked.
-
-    ``write_empty_chunks``: zarr would skip a chunk equal to the fill value (all labels 0), and
-    a missing chunk must always mean damage, never zeros.
-    """
-    from zarr.codecs import Crc32cCodec, ZstdCodec
-
-    return {"compressors": [ZstdCodec(level=ZSTD_LEVEL), Crc32cCodec()],
-            "config": {"write_empty_chunks": True}}
 
 
 WORK_DIR: Final = ".tilefeed-partial"  # present while a store is being written
@@ -289,17 +289,6 @@ def check_array(root: Path, attrs: dict[str, Any], name: str) -> None:
         raise CorruptChunkError(path, None, detail)
 
 
-def read_small_array(root: Path, attrs: dict[str, Any], name: str) -> np.ndarray:
-    """A whole array beside the tiles, after checking every chunk: CorruptChunkError on damage."""
-    import zarr
-
-    check_array(root, attrs, name)
-    try:
-        return np.asarray(zarr.open_array(str(root / name), mode="r")[:])
-    except Exception as e:  # noqa: BLE001 - checked above; any codec error is still damage
-        raise CorruptChunkError(str(root / name), None, f"does not decode: {type(e).__name__}: {e}") from None
-
-
 def read_attrs(root: Path) -> dict[str, Any] | None:
     """The store's tilefeed attributes, or None when the group metadata is absent or not ours."""
     try:
@@ -355,20 +344,21 @@ class ShardFile:
         tail = index_nbytes(tiles_per_shard)
         if len(self._view) < tail:
             raise CorruptChunkError(str(self.path), None, "file is shorter than its index")
-        self.index = decode_index(self._view[-tail:], tiles_per_shard, str(self.path)).copy()
+        self.index = ShardIndex.decode(self._view[-tail:], tiles_per_shard, str(self.path))
         self._data_end = len(self._view) - tail
         # Plain int lists: the hot path indexes them per tile, and numpy scalars are slow there.
-        self._offsets = self.index[:, 0].tolist()
-        self._nbytes = self.index[:, 1].tolist()
+        self._offsets = self.index.table[:, 0].tolist()
+        self._nbytes = self.index.table[:, 1].tolist()
 
     def __len__(self) -> int:
-        return int(np.count_nonzero(self.index[:, 0] != EMPTY_CHUNK))
+        return self.index.written()
 
     def chunk(self, local: int, check: bool = True) -> memoryview:
         """The payload (crc32c stripped) of this shard's ``local``-th tile."""
         offset, nbytes = self._offsets[local], self._nbytes[local]
         end = offset + nbytes - CRC_NBYTES
-        if offset == EMPTY_CHUNK or nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
+        # one bounds check serves all: a chunk not written has offset and size 2**64 - 1
+        if nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
             raise CorruptChunkError(str(self.path), self.first + local,
                                     f"index entry ({offset}, {nbytes}) is invalid")
         payload = self._view[offset:end]

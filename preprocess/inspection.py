@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 
-from preprocess import format as fmt
-from preprocess.errors import CorruptChunkError
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.zarr_codecs import read_small_array
+from tilefeed.preprocess.errors import CorruptChunkError
 
 
 def info(store: str | Path) -> dict[str, Any]:
@@ -78,7 +79,7 @@ def verify(
         problems += [f"{path}: {detail}" for path, detail in fmt.array_problems(root, attrs, name)]
     problems += _zarr_problems(root, list(attrs["arrays"]))
     if not problems:
-        labels = fmt.read_small_array(root, attrs, fmt.LABELS)
+        labels = read_small_array(root, attrs, fmt.LABELS)
         if labels.shape != (samples,) or labels.min() < 0 or labels.max() >= len(attrs["classes"]):
             problems.append(f"{root / fmt.LABELS}: labels fall outside 0..{len(attrs['classes']) - 1}"
                             f" or do not number {samples}")

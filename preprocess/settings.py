@@ -8,8 +8,8 @@ from typing import Any, Final
 
 from PIL import Image
 
-from preprocess.errors import ConfigError
-from preprocess.format import CODECS
+from tilefeed.preprocess.errors import ConfigError
+from tilefeed.preprocess.format import CODECS
 
 MODES: Final = ("resize", "grid")
 FITS: Final = ("crop", "pad", "stretch")
@@ -26,7 +26,7 @@ DEFAULT_MAX_PIXELS: Final = 178_956_970  # PIL's own decompression-bomb error th
 class TileSettings:
     """How each source image becomes tiles. Part of the store's identity: a resume must match."""
 
-    size: int = 256
+    tile: int = 256  # the tile side T, in pixels
     mode: str = "resize"
     fit: str = "pad"  # the whole picture, as torchvision's crops see it (tilefeed bench aspect)
     stride: int = 0  # grid mode; 0 means the tile size (no overlap)
@@ -36,8 +36,8 @@ class TileSettings:
     icc: str = "ignore"  # embedded colour profiles: ignore (as Image.convert) or convert to sRGB
 
     def __post_init__(self) -> None:
-        if not 8 <= self.size <= 8192:
-            raise ConfigError(f"--size must be in 8..8192 pixels, got {self.size}")
+        if not 8 <= self.tile <= 8192:
+            raise ConfigError(f"--size must be in 8..8192 pixels, got {self.tile}")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.fit not in FITS:
@@ -47,7 +47,7 @@ class TileSettings:
                 f"--resample must be one of {', '.join(RESAMPLERS)}, got {self.resample!r}"
             )
         if self.stride == 0:
-            object.__setattr__(self, "stride", self.size)
+            object.__setattr__(self, "stride", self.tile)
         if not 1 <= self.stride:
             raise ConfigError(f"--stride must be a positive number of pixels, got {self.stride}")
         if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
@@ -80,7 +80,8 @@ class StoreSettings:
             raise ConfigError(f"--shard-size must be in 1..1000000 tiles, got {self.shard_size}")
 
 
-def default_workers() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), the one count every default uses."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TextIO
 
-from preprocess.errors import ConfigError, SourceError
+from tilefeed.preprocess.errors import ConfigError, SourceError
 
 MANIFEST_SUFFIXES: Final = (".csv", ".jsonl", ".ndjson")
 LABEL_RULES: Final = ("auto", "int", "names")

@@ -15,19 +15,14 @@ bytes of an uninterrupted one.
 from __future__ import annotations
 
 import bisect
-import fcntl
 import hashlib
 import json
 import multiprocessing
 import os
-import pickle
 import shutil
-import sys
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
@@ -36,14 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from preprocess import format as fmt
-from preprocess.decode import Rejected, Tiles, load_tiles
-from preprocess.errors import SourceError, StoreExistsError, StoreWriteError
-from preprocess.settings import StoreSettings, TileSettings, default_workers, describe
-from preprocess.sources import SourceOptions, Sources, find_sources
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess import tasks
+from tilefeed.preprocess.errors import SourceError, StoreWriteError
+from tilefeed.preprocess.metadata import write_metadata
+from tilefeed.preprocess.output import out_inside, prepare_output, writer_lock
+from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe, usable_cores
+from tilefeed.preprocess.sources import SourceOptions, Sources, find_sources
 
 PART_SOURCES = 64
-PLAN_FILE = "plan.json"
 
 
 @dataclass
@@ -88,16 +84,16 @@ def preprocess(
     """
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
-    workers = default_workers() if workers is None else workers
+    workers = usable_cores() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     started = time.perf_counter()
     root = Path(out)
-    sources = find_sources(src, source_options, exclude=_out_inside(Path(src), root))
+    sources = find_sources(src, source_options, exclude=out_inside(Path(src), root))
     plan = _plan(sources, tiles, store)
-    with _writer_lock(root):
+    with writer_lock(root):
         notes = list(sources.notes)
-        if _prepare_output(root, plan, overwrite, notes):
+        if prepare_output(root, plan, overwrite, notes):
             attrs = fmt.read_attrs(root)
             summary = _summary_from_attrs(attrs, root, time.perf_counter() - started)
         else:
@@ -130,44 +126,6 @@ def _build(root: Path, sources: Sources, tiles: TileSettings, store: StoreSettin
     return summary
 
 
-def _out_inside(src: Path, out: Path) -> Path | None:
-    """OUT's absolute path when it lies inside the SRC folder (the scan must skip it), else None."""
-    if not src.is_dir():
-        return None
-    src_abs, out_abs = src.resolve(), out.resolve()
-    if out_abs == src_abs:
-        raise SourceError(f"OUT {str(out)!r} is SRC itself; write the store to another folder")
-    if src_abs in out_abs.parents:
-        return out.absolute()
-    return None
-
-
-@contextmanager
-def _writer_lock(root: Path) -> Iterator[None]:
-    """One writer per store at a time: an advisory lock the kernel drops if the writer dies."""
-    lock_path = root.parent / f".{root.name}.tilefeed-lock"
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise StoreWriteError(f"cannot write to OUT {str(root)!r}: {e.strerror or e}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
-            raise StoreExistsError(
-                f"OUT {str(root)!r} is being written right now by `tilefeed preprocess` (pid "
-                f"{holder}); wait for it to finish, then rerun to use the store; do not start a "
-                "second writer on the same OUT"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock; the file stays, empty of meaning, for the next writer
-
-
 def _plan(sources: Sources, tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:
     h = hashlib.sha256()
     h.update(json.dumps([fmt.FORMAT_VERSION, asdict(tiles), asdict(store), sources.classes]).encode())
@@ -178,196 +136,6 @@ def _plan(sources: Sources, tiles: TileSettings, store: StoreSettings) -> dict[s
             size = -1
         h.update(f"{path}\0{label}\0{size}\n".encode())
     return {"fingerprint": h.hexdigest(), "sources": len(sources), "settings": describe(tiles, store)}
-
-
-def _prepare_output(root: Path, plan: dict[str, Any], overwrite: bool, notes: list[str]) -> bool:
-    """Make ``root`` ready for this plan; True when it already holds this very store, complete."""
-    if root.exists() and not root.is_dir():
-        raise StoreExistsError(f"OUT {str(root)!r} is a file; give a folder path")
-    work = root / fmt.WORK_DIR
-    if root.is_dir() and any(root.iterdir()):
-        attrs = fmt.read_attrs(root)
-        try:
-            pending = json.loads((work / PLAN_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
-            pending = None
-        if attrs is None and pending is None:
-            raise StoreExistsError(
-                f"OUT {str(root)!r} is not empty and holds no tilefeed store; choose a new or "
-                "empty folder (--overwrite only replaces tilefeed stores)"
-            )
-        ours = (attrs or pending or {}).get("fingerprint") == plan["fingerprint"]
-        if ours and attrs is not None:
-            shutil.rmtree(work, ignore_errors=True)  # a crash after the last write left it
-            return True
-        if not ours:
-            if not overwrite:
-                raise StoreExistsError(
-                    f"OUT {str(root)!r} holds a {'complete' if attrs else 'partial'} tilefeed store "
-                    "made from other sources or settings; pass --overwrite to replace it"
-                )
-            left = _remove_store(root)
-            if left:
-                notes.append(f"--overwrite removed the old store and left {len(left)} entries it did "
-                             f"not write: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}")
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-        _atomic_write(work / PLAN_FILE, [json.dumps(plan).encode()])
-    except OSError as e:
-        raise StoreWriteError(f"cannot write to OUT {str(root)!r}: {e.strerror or e}") from None
-    return False
-
-
-def _remove_store(root: Path) -> list[str]:
-    """Remove what a tilefeed writer makes; returns the names of the other entries, left alone."""
-    left = []
-    for entry in sorted(root.iterdir()):
-        if entry.name not in fmt.WRITTEN:
-            left.append(entry.name)
-        elif entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    return left
-
-
-def _atomic_write(path: Path, chunks: list[bytes]) -> None:
-    """Write under a temporary name, then rename: a reader sees all of it or none of it.
-
-    Work files skip fsync: they only need to outlive the process (kill -9, a crash); shards,
-    which must outlive the machine, are synced before any metadata declares them.
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.writelines(chunks)
-    os.replace(tmp, path)
-
-
-def _part_name(part: int, suffix: str) -> str:
-    return f"part-{part:07d}{suffix}"
-
-
-def write_part(
-    work: str, part: int, first: int, paths: list[str], tiles: TileSettings, store: StoreSettings,
-    isolate: bool = False,
-) -> dict[str, Any]:
-    """Worker task: decode one part's sources, write their chunk bytes, then the part's record.
-
-    Chunks stream to the file as they are encoded, so no part is ever held in memory whole.
-    ``isolate`` decodes each image in a child process of its own: the retry of a part whose
-    worker died, so that the image that kills a decoder is the only one lost.
-    """
-    load = load_isolated if isolate else load_tiles
-    codec = fmt.TileCodec(store.codec, tiles.size, store.quality)
-    record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
-                              "cols": [], "boxes": [], "rejects": []}
-    root = Path(work)
-    final = root / _part_name(part, ".bin")
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        for k, path in enumerate(paths):
-            try:
-                result = load(path, tiles)
-            except Rejected as e:
-                record["rejects"].append([first + k, str(e)])
-                continue
-            for pixels in result.pixels:
-                payload, crc = codec.encode_parts(pixels)
-                f.write(payload)
-                f.write(crc)
-                record["sizes"].append(len(payload) + len(crc))
-            record["sources"] += [first + k] * len(result.pixels)
-            record["rows"] += result.rows.tolist()
-            record["cols"] += result.cols.tolist()
-            record["boxes"] += result.boxes.tolist()
-    os.replace(tmp, final)
-    _atomic_write(root / _part_name(part, ".json"), [json.dumps(record).encode()])
-    return record
-
-
-def load_isolated(path: str, tiles: TileSettings) -> Tiles:
-    """``load_tiles`` in a forked child: a segfault or the OOM killer there becomes a reject."""
-    if not hasattr(os, "fork"):
-        return load_tiles(path, tiles)
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads: the child only decodes
-        pid = os.fork()
-    if pid == 0:  # the child: decode, send the outcome, leave without running any cleanup
-        os.close(read_end)
-        try:
-            try:
-                outcome: tuple[str, Any] = ("tiles", load_tiles(path, tiles))
-            except Rejected as e:
-                outcome = ("rejected", str(e))
-            with os.fdopen(write_end, "wb") as f:
-                pickle.dump(outcome, f, protocol=pickle.HIGHEST_PROTOCOL)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        raise Rejected(f"crashed the decoder (signal {os.WTERMSIG(status)})")
-    if os.WEXITSTATUS(status) != 0 or not data:
-        raise Rejected(f"crashed the decoder (exit status {os.WEXITSTATUS(status)})")
-    kind, value = pickle.loads(data)
-    if kind == "rejected":
-        raise Rejected(value)
-    return value  # type: ignore[no-any-return]
-
-
-def write_shard(root: str, work: str, shard: int, per_shard: int,
-                pieces: list[tuple[int, int, int]], sizes: list[int], sync: bool) -> int:
-    """Worker task: copy chunk byte runs from part files into one shard file; returns its size.
-
-    ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
-    sizes that make up those runs. Each run is one in-kernel copy (copy_file_range). ``sync``
-    fsyncs here, for workers on other machines; local runs leave it to the driver.
-    """
-    index = np.full((per_shard, 2), fmt.EMPTY_CHUNK, dtype=np.uint64)
-    n = len(sizes)
-    index[:n, 1] = sizes
-    index[:n, 0] = np.cumsum(sizes, dtype=np.uint64) - index[:n, 1]
-    final = fmt.shard_path(Path(root), shard)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as out:
-        for part, offset, count in pieces:
-            with open(Path(work) / _part_name(part, ".bin"), "rb") as src:
-                _copy_range(src, out, offset, count)
-        out.write(fmt.encode_index(index))
-        out.flush()
-        if sync:
-            os.fsync(out.fileno())
-        size = out.tell()
-    os.replace(tmp, final)
-    return size
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _copy_range(src: Any, dst: Any, offset: int, count: int) -> None:
-    dst.flush()
-    while count:
-        try:
-            n = os.copy_file_range(src.fileno(), dst.fileno(), count, offset)
-        except OSError:  # a filesystem or kernel without it
-            src.seek(offset)
-            dst.write(src.read(count))
-            dst.flush()
-            return
-        if n == 0:
-            raise StoreWriteError(f"part file {src.name} is shorter than its record says")
-        offset += n
-        count -= n
 
 
 @dataclass(frozen=True)
@@ -414,7 +182,7 @@ class _Build:
         self.root, self.work = root, root / fmt.WORK_DIR
         self.sources, self.tiles, self.store, self.tick = sources, tiles, store, tick
         self.per_shard = store.shard_size
-        n_parts = -(-len(sources) // PART_SOURCES)
+        n_parts = fmt.ceil_div(len(sources), PART_SOURCES)
         self.records: list[dict[str, Any] | None] = [None] * n_parts
         self.prefix = 0  # parts 0..prefix-1 have records
         self.first_tile = [0]  # first tile of each part in the prefix, then the total
@@ -428,7 +196,7 @@ class _Build:
 
     def run(self, workers: int) -> None:
         for p in range(len(self.records)):
-            path = self.work / _part_name(p, ".json")
+            path = self.work / tasks.part_name(p, ".json")
             if path.exists():
                 record = self.records[p] = json.loads(path.read_text())
                 self.resumed += 1
@@ -505,7 +273,7 @@ class _Build:
             first = part * PART_SOURCES
             args = (str(self.work), part, first, self.sources.paths[first : first + PART_SOURCES],
                     self.tiles, self.store, False)
-            pending[pool.submit(write_part, *args)] = _Task("part", part, write_part, args)
+            pending[pool.submit(tasks.write_part, *args)] = _Task("part", part, tasks.write_part, args)
 
     def _submit_shards(self, pool: Any, pending: dict[Future[Any], _Task]) -> None:
         while self.prefix < len(self.records):
@@ -531,11 +299,11 @@ class _Build:
             pieces, sizes = self._pieces(lo, min(hi, known))
             args = (str(self.root), str(self.work), shard, self.per_shard, pieces, sizes,
                     self.scheduler is not None)
-            pending[pool.submit(write_shard, *args)] = _Task("shard", shard, write_shard, args)
+            pending[pool.submit(tasks.write_shard, *args)] = _Task("shard", shard, tasks.write_shard, args)
 
     def _sync(self, shard: int) -> None:
         if self.scheduler is None:
-            self._synced.append(self._syncer.submit(_fsync, fmt.shard_path(self.root, shard)))
+            self._synced.append(self._syncer.submit(tasks.fsync, fmt.shard_path(self.root, shard)))
 
     def _pieces(self, lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[int]]:
         pieces, sizes = [], []
@@ -561,7 +329,7 @@ class _Build:
             done += 1
         covered = done * self.per_shard
         while self.freed < self.prefix and self.first_tile[self.freed + 1] <= covered:
-            (self.work / _part_name(self.freed, ".bin")).unlink(missing_ok=True)
+            (self.work / tasks.part_name(self.freed, ".bin")).unlink(missing_ok=True)
             self.freed += 1
 
     def close(self) -> None:
@@ -584,7 +352,7 @@ class _Build:
             synced.result()  # every shard on disk before any metadata declares it
         for stray in (self.root / fmt.IMAGES).rglob(".*.tmp-*"):
             stray.unlink()  # a shard a killed worker was writing; written again since
-        _write_metadata(self.root, self.sources, self.tiles, self.store, fingerprint, records,
+        write_metadata(self.root, self.sources, self.tiles, self.store, fingerprint, records,
                         owners, rejects, accepted)
         shutil.rmtree(self.work, ignore_errors=True)
         return Summary(
@@ -598,61 +366,6 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
-def _write_metadata(
-    root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings, fingerprint: str,
-    records: list[dict[str, Any]], owners: np.ndarray, rejects: list[tuple[str, str]],
-    accepted: int,
-) -> None:
-    import zarr
-
-    samples = len(owners)
-    t = tiles.size
-    # zarr.create_array would clear the shards already in place, so let it write the images
-    # array's metadata in a scratch folder and move just that document into the store.
-    scratch = root / fmt.WORK_DIR / "metadata"
-    zarr.create_array(
-        str(scratch), name=fmt.IMAGES, shape=(samples, t, t, 3), dtype="uint8",
-        chunks=(1, t, t, 3), shards=(store.shard_size, t, t, 3), fill_value=0, overwrite=True,
-        dimension_names=["sample", "y", "x", "channel"], zarr_format=3,
-        **fmt.zarr_codecs(store.codec, store.quality),
-    )
-    (root / fmt.IMAGES).mkdir(exist_ok=True)
-    os.replace(scratch / fmt.IMAGES / "zarr.json", root / fmt.IMAGES / "zarr.json")
-    group = zarr.open_group(str(root), mode="a", zarr_format=3)
-    labels = np.asarray(sources.labels, dtype=np.int64)[owners]
-    columns: dict[str, np.ndarray] = {fmt.LABELS: labels, fmt.SOURCES: owners}
-    if tiles.mode == "grid":
-        columns[fmt.ROWS] = np.array([v for r in records for v in r["rows"]], dtype=np.int32)
-        columns[fmt.COLS] = np.array([v for r in records for v in r["cols"]], dtype=np.int32)
-    columns[fmt.BOXES] = np.array([v for r in records for v in r["boxes"]], dtype=np.int32).reshape(-1, 4)
-    for name, values in columns.items():
-        group.create_array(name, data=values, chunks=(min(samples, 1 << 18), *values.shape[1:]),
-                           overwrite=True, **fmt.small_array_codecs())
-    paths = np.array(sources.paths, dtype=np.dtypes.StringDType())
-    group.create_array(fmt.SOURCE_PATHS, data=paths, chunks=(min(len(paths), 1 << 16),),
-                       overwrite=True, **fmt.small_array_codecs())
-    shards = fmt.shard_count(samples, store.shard_size)
-    shard_bytes = [fmt.shard_path(root, s).stat().st_size for s in range(shards)]
-    attrs = {
-        "format": fmt.FORMAT_NAME,
-        "version": fmt.FORMAT_VERSION,
-        "samples": samples,
-        "sources": len(sources) + len(sources.skipped),
-        "accepted": accepted,
-        "rejected": len(rejects),
-        "tile": [t, t, 3],
-        "codec": store.codec,
-        "quality": store.quality if store.codec == "jpeg" else None,
-        "shard_size": store.shard_size,
-        "shards": shards,
-        "classes": sources.classes,
-        "made": describe(tiles, store),
-        "rejects": [{"path": p, "reason": r} for p, r in rejects],
-        "fingerprint": fingerprint,
-        "arrays": fmt.describe_arrays(root, [*columns, fmt.SOURCE_PATHS], shard_bytes),
-    }
-    attrs["digest"] = fmt.attrs_digest(attrs)
-    group.update_attributes({fmt.ATTRS_KEY: attrs})  # last: this write marks the store complete
 
 
 def _summary_from_attrs(attrs: dict[str, Any] | None, root: Path, seconds: float) -> Summary:
@@ -666,27 +379,3 @@ def _summary_from_attrs(attrs: dict[str, Any] | None, root: Path, seconds: float
         tiles=attrs["samples"], shards=attrs["shards"], bytes=nbytes, seconds=seconds,
         rejects_by_reason=dict(reasons.most_common()), up_to_date=True,
     )
-
-
-def progress_bar(enabled: bool) -> Callable[[int], ProgressFn]:
-    """A tqdm bar over sources, with rate, ETA and the running reject count."""
-
-    def start(total: int) -> ProgressFn:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="img", disable=not enabled, file=sys.stderr,
-                   dynamic_ncols=True, smoothing=0.1)
-        rejected = 0
-
-        def tick(done: int, rejects: int) -> None:
-            nonlocal rejected
-            rejected += rejects
-            if rejects:
-                bar.set_postfix(rejected=rejected, refresh=False)
-            bar.update(done)
-            if bar.n >= total:
-                bar.close()
-
-        return tick
-
-    return start

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``tilefeed ARGS`` in a new process, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "preprocess.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tilefeed", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 

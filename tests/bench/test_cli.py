@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tests.conftest import write_folder
 
 RUN_KEYS = {"loader", "batch_size", "samples", "steps", "wait_s", "step_s", "wall_s",
@@ -21,13 +21,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("bench")
     images = write_folder(root / "images", classes=2, per_class=12, size=(64, 48))
     store = root / "store"
-    preprocess(images, store, TileSettings(size=32), StoreSettings(shard_size=8), workers=1)
+    preprocess(images, store, TileSettings(tile=32), StoreSettings(shard_size=8), workers=1)
     return images, store
 
 
 def tilefeed(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The CLI, on the CPU even where there is a GPU (the gpu-check bench covers that path)."""
-    return subprocess.run([sys.executable, "-m", "preprocess.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tilefeed", *args], capture_output=True,
                           text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.harness import measure
-from bench.steps import EmulatedStep, ModelStep
+from tilefeed.bench.harness import measure
+from tilefeed.bench.steps import EmulatedStep, ModelStep
 from tests.bench.test_harness import DelayedLoader
 
 pytestmark = pytest.mark.gpu
@@ -43,14 +43,14 @@ def test_model_step_on_the_device_in_bf16_autocast() -> None:
 
 @pytest.mark.parametrize("name", ["baseline", "dali-files", "tiles-dataloader", "tilefeed"])
 def test_every_loader_feeds_the_device(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from bench.loaders import LoaderSettings, build_loader
-    from preprocess import StoreSettings, TileSettings, preprocess
+    from tilefeed.bench.loaders import LoaderSettings, build_loader
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
     from tests.conftest import write_folder
 
     root = tmp_path_factory.mktemp("gpu-loaders")
     images = write_folder(root / "images", classes=2, per_class=8, size=(64, 48))
     store = root / "store"
-    preprocess(images, store, TileSettings(size=32), StoreSettings(codec="jpeg"), workers=1)
+    preprocess(images, store, TileSettings(tile=32), StoreSettings(codec="jpeg"), workers=1)
     cuda = torch.device("cuda")
     settings = LoaderSettings(images=images, store=store, batch_size=4, workers=1, size=32,
                               device=cuda)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.compare import UnfairComparison, fairness
-from bench.harness import measure, watch
-from bench.steps import EmulatedStep, ModelStep
+from tilefeed.bench.compare import UnfairComparison, fairness
+from tilefeed.bench.harness import measure, watch
+from tilefeed.bench.steps import EmulatedStep, ModelStep
 
 CPU = torch.device("cpu")
 
@@ -30,33 +30,62 @@ class DelayedLoader:
             yield torch.zeros(self.batch, 3, 8, 8), torch.zeros(self.batch, dtype=torch.int64)
 
 
+class FakeClock:
+    """Seconds that pass only when a test says so: timing figures become exact."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1000
+
+
+class ClockedLoader:
+    """Each batch takes ``wait_ms`` of the fake clock to arrive."""
+
+    def __init__(self, clock: FakeClock, wait_ms: float, batches: int = 1000, batch: int = 4) -> None:
+        self.clock, self.wait_ms, self.batches, self.batch = clock, wait_ms, batches, batch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.batches):
+            self.clock.advance(self.wait_ms)
+            yield torch.zeros(self.batch, 3, 8, 8), torch.zeros(self.batch, dtype=torch.int64)
+
+
 @pytest.mark.parametrize("wait_ms,step_ms", [(30, 10), (5, 25)])
-def test_measured_wait_and_stall_match_injected_delays(wait_ms: float, step_ms: float) -> None:
-    run = measure(DelayedLoader(wait_ms), EmulatedStep(step_ms, CPU), steps=12, warmup=2,
-                  device=CPU)
+def test_measured_wait_and_stall_are_exact_on_a_fake_clock(wait_ms: float, step_ms: float) -> None:
+    clock = FakeClock()
+    run = measure(ClockedLoader(clock, wait_ms), lambda images, labels: clock.advance(step_ms),
+                  steps=12, warmup=2, device=CPU, clock=clock)
     assert run.steps == 12 and run.samples == 48 and run.batch_size == 4 and run.warmup == 2
-    assert run.wait_median_ms == pytest.approx(wait_ms, rel=0.3, abs=3)
-    assert run.step_median_ms == pytest.approx(step_ms, rel=0.3, abs=3)
-    expected = wait_ms / (wait_ms + step_ms)
-    assert run.stall_fraction == pytest.approx(expected, abs=0.1)
-    assert run.busy_fraction == pytest.approx(1 - expected, abs=0.1)
-    assert run.samples_per_s == pytest.approx(4 / ((wait_ms + step_ms) / 1000), rel=0.3)
-    assert run.wall_s == pytest.approx(run.wait_s + run.step_s + run.h2d_s, rel=0.1)
+    assert run.wait_median_ms == pytest.approx(wait_ms) and run.step_median_ms == pytest.approx(step_ms)
+    assert run.stall_fraction == pytest.approx(wait_ms / (wait_ms + step_ms))
+    assert run.busy_fraction == pytest.approx(step_ms / (wait_ms + step_ms))
+    assert run.samples_per_s == pytest.approx(4 / ((wait_ms + step_ms) / 1000))
+    assert run.wall_s == pytest.approx(run.wait_s + run.step_s + run.h2d_s)
+
+
+def test_emulated_step_sleeps_about_its_length() -> None:
+    run = measure(DelayedLoader(1), EmulatedStep(20, CPU), steps=6, warmup=1, device=CPU)
+    assert run.step_median_ms >= 19  # a sleep never ends early; how late depends on the machine
 
 
 def test_watch_times_the_loop_body_and_reports_on_demand(capsys: pytest.CaptureFixture[str]) -> None:
-    watcher = watch(DelayedLoader(5, batches=10), warmup=1, name="mine", report=True,
-                    device=CPU)
+    clock = FakeClock()
+    watcher = watch(ClockedLoader(clock, 5, batches=10), warmup=1, name="mine", report=True,
+                    device=CPU, clock=clock)
     for k, _batch in enumerate(watcher):
-        time.sleep(0.02)
+        clock.advance(20)
         if k == 5:
             mid = watcher.result()
             assert mid.steps == 5  # warm-up excluded, the current step counted as ending now
     run = watcher.result()
     assert run.steps == 9 and run.loader == "mine"
-    assert run.step_median_ms == pytest.approx(20, abs=5)
-    assert run.wait_median_ms == pytest.approx(5, abs=4)
-    assert run.warmup_s > 0
+    assert run.step_median_ms == pytest.approx(20) and run.wait_median_ms == pytest.approx(5)
+    assert run.warmup_s == pytest.approx(0.025)
     assert "mine" in capsys.readouterr().out  # the report printed when the loop ended
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline import Loader
-from preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.pipeline import Loader
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tests.conftest import run_cli, write_folder
 
 # Measured here: a new Loader per epoch grew RSS by 30-70 KB per Loader while every DALI
@@ -22,7 +22,7 @@ BOUND_KB_PER_LOADER = 20.0
 def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("soak")
     src = write_folder(root / "src", classes=4, per_class=12, size=(80, 64))
-    preprocess(src, root / "store", TileSettings(size=48), StoreSettings(shard_size=16), workers=1)
+    preprocess(src, root / "store", TileSettings(tile=48), StoreSettings(shard_size=16), workers=1)
     return root / "store"
 
 

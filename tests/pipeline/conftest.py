@@ -5,16 +5,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import pipeline.loader
+import tilefeed.pipeline.loader as loader_module
 
-from preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tests.conftest import write_folder
 
 
 def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: int = 8) -> Path:
     src = write_folder(root / "src", classes=5, per_class=samples_per_class, size=(48, 40))
     out = root / f"store-{codec}"
-    preprocess(src, out, TileSettings(size=32, fit="crop"), StoreSettings(codec=codec, shard_size=shard_size),
+    preprocess(src, out, TileSettings(tile=32, fit="crop"), StoreSettings(codec=codec, shard_size=shard_size),
                workers=1)
     return out
 
@@ -34,4 +34,4 @@ def jpeg_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU tests check the CPU path even on a GPU machine; `gpu` tests keep the CUDA default."""
     if "gpu" not in request.keywords:
-        monkeypatch.setattr(pipeline.loader, "default_device", lambda: torch.device("cpu"))
+        monkeypatch.setattr(loader_module, "default_device", lambda: torch.device("cpu"))

@@ -11,10 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline import Loader, StoreReader
-from preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.pipeline import Loader, StoreReader
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tests.conftest import photo, psnr
-from bench.aspect import torchvision_get_params
+from tilefeed.bench.aspect import torchvision_get_params
 from tests.pipeline.test_crops import RATIO, SCALE, ks
 
 SIZES = [(320, 240), (240, 320), (400, 200), (256, 256)]  # width, height
@@ -26,7 +26,7 @@ def pad_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     for k, (w, h) in enumerate(SIZES):
         (root / "src" / f"c{k}").mkdir(parents=True)
         photo(k, w, h).save(root / "src" / f"c{k}" / "0.png")
-    preprocess(root / "src", root / "store", TileSettings(size=400, fit="pad", background=(0, 0, 0)),
+    preprocess(root / "src", root / "store", TileSettings(tile=400, fit="pad", background=(0, 0, 0)),
                StoreSettings(codec="none"), workers=1)
     return root / "src", root / "store"
 

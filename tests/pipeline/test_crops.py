@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from bench.aspect import torchvision_get_params
-from pipeline.crops import random_resized_crops, uniforms
+from tilefeed.bench.aspect import torchvision_get_params
+from tilefeed.pipeline.crops import random_resized_crops, uniforms
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline import StoreReader, TileDataset
+from tilefeed.pipeline import StoreReader, TileDataset
 
 
 def test_tile_dataset_in_a_multi_worker_dataloader(store: Path) -> None:

@@ -21,7 +21,7 @@ def _free_port() -> int:
 def _rank_main(rank: int, world: int, port: int, store: str, drop_last: bool, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from pipeline import Loader
+    from tilefeed.pipeline import Loader
 
     with Loader(store, 4, drop_last=drop_last, with_index=True, train=False,
                 dtype=torch.uint8, workers=1) as loader:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import CorruptChunkError, Loader, StoreReader
-from preprocess import format as fmt
+from tilefeed.pipeline import CorruptChunkError, Loader, StoreReader
+from tilefeed.preprocess import format as fmt
 
 
 def test_random_byte_flips_are_always_detected(store: Path, tmp_path: Path) -> None:

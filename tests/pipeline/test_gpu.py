@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import Loader, StoreReader
+from tilefeed.pipeline import Loader, StoreReader
 from tests.conftest import psnr
 
 pytestmark = pytest.mark.gpu

@@ -9,9 +9,9 @@ import psutil
 import pytest
 import torch
 
-from pipeline import pool
-from pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
-from preprocess import format as fmt
+from tilefeed.pipeline import pool
+from tilefeed.pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
+from tilefeed.preprocess import format as fmt
 from tests.conftest import psnr
 from tests.pipeline.conftest import make_store
 

@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline.order import SHUFFLES, batches_per_rank, epoch_order, rank_indices
+from tilefeed.pipeline.order import SHUFFLES, batches_per_rank, epoch_order, rank_indices
 
 
 @pytest.mark.parametrize("shuffle", SHUFFLES)

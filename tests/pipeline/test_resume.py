@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline import Loader, StoreReader
-from pipeline.ledger import audit
-from pipeline.order import SHUFFLES
+from tilefeed.pipeline import Loader, StoreReader
+from tilefeed.pipeline.ledger import audit
+from tilefeed.pipeline.order import SHUFFLES
 from tests.conftest import run_cli
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
@@ -183,7 +183,7 @@ def test_dataloader_keywords_work_and_defaults_do_not_augment(store: Path) -> No
 
 
 def test_options_without_effect_warn_once(store: Path) -> None:
-    import pipeline.loader as loader_module
+    import tilefeed.pipeline.loader as loader_module
 
     loader_module._warned.discard("collate_fn")
     with pytest.warns(UserWarning, match="collate_fn"):

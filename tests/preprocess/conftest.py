@@ -17,7 +17,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     src = write_folder(root / "src", classes=4, per_class=120, size=(160, 120))
     (src / "c1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     reference = root / "reference"
-    subprocess.run([sys.executable, "-m", "preprocess.cli", "preprocess", str(src), str(reference),
+    subprocess.run([sys.executable, "-m", "tilefeed", "preprocess", str(src), str(reference),
                     *ARGS], check=True, timeout=300)
     return src, reference
 

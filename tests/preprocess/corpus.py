@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageCms
 
-from preprocess.plugins import register_plugins
+from tilefeed.preprocess.plugins import register_plugins
 from tests.conftest import photo
 
 register_plugins()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from distributed import Client, LocalCluster
 
-from preprocess import StoreSettings, TileSettings, preprocess
-from preprocess import format as fmt
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess import format as fmt
 from tests.conftest import tree_bytes
 
-TILES, STORE = TileSettings(size=32), StoreSettings(shard_size=50)
+TILES, STORE = TileSettings(tile=32), StoreSettings(shard_size=50)
 
 
 def cluster() -> LocalCluster:

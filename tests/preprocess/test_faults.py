@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import preprocess.writer as writer
-from preprocess import StoreSettings, TileSettings, preprocess
-from preprocess import format as fmt
-from preprocess.decode import Rejected, load_tiles
-from preprocess.errors import StoreWriteError
+import tilefeed.preprocess.tasks as tasks
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.images import Rejected, load_tiles
+from tilefeed.preprocess.errors import StoreWriteError
 from tests.conftest import tree_bytes
 from tests.preprocess import corpus
 from tests.preprocess.conftest import ARGS
@@ -36,7 +36,7 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
     for trial in range(4):
         out = tmp_path / f"run{trial}"
         for _kill in range(3):  # up to three kills on the same store
-            proc = subprocess.Popen([sys.executable, "-m", "preprocess.cli", "preprocess",
+            proc = subprocess.Popen([sys.executable, "-m", "tilefeed", "preprocess",
                                      str(src), str(out), *ARGS], start_new_session=True)
             # a random moment of the run: after some number of its 8 parts, plus a few ms
             parts = rng.randrange(8)
@@ -49,14 +49,14 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
             proc.wait()
             if fmt.read_attrs(out) is None:
                 interrupted += 1
-        done = subprocess.run([sys.executable, "-m", "preprocess.cli", "preprocess", str(src),
+        done = subprocess.run([sys.executable, "-m", "tilefeed", "preprocess", str(src),
                                str(out), *ARGS], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert tree_bytes(out) == tree_bytes(reference), f"trial {trial} differs"
     assert interrupted >= 4, f"only {interrupted} kills landed mid-run: the test proved little"
 
 
-_REAL = {"write_part": writer.write_part, "write_shard": writer.write_shard}
+_REAL = {"write_part": tasks.write_part, "write_shard": tasks.write_shard}
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,12 @@ def test_disk_full_is_a_clear_error_and_the_store_resumes(
         tmp_path: Path, source: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
         target: str) -> None:
     src, reference = source
-    monkeypatch.setattr(writer, target, _FullDiskOnThirdCall(target, tmp_path / "calls"))
+    monkeypatch.setattr(tasks, target, _FullDiskOnThirdCall(target, tmp_path / "calls"))
     out = tmp_path / "store"
-    tiles, store = TileSettings(size=32), StoreSettings(shard_size=50)
+    tiles, store = TileSettings(tile=32), StoreSettings(shard_size=50)
     with pytest.raises(StoreWriteError, match="No space left on device.*rerun the same command"):
         preprocess(src, out, tiles, store, workers=1)
-    monkeypatch.setattr(writer, target, _REAL[target])
+    monkeypatch.setattr(tasks, target, _REAL[target])
     summary = preprocess(src, out, tiles, store, workers=1)
     assert summary.resumed_parts > 0
     assert tree_bytes(out) == tree_bytes(reference)
@@ -120,7 +120,7 @@ def test_mutated_images_are_accepted_or_rejected_never_crash_or_hang(
     path.write_bytes(data)
     for mode in ("resize", "grid"):
         try:
-            tiles = load_tiles(str(path), TileSettings(size=16, mode=mode, max_pixels=4_000_000))
+            tiles = load_tiles(str(path), TileSettings(tile=16, mode=mode, max_pixels=4_000_000))
         except Rejected as e:
             assert str(e) and "\n" not in str(e)
         else:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import zarr
 
-from preprocess import format as fmt
-from preprocess.errors import CorruptChunkError, StoreFormatError
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.errors import CorruptChunkError, StoreFormatError
+from tilefeed.preprocess.zarr_codecs import images_codecs
 from tests.conftest import photo, psnr
 
 
@@ -32,17 +33,17 @@ def test_chunks_and_index_match_what_zarr_writes(tmp_path: Path, codec: str) -> 
     data = np.stack([np.asarray(photo(i, t, t)) for i in range(n)])
     arr = zarr.create_array(str(tmp_path), name=fmt.IMAGES, shape=(n, t, t, 3), dtype="uint8",
                             chunks=(1, t, t, 3), shards=(s, t, t, 3), fill_value=0,
-                            **fmt.zarr_codecs(codec, 90))
+                            **images_codecs(codec, 90))
     arr[:] = data
     tc = fmt.TileCodec(codec, t, 90)
     for shard in range(fmt.shard_count(n, s)):
         raw = fmt.shard_path(tmp_path, shard).read_bytes()
-        index = fmt.decode_index(raw[-fmt.index_nbytes(s):], s, "x")
+        index = fmt.ShardIndex.decode(raw[-fmt.index_nbytes(s):], s, "x")
         for local in range(s):
             sample = shard * s + local
-            offset, nbytes = (int(v) for v in index[local])
+            offset, nbytes = (int(v) for v in index.table[local])
             if sample >= n:
-                assert index[local, 0] == fmt.EMPTY_CHUNK
+                assert index.is_empty(local)
                 continue
             assert raw[offset : offset + nbytes] == tc.encode(data[sample])
         f = fmt.ShardFile(tmp_path, shard, s)
@@ -51,12 +52,14 @@ def test_chunks_and_index_match_what_zarr_writes(tmp_path: Path, codec: str) -> 
 
 
 def test_index_corruption_is_named(tmp_path: Path) -> None:
-    index = np.array([[0, 10], [10, 10]], dtype=np.uint64)
-    raw = bytearray(fmt.encode_index(index))
-    np.testing.assert_array_equal(fmt.decode_index(bytes(raw), 2, "s"), index)
+    index = fmt.ShardIndex.packed(3, [10, 10])
+    raw = bytearray(index.encode())
+    decoded = fmt.ShardIndex.decode(bytes(raw), 3, "s")
+    np.testing.assert_array_equal(decoded.table[:2], [[0, 10], [10, 10]])
+    assert decoded.written() == 2 and decoded.is_empty(2) and not decoded.is_empty(1)
     raw[3] ^= 0xFF
     with pytest.raises(CorruptChunkError, match="s: index crc32c mismatch"):
-        fmt.decode_index(bytes(raw), 2, "s")
+        fmt.ShardIndex.decode(bytes(raw), 3, "s")
 
 
 def test_codec_settings_are_validated() -> None:

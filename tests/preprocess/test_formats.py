@@ -13,13 +13,13 @@ import pytest
 import zarr
 from PIL import Image, ImageCms, ImageFile
 
-from preprocess import StoreSettings, TileSettings, preprocess
-from preprocess.decode import Rejected, load_tiles
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess.images import Rejected, load_tiles
 from tests.conftest import photo, psnr, tree_bytes
 from tests.preprocess.corpus import SIDE, Sample, build, damaged
 
 CORPUS = build()
-EXACT = TileSettings(size=SIDE, fit="stretch")  # same size: no resampling, the decoded pixels
+EXACT = TileSettings(tile=SIDE, fit="stretch")  # same size: no resampling, the decoded pixels
 
 
 @pytest.mark.parametrize("sample", CORPUS, ids=[s.name for s in CORPUS])
@@ -39,7 +39,7 @@ def test_every_broken_file_is_accepted_or_rejected_with_one_line(tmp_path: Path,
         path = tmp_path / f"{sample.name}-{kind}"
         path.write_bytes(data)
         try:
-            tiles = load_tiles(str(path), TileSettings(size=16))
+            tiles = load_tiles(str(path), TileSettings(tile=16))
         except Rejected as e:
             assert str(e) and "\n" not in str(e), (kind, str(e))
         else:
@@ -54,7 +54,7 @@ def test_a_folder_of_every_format_and_its_damage_preprocesses_to_a_store(tmp_pat
         (src / "intact" / sample.name).write_bytes(sample.data)
         for kind, data in damaged(sample.data).items():
             (src / "broken" / f"{sample.name}-{kind}").write_bytes(data)
-    summary = preprocess(src, tmp_path / "out", TileSettings(size=32), StoreSettings(shard_size=64),
+    summary = preprocess(src, tmp_path / "out", TileSettings(tile=32), StoreSettings(shard_size=64),
                          workers=2)
     assert summary.accepted + summary.rejected == summary.sources == len(CORPUS) * 4
     attrs = zarr.open_group(str(tmp_path / "out"), mode="r").attrs["tilefeed"]
@@ -79,7 +79,7 @@ def test_icc_srgb_converts_embedded_profiles_and_ignore_matches_convert(tmp_path
     im.save(tmp_path / "tagged.png", icc_profile=rgb_profile.tobytes())
     ignored = load_tiles(str(tmp_path / "tagged.png"), EXACT).pixels[0]
     np.testing.assert_array_equal(ignored, np.asarray(im))  # what Image.convert("RGB") gives
-    managed = load_tiles(str(tmp_path / "tagged.png"), TileSettings(size=SIDE, fit="stretch", icc="srgb"))
+    managed = load_tiles(str(tmp_path / "tagged.png"), TileSettings(tile=SIDE, fit="stretch", icc="srgb"))
     expected = ImageCms.profileToProfile(im, rgb_profile, ImageCms.createProfile("sRGB"), outputMode="RGB")
     assert expected is not None
     np.testing.assert_allclose(managed.pixels[0], np.asarray(expected), atol=1)
@@ -128,7 +128,7 @@ def test_a_decoder_that_kills_its_process_rejects_only_that_image(tmp_path: Path
     stores = {}
     for workers in (1, 2):
         out = tmp_path / f"out{workers}"
-        summary = preprocess(src, out, TileSettings(size=16), StoreSettings(shard_size=50),
+        summary = preprocess(src, out, TileSettings(tile=16), StoreSettings(shard_size=50),
                              workers=workers)
         assert (summary.sources, summary.accepted, summary.rejected) == (141, 140, 1)
         rejects = zarr.open_group(str(out), mode="r").attrs["tilefeed"]["rejects"]

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import Loader, StoreReader, TileDataset
-from preprocess import StoreSettings, TileSettings, preprocess
-from preprocess import format as fmt
-from preprocess.errors import CorruptChunkError, SourceError, StoreExistsError, StoreFormatError
-from preprocess.inspection import verify
-from preprocess.sources import SourceOptions, find_sources
-from preprocess.writer import _writer_lock
+from tilefeed.pipeline import Loader, StoreReader, TileDataset
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.errors import CorruptChunkError, SourceError, StoreExistsError, StoreFormatError
+from tilefeed.preprocess.inspection import verify
+from tilefeed.preprocess.sources import SourceOptions, find_sources
+from tilefeed.preprocess.writer import _writer_lock
 from tests.conftest import photo, run_cli, write_folder
 
-SMALL = TileSettings(size=16)
+SMALL = TileSettings(tile=16)
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_overwrite_removes_only_what_tilefeed_wrote(tmp_path: Path) -> None:
     out = tmp_path / "out"
     preprocess(src, out, SMALL, workers=1)
     (out / "notes.txt").write_text("mine")
-    summary = preprocess(src, out, TileSettings(size=24), workers=1, overwrite=True)
+    summary = preprocess(src, out, TileSettings(tile=24), workers=1, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"
     assert summary.notes == ["--overwrite removed the old store and left 1 entries it did not write: notes.txt"]
     assert fmt.load_attrs(out)["tile"] == [24, 24, 3]
@@ -291,7 +291,7 @@ def test_info_into_head_exits_quietly_and_text_output_escapes_control_characters
     (src / "c0" / "aa\nline.jpg").write_bytes(b"")
     out = tmp_path / "out"
     preprocess(src, out, SMALL, workers=2)
-    pipe = subprocess.run(f"'{sys.executable}' -m preprocess.cli info --json '{out}' | head -1",
+    pipe = subprocess.run(f"'{sys.executable}' -m tilefeed info --json '{out}' | head -1",
                           shell=True, capture_output=True, text=True, timeout=60)
     assert pipe.stdout == "{\n" and pipe.stderr == ""
     text = run_cli("info", str(out)).stdout

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import zarr
 
-from preprocess import StoreSettings, TileSettings, preprocess
-from preprocess import format as fmt
-from preprocess.errors import SourceError, StoreExistsError, StoreFormatError
-from preprocess.inspection import info, verify
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.errors import SourceError, StoreExistsError, StoreFormatError
+from tilefeed.preprocess.inspection import info, verify
 from tests.conftest import photo, run_cli, tree_bytes, write_folder
 
-SMALL = TileSettings(size=32)
+SMALL = TileSettings(tile=32)
 
 
 @pytest.mark.parametrize("codec", fmt.CODECS)
@@ -48,7 +48,7 @@ def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec
 def test_bad_inputs_are_listed_and_nothing_is_lost(tmp_path: Path, bad_folder: Path) -> None:
     (bad_folder / "stray.jpg").write_bytes(b"outside any class")
     out = tmp_path / "store"
-    s = preprocess(bad_folder, out, TileSettings(size=32, max_pixels=100_000), workers=2)
+    s = preprocess(bad_folder, out, TileSettings(tile=32, max_pixels=100_000), workers=2)
     d = info(out)
     assert d["sources"] == 2 + 2 + 5 + 1
     assert d["accepted"] + d["rejected"] == d["sources"]
@@ -67,7 +67,7 @@ def test_grid_mode_stores_provenance(tmp_path: Path) -> None:
     photo(1, 100, 64).save(src / "0.png")
     photo(2, 40, 40).save(src / "1.png")
     out = tmp_path / "store"
-    preprocess(tmp_path / "src", out, TileSettings(size=32, mode="grid"), StoreSettings(codec="none"),
+    preprocess(tmp_path / "src", out, TileSettings(tile=32, mode="grid"), StoreSettings(codec="none"),
                workers=1)
     g = zarr.open_group(str(out), mode="r")
     assert list(g["sources"][:]) == [0] * 8 + [1] * 4
@@ -111,8 +111,8 @@ def test_output_folder_rules(tmp_path: Path, image_folder: Path) -> None:
     again = preprocess(image_folder, out, SMALL, workers=1)
     assert again.up_to_date and again.tiles == first.tiles
     with pytest.raises(StoreExistsError, match="--overwrite"):
-        preprocess(image_folder, out, TileSettings(size=48), workers=1)
-    preprocess(image_folder, out, TileSettings(size=48), workers=1, overwrite=True)
+        preprocess(image_folder, out, TileSettings(tile=48), workers=1)
+    preprocess(image_folder, out, TileSettings(tile=48), workers=1, overwrite=True)
     assert info(out)["tile"] == [48, 48, 3]
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -183,7 +183,7 @@ def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path, moment:
     assert run_cli("preprocess", str(src), str(reference), *args).returncode == 0
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "preprocess.cli", "preprocess", str(src),
+    proc = subprocess.Popen([sys.executable, "-m", "tilefeed", "preprocess", str(src),
                              str(out), *args], start_new_session=True)
     deadline = time.monotonic() + 60
     while not moment(out):  # type: ignore[operator]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from preprocess.plugins import register_plugins
-from preprocess.settings import TileSettings
+from tilefeed.preprocess.plugins import register_plugins
+from tilefeed.preprocess.settings import TileSettings
 
 register_plugins()
 
@@ -89,7 +89,7 @@ def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
     if settings.mode == "resize" and im.format == "JPEG":
         # DCT scaling: libjpeg decodes at 1/2, 1/4 or 1/8 scale while both sides stay >= T,
         # which is enough for every fit mode and far cheaper than a full decode.
-        im.draft("RGB", (settings.size, settings.size))
+        im.draft("RGB", (settings.tile, settings.tile))
     im.load()
     if "exif" not in im.info and im.format != "TIFF":
         return im  # no orientation to apply; parsing EXIF costs ~5% of a small JPEG's decode
@@ -173,7 +173,7 @@ def _wide_to_rgb(im: Image.Image) -> Image.Image:
 
 def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[int, int, int, int]]:
     """The tile and the box (top, left, height, width) the picture fills in it."""
-    t = settings.size
+    t = settings.tile
     w, h = im.size
     resample = settings.resample_filter
     if settings.fit == "stretch":
@@ -199,7 +199,7 @@ def grid_positions(length: int, tile: int, stride: int) -> list[int]:
 
 
 def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
-    t = settings.size
+    t = settings.tile
     a = np.asarray(im, dtype=np.uint8)
     h, w = a.shape[:2]
     ys, xs = grid_positions(h, t, settings.stride), grid_positions(w, t, settings.stride)

@@ -1,0 +1,137 @@
+"""The work that runs on worker processes (local, or Dask workers on other machines).
+
+Each task is idempotent: it writes under a temporary name and renames, so a task whose worker
+died simply runs again. A part's chunk bytes stream to its file as they are encoded; its small
+JSON record is written last and marks the part done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.atomic import atomic_file, atomic_write
+from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
+from tilefeed.preprocess.errors import StoreWriteError
+from tilefeed.preprocess.settings import StoreSettings, TileSettings
+
+
+def part_name(part: int, suffix: str) -> str:
+    return f"part-{part:07d}{suffix}"
+
+
+def write_part(
+    work: str, part: int, first: int, paths: list[str], tiles: TileSettings, store: StoreSettings,
+    isolate: bool = False,
+) -> dict[str, Any]:
+    """Worker task: decode one part's sources, write their chunk bytes, then the part's record.
+
+    Chunks stream to the file as they are encoded, so no part is ever held in memory whole.
+    ``isolate`` decodes each image in a child process of its own: the retry of a part whose
+    worker died, so that the image that kills a decoder is the only one lost.
+    """
+    load = load_isolated if isolate else load_tiles
+    codec = fmt.TileCodec(store.codec, tiles.tile, store.quality)
+    record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
+                              "cols": [], "boxes": [], "rejects": []}
+    root = Path(work)
+    with atomic_file(root / part_name(part, ".bin")) as f:
+        for k, path in enumerate(paths):
+            try:
+                result = load(path, tiles)
+            except Rejected as e:
+                record["rejects"].append([first + k, str(e)])
+                continue
+            for pixels in result.pixels:
+                payload, crc = codec.encode_parts(pixels)
+                f.write(payload)
+                f.write(crc)
+                record["sizes"].append(len(payload) + len(crc))
+            record["sources"] += [first + k] * len(result.pixels)
+            record["rows"] += result.rows.tolist()
+            record["cols"] += result.cols.tolist()
+            record["boxes"] += result.boxes.tolist()
+    atomic_write(root / part_name(part, ".json"), json.dumps(record).encode())
+    return record
+
+
+def load_isolated(path: str, tiles: TileSettings) -> Tiles:
+    """``load_tiles`` in a forked child: a segfault or the OOM killer there becomes a reject."""
+    if not hasattr(os, "fork"):
+        return load_tiles(path, tiles)
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads: the child only decodes
+        pid = os.fork()
+    if pid == 0:  # the child: decode, send the outcome, leave without running any cleanup
+        os.close(read_end)
+        try:
+            try:
+                outcome: tuple[str, Any] = ("tiles", load_tiles(path, tiles))
+            except Rejected as e:
+                outcome = ("rejected", str(e))
+            with os.fdopen(write_end, "wb") as f:
+                pickle.dump(outcome, f, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        raise Rejected(f"crashed the decoder (signal {os.WTERMSIG(status)})")
+    if os.WEXITSTATUS(status) != 0 or not data:
+        raise Rejected(f"crashed the decoder (exit status {os.WEXITSTATUS(status)})")
+    kind, value = pickle.loads(data)
+    if kind == "rejected":
+        raise Rejected(value)
+    return value  # type: ignore[no-any-return]
+
+
+def write_shard(root: str, work: str, shard: int, per_shard: int,
+                pieces: list[tuple[int, int, int]], sizes: list[int], sync: bool) -> int:
+    """Worker task: copy chunk byte runs from part files into one shard file; returns its size.
+
+    ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
+    sizes that make up those runs. Each run is one in-kernel copy (copy_file_range). ``sync``
+    fsyncs here, for workers on other machines; local runs leave it to the driver.
+    """
+    index = fmt.ShardIndex.packed(per_shard, sizes)
+    final = fmt.shard_path(Path(root), shard)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(final, sync=sync) as out:
+        for part, offset, count in pieces:
+            with open(Path(work) / part_name(part, ".bin"), "rb") as src:
+                _copy_range(src, out, offset, count)
+        out.write(index.encode())
+        size = out.tell()
+    return size
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_range(src: Any, dst: Any, offset: int, count: int) -> None:
+    dst.flush()
+    while count:
+        try:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), count, offset)
+        except OSError:  # a filesystem or kernel without it
+            src.seek(offset)
+            dst.write(src.read(count))
+            dst.flush()
+            return
+        if n == 0:
+            raise StoreWriteError(f"part file {src.name} is shorter than its record says")
+        offset += n
+        count -= n

@@ -1,0 +1,99 @@
+"""The store's arrays as zarr-python declares them, and the ``tilefeed.jpeg`` codec.
+
+``tilefeed.jpeg``: each chunk (1, T, T, 3) uint8 is one baseline JPEG. Registered through
+zarr's ``zarr.codecs`` entry point, so any zarr-python with tilefeed installed reads JPEG-coded
+stores as pixels; GPU readers hand the same bytes to nvJPEG instead. The contract itself
+(``format``) imports neither zarr nor this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+from zarr.abc.codec import ArrayBytesCodec
+from zarr.core.buffer import Buffer, NDBuffer
+
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
+
+from tilefeed.preprocess.errors import CorruptChunkError
+from tilefeed.preprocess.format import (
+    JPEG_CODEC_ID,
+    LZ4_LEVEL,
+    ZSTD_LEVEL,
+    check_array,
+    decode_jpeg,
+    encode_jpeg,
+)
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from zarr.core.array_spec import ArraySpec
+
+
+@dataclass(frozen=True)
+class JpegCodec(ArrayBytesCodec):
+    is_fixed_size = False
+
+    quality: int = 90
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        config = data.get("configuration") or {}
+        return cls(quality=int(config.get("quality", 90)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": JPEG_CODEC_ID, "configuration": {"quality": self.quality}}
+
+    def _tile_shape(self, spec: ArraySpec) -> tuple[int, ...]:
+        if spec.dtype.to_native_dtype() != np.uint8 or len(spec.shape) != 4 or spec.shape[-1] != 3:
+            raise ValueError(f"{JPEG_CODEC_ID} needs uint8 chunks of shape (1, T, T, 3)")
+        return tuple(spec.shape)
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        shape = self._tile_shape(chunk_spec)
+        pixels = decode_jpeg(chunk_bytes.as_numpy_array().tobytes()).reshape(shape)
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(pixels)  # type: ignore[arg-type]
+
+    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        shape = self._tile_shape(chunk_spec)
+        tile = np.asarray(chunk_array.as_ndarray_like()).reshape(shape[1:])
+        encoded = np.frombuffer(encode_jpeg(tile, self.quality), dtype=np.uint8)
+        return chunk_spec.prototype.buffer.from_array_like(encoded)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError("JPEG chunks have no fixed encoded size")
+
+
+def images_codecs(codec: str, quality: int) -> dict[str, Any]:
+    """The serializer and compressors zarr.create_array needs to declare ``images``'s inner codecs."""
+    serializer: Any = JpegCodec(quality=quality) if codec == "jpeg" else BytesCodec()
+    compressors: list[Any] = []
+    if codec == "lz4":
+        compressors = [BloscCodec(cname="lz4", clevel=LZ4_LEVEL, shuffle="noshuffle", typesize=1)]
+    elif codec == "zstd":
+        compressors = [ZstdCodec(level=ZSTD_LEVEL)]
+    return {"serializer": serializer, "compressors": [*compressors, Crc32cCodec()]}
+
+
+def small_array_codecs() -> dict[str, Any]:
+    """Compressors of the arrays beside the tiles: zstd, then crc32c, so every chunk is checked.
+
+    ``write_empty_chunks``: zarr would skip a chunk equal to the fill value (all labels 0), and
+    a missing chunk must always mean damage, never zeros.
+    """
+    return {"compressors": [ZstdCodec(level=ZSTD_LEVEL), Crc32cCodec()],
+            "config": {"write_empty_chunks": True}}
+
+
+def read_small_array(root: Path, attrs: dict[str, Any], name: str) -> np.ndarray:
+    """A whole array beside the tiles, after checking every chunk: CorruptChunkError on damage."""
+    check_array(root, attrs, name)
+    try:
+        return np.asarray(zarr.open_array(str(root / name), mode="r")[:])
+    except Exception as e:  # noqa: BLE001 - checked above; any codec error is still damage
+        raise CorruptChunkError(str(root / name), None, f"does not decode: {type(e).__name__}: {e}") from None
