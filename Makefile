@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test check demo bench gpu-check wheelhouse install-offline clean
+.PHONY: setup test test-fast check demo bench gpu-check wheelhouse install-offline clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the slow fault, cluster, distributed and install tests.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
 
 # Lint and types: ruff (pyflakes, pycodestyle, bugbear) and mypy over the three packages.
 check: setup

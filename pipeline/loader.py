@@ -264,9 +264,10 @@ class Loader:
         self._epoch = 0
         self._resume: tuple[int, list[Segment]] | None = None  # loaded state not yet iterated
         self._open: _OpenEpoch | None = None
-        self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool on first use
+        self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None
         self._dataset: Any = None
+        self._take_graph()
 
     def _check_subset(self, indices: Any) -> np.ndarray:
         subset = np.asarray(indices)
@@ -374,6 +375,17 @@ class Loader:
         picture box, and a flip: what the graph cuts and resizes, a function of the sample."""
         return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, samples)
 
+    def _take_graph(self) -> None:
+        """The DALI graph for these settings: built (or taken from the pool) when the Loader is
+        made, so a bad configuration fails here and the first step does not pay for it."""
+        device_id = self.device.index if self.device.type == "cuda" else None
+        if device_id is None and self.device.type == "cuda":
+            device_id = torch.cuda.current_device()
+        readers = max(1, self.workers // 2)  # measured: more readers than this only contend
+        settings = pool.Settings(self.batch_size, self.workers, readers, self.prefetch, device_id)
+        self._graph_key = pool.key(self.reader, self.augment, settings)
+        self._graph = pool.take(self.reader, self.augment, settings)
+
     def _arm(self, plan: _OpenEpoch, epoch: int) -> Any:
         # a plain function of the settings, not a bound method: the graph, which may outlive
         # this Loader in the pool, must not keep it alive (or form a cycle with it)
@@ -383,13 +395,8 @@ class Loader:
             if not self._graph.drain():  # an earlier iterator of this Loader is still mid-epoch
                 self._release(keep=False)
         if self._graph is None:
-            device_id = self.device.index if self.device.type == "cuda" else None
-            if device_id is None and self.device.type == "cuda":
-                device_id = torch.cuda.current_device()
-            readers = max(1, self.workers // 2)  # measured: more readers than this only contend
-            settings = pool.Settings(self.batch_size, self.workers, readers, self.prefetch, device_id)
-            self._graph_key = pool.key(self.reader, self.augment, settings)
-            self._graph = pool.take(self.reader, self.augment, settings)
+            self._take_graph()
+        assert self._graph is not None
         return self._graph.arm(self.reader, plan.indices, plan.batches, extras)
 
     def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:

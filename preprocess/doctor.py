@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field

@@ -49,7 +49,7 @@ def _user_folder(root: Path) -> Path:
     (work / "check.py").write_text(USER_CODE)
     sys.path.insert(0, str(ROOT))
     try:
-        from tests.conftest import write_folder
+        from tests.helpers import write_folder
     finally:
         sys.path.remove(str(ROOT))
     write_folder(work / "images", classes=2, per_class=4)

@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -43,6 +44,7 @@ def pip(*args: str) -> None:
 
 def build(out: Path, python: str, cuda: int) -> list[dict[str, str]]:
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools would pack a stale build/lib too
     pip("wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(out), str(ROOT))
     target = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp",
               "--abi", f"cp{python.replace('.', '')}"]

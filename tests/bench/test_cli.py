@@ -1,16 +1,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tests.conftest import write_folder
+from tests.helpers import run_cli, write_folder
 
 RUN_KEYS = {"loader", "batch_size", "samples", "steps", "wait_s", "step_s", "wall_s",
             "stall_fraction", "samples_per_s", "peak_rss_mb"}
@@ -27,9 +25,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def tilefeed(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The CLI, on the CPU even where there is a GPU (the gpu-check bench covers that path)."""
-    return subprocess.run([sys.executable, "-m", "tilefeed", *args], capture_output=True,
-                          text=True, timeout=300,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+    return run_cli(*args, timeout=300, env={"CUDA_VISIBLE_DEVICES": "", **(env or {})})
 
 
 def test_bench_cli_json_contract_and_plots(tmp_path: Path, data: tuple[Path, Path]) -> None:

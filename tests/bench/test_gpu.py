@@ -8,7 +8,7 @@ import torch
 
 from tilefeed.bench.harness import measure
 from tilefeed.bench.steps import EmulatedStep, ModelStep
-from tests.bench.test_harness import DelayedLoader
+from tests.helpers import DelayedLoader
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +45,7 @@ def test_model_step_on_the_device_in_bf16_autocast() -> None:
 def test_every_loader_feeds_the_device(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     from tilefeed.bench.loaders import LoaderSettings, build_loader
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-    from tests.conftest import write_folder
+    from tests.helpers import write_folder
 
     root = tmp_path_factory.mktemp("gpu-loaders")
     images = write_folder(root / "images", classes=2, per_class=8, size=(64, 48))

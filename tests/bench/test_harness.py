@@ -1,33 +1,17 @@
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 import torch
 
 from tilefeed.bench.compare import UnfairComparison, fairness
 from tilefeed.bench.harness import measure, watch
 from tilefeed.bench.steps import EmulatedStep, ModelStep
+from tests.helpers import DelayedLoader
 
 CPU = torch.device("cpu")
-
-
-class DelayedLoader:
-    """Yields a batch every ``delay_ms``; ``leak_mb`` keeps that much new memory per batch."""
-
-    def __init__(self, delay_ms: float, batches: int = 1000, leak_mb: int = 0, batch: int = 4):
-        self.delay_ms, self.batches, self.leak_mb, self.batch = delay_ms, batches, leak_mb, batch
-        self.kept: list[np.ndarray] = []
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _ in range(self.batches):
-            time.sleep(self.delay_ms / 1000)
-            if self.leak_mb:
-                self.kept.append(np.ones(self.leak_mb * 2**20, dtype=np.uint8))  # touched pages
-            yield torch.zeros(self.batch, 3, 8, 8), torch.zeros(self.batch, dtype=torch.int64)
 
 
 class FakeClock:

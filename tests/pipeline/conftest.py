@@ -6,17 +6,7 @@ import pytest
 import torch
 
 import tilefeed.pipeline.loader as loader_module
-
-from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tests.conftest import write_folder
-
-
-def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: int = 8) -> Path:
-    src = write_folder(root / "src", classes=5, per_class=samples_per_class, size=(48, 40))
-    out = root / f"store-{codec}"
-    preprocess(src, out, TileSettings(tile=32, fit="crop"), StoreSettings(codec=codec, shard_size=shard_size),
-               workers=1)
-    return out
+from tests.helpers import make_store
 
 
 @pytest.fixture(scope="session")

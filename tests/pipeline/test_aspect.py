@@ -13,9 +13,9 @@ from PIL import Image
 
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tests.conftest import photo, psnr
+from tests.helpers import photo, psnr
 from tilefeed.bench.aspect import torchvision_get_params
-from tests.pipeline.test_crops import RATIO, SCALE, ks
+from tests.helpers import RATIO, SCALE, ks
 
 SIZES = [(320, 240), (240, 320), (400, 200), (256, 256)]  # width, height
 

@@ -10,16 +10,8 @@ import pytest
 
 from tilefeed.bench.aspect import torchvision_get_params
 from tilefeed.pipeline.crops import random_resized_crops, uniforms
+from tests.helpers import RATIO, SCALE, ks
 
-SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
-
-
-def ks(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sample Kolmogorov-Smirnov statistic."""
-    grid = np.sort(np.concatenate([a, b]))
-    fa = np.searchsorted(np.sort(a), grid, side="right") / len(a)
-    fb = np.searchsorted(np.sort(b), grid, side="right") / len(b)
-    return float(np.abs(fa - fb).max())
 
 
 @pytest.mark.parametrize("height,width", [(224, 224), (168, 224), (224, 120), (60, 300)])

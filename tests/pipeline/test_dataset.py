@@ -29,11 +29,15 @@ def test_tile_dataset_in_a_multi_worker_dataloader(store: Path) -> None:
 
 
 def test_tile_dataset_pickles_without_open_maps(store: Path) -> None:
-    ds = TileDataset(store, transform=lambda t: t.permute(2, 0, 1))
-    ds[0]  # opens the reader in this process
-    clone = pickle.loads(pickle.dumps(TileDataset(store)))
-    assert clone._reader is None
-    tile, label = ds[-1]
+    ds = TileDataset(store)
+    original = ds[7]  # opens the reader, and maps a shard, in this process
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._reader is None  # no map crossed the pickle: the clone opens its own
+    tile, label = clone[7]
+    assert torch.equal(tile, original[0]) and label == original[1]
+    assert clone._reader is not None and clone._reader is not ds._reader
+    transformed = TileDataset(store, transform=lambda t: t.permute(2, 0, 1))
+    tile, label = transformed[-1]
     assert tile.shape == (3, 32, 32) and label == 4
 
 

@@ -7,6 +7,7 @@ import socket
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -37,6 +38,7 @@ def _rank_main(rank: int, world: int, port: int, store: str, drop_last: bool, ou
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_split_every_epoch_exactly_once(store: Path, tmp_path: Path) -> None:
     for drop_last in (False, True):
         out = tmp_path / f"gathered-{drop_last}.pt"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tilefeed.pipeline import Loader, StoreReader
-from tests.conftest import psnr
+from tests.helpers import psnr
 
 pytestmark = pytest.mark.gpu
 

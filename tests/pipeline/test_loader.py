@@ -12,8 +12,8 @@ import torch
 from tilefeed.pipeline import pool
 from tilefeed.pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
 from tilefeed.preprocess import format as fmt
-from tests.conftest import psnr
-from tests.pipeline.conftest import make_store
+from tests.helpers import psnr
+from tests.helpers import make_store
 
 
 def indices_of(loader: Loader) -> list[int]:

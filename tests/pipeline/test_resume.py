@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.ledger import audit
 from tilefeed.pipeline.order import SHUFFLES
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
 
@@ -261,6 +261,7 @@ def _killed_after_checkpoint(store: str, ledger: str, state_file: str) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_audit_across_a_kill_and_an_elastic_resume(store: Path, tmp_path: Path) -> None:
     ledger, state_file = tmp_path / "ledger", tmp_path / "state.json"
     # rank 1 of the first job ran in lock-step and checkpointed at the same batch
@@ -313,6 +314,7 @@ def _job(rank: int, world: int, port: int, store: str, state_file: str, out: str
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_process_job_resumed_on_three_processes(store: Path, tmp_path: Path) -> None:
     state, first, second = tmp_path / "state.pt", tmp_path / "a.pt", tmp_path / "b.pt"
     for world, out in ((2, first), (3, second)):

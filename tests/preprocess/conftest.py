@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_folder
+from tests.helpers import FAULT_ARGS, write_folder
 
-ARGS = ["--size", "32", "--shard-size", "50", "--workers", "2", "--quiet"]
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +17,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     (src / "c1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     reference = root / "reference"
     subprocess.run([sys.executable, "-m", "tilefeed", "preprocess", str(src), str(reference),
-                    *ARGS], check=True, timeout=300)
+                    *FAULT_ARGS], check=True, timeout=300)
     return src, reference
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image, ImageCms
 
 from tilefeed.preprocess.plugins import register_plugins
-from tests.conftest import photo
+from tests.helpers import photo
 
 register_plugins()
 

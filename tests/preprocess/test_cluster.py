@@ -8,13 +8,16 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from distributed import Client, LocalCluster
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess import format as fmt
-from tests.conftest import tree_bytes
+from tests.helpers import tree_bytes
 
 TILES, STORE = TileSettings(tile=32), StoreSettings(shard_size=50)
+
+pytestmark = pytest.mark.slow
 
 
 def cluster() -> LocalCluster:
@@ -42,15 +45,21 @@ def test_a_worker_killed_mid_run_is_retried_without_partial_shards(
             errors.append(e)
 
     with cluster() as c, Client(c) as client:
-        victim = next(iter(client.run(os.getpid).values()))
         thread = threading.Thread(target=run, args=(c.scheduler_address,))
         thread.start()
         deadline = time.monotonic() + 60
-        while not list((out / fmt.WORK_DIR).glob("part-*.json")):
+        while True:  # a part already done, and a worker in the middle of a task
+            busy = [w for w, keys in client.processing().items() if keys]
+            if busy and list((out / fmt.WORK_DIR).glob("part-*.json")):
+                break
             assert time.monotonic() < deadline and thread.is_alive()
-            time.sleep(0.01)
+            time.sleep(0.005)
+        victim = busy[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        held = client.processing()[victim]
+        os.kill(pid, signal.SIGKILL)  # the nanny starts a new worker; its tasks run again
+        assert held, "the killed worker held no task: nothing was tested"
         assert thread.is_alive(), "the run ended before the kill: nothing was tested"
-        os.kill(victim, signal.SIGKILL)  # the nanny starts a new worker; its tasks run again
         thread.join(timeout=240)
     assert not errors, errors
     assert tree_bytes(out) == tree_bytes(reference)

@@ -8,7 +8,7 @@ from PIL import Image
 
 from tilefeed.preprocess.images import Rejected, grid_positions, load_tiles
 from tilefeed.preprocess.settings import TileSettings
-from tests.conftest import photo
+from tests.helpers import photo
 
 WHITE = (255, 255, 255)
 
@@ -41,6 +41,11 @@ def test_every_mode_becomes_rgb(tmp_path: Path, mode: str, make: object) -> None
         # wide greyscale is scaled to 8 bits, not clipped: the grey values come back
         np.testing.assert_allclose(out[..., 0], a[..., 0], atol=1)
         assert (out[..., 0] == out[..., 2]).all()
+    else:  # 1, P, CMYK: exactly what PIL's own conversion of the stored image gives
+        with Image.open(path) as stored:
+            np.testing.assert_array_equal(out, np.asarray(stored.convert("RGB")))
+        if mode == "1":
+            assert set(np.unique(out)) == {0, 255}
 
 
 def test_transparency_is_composited_over_the_background(tmp_path: Path) -> None:

@@ -23,11 +23,11 @@ from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.images import Rejected, load_tiles
 from tilefeed.preprocess.errors import StoreWriteError
-from tests.conftest import tree_bytes
+from tests.helpers import FAULT_ARGS, tree_bytes
 from tests.preprocess import corpus
-from tests.preprocess.conftest import ARGS
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
         tmp_path: Path, source: tuple[Path, Path]) -> None:
     src, reference = source
@@ -37,7 +37,7 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
         out = tmp_path / f"run{trial}"
         for _kill in range(3):  # up to three kills on the same store
             proc = subprocess.Popen([sys.executable, "-m", "tilefeed", "preprocess",
-                                     str(src), str(out), *ARGS], start_new_session=True)
+                                     str(src), str(out), *FAULT_ARGS], start_new_session=True)
             # a random moment of the run: after some number of its 8 parts, plus a few ms
             parts = rng.randrange(8)
             while proc.poll() is None and len(list(out.glob(f"{fmt.WORK_DIR}/part-*.json"))) < parts:
@@ -50,7 +50,7 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
             if fmt.read_attrs(out) is None:
                 interrupted += 1
         done = subprocess.run([sys.executable, "-m", "tilefeed", "preprocess", str(src),
-                               str(out), *ARGS], capture_output=True, text=True, timeout=300)
+                               str(out), *FAULT_ARGS], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert tree_bytes(out) == tree_bytes(reference), f"trial {trial} differs"
     assert interrupted >= 4, f"only {interrupted} kills landed mid-run: the test proved little"

@@ -9,7 +9,7 @@ import zarr
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import CorruptChunkError, StoreFormatError
 from tilefeed.preprocess.zarr_codecs import images_codecs
-from tests.conftest import photo, psnr
+from tests.helpers import photo, psnr
 
 
 @pytest.mark.parametrize("codec", fmt.CODECS)

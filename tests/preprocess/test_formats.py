@@ -15,7 +15,7 @@ from PIL import Image, ImageCms, ImageFile
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess.images import Rejected, load_tiles
-from tests.conftest import photo, psnr, tree_bytes
+from tests.helpers import photo, psnr, tree_bytes
 from tests.preprocess.corpus import SIDE, Sample, build, damaged
 
 CORPUS = build()
@@ -117,6 +117,7 @@ Image.register_open(_CrashingImageFile.format, _CrashingImageFile,
                     lambda prefix: prefix[: len(CRASH_MAGIC)] == CRASH_MAGIC)
 
 
+@pytest.mark.slow
 def test_a_decoder_that_kills_its_process_rejects_only_that_image(tmp_path: Path) -> None:
     faulthandler.disable()  # the dying workers would print pytest's fault traceback
     src = tmp_path / "src"

@@ -16,7 +16,7 @@ from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import SourceError, StoreExistsError, StoreFormatError
 from tilefeed.preprocess.inspection import info, verify
-from tests.conftest import photo, run_cli, tree_bytes, write_folder
+from tests.helpers import photo, run_cli, tree_bytes, write_folder
 
 SMALL = TileSettings(tile=32)
 

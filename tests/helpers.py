@@ -1,0 +1,87 @@
+"""What the tests share: image makers, comparisons, the CLI as users run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+
+SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop defaults
+FAULT_ARGS = ["--size", "32", "--shard-size", "50", "--workers", "2", "--quiet"]
+
+
+def run_cli(*args: str, timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``tilefeed ARGS`` in a new process, as a user runs it (``env`` added to the environment)."""
+    return subprocess.run([sys.executable, "-m", "tilefeed", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def photo(seed: int, width: int, height: int) -> Image.Image:
+    """A smooth random picture: JPEG-friendly, and different per seed."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    return Image.fromarray(coarse, "RGB").resize((width, height), Image.Resampling.BICUBIC)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
+
+
+def write_folder(root: Path, classes: int = 3, per_class: int = 5, size: tuple[int, int] = (96, 72),
+                 seed: int = 0) -> Path:
+    for c in range(classes):
+        d = root / f"c{c}"
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            photo(seed * 1000 + c * 100 + i, *size).save(d / f"{i:03d}.jpg", quality=92)
+    return root
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def ks(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic."""
+    grid = np.sort(np.concatenate([a, b]))
+    fa = np.searchsorted(np.sort(a), grid, side="right") / len(a)
+    fb = np.searchsorted(np.sort(b), grid, side="right") / len(b)
+    return float(np.abs(fa - fb).max())
+
+
+def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: int = 8) -> Path:
+    """50 whole tiles (centre-square fit) of 32x32 from 48x40 pictures, 5 classes."""
+    src = write_folder(root / "src", classes=5, per_class=samples_per_class, size=(48, 40))
+    out = root / f"store-{codec}"
+    preprocess(src, out, TileSettings(tile=32, fit="crop"),
+               StoreSettings(codec=codec, shard_size=shard_size), workers=1)
+    return out
+
+
+class DelayedLoader:
+    """Yields a batch every ``delay_ms``; ``leak_mb`` keeps that much new memory per batch."""
+
+    def __init__(self, delay_ms: float, batches: int = 1000, leak_mb: int = 0, batch: int = 4):
+        self.delay_ms, self.batches, self.leak_mb, self.batch = delay_ms, batches, leak_mb, batch
+        self.kept: list[np.ndarray] = []
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.batches):
+            time.sleep(self.delay_ms / 1000)
+            if self.leak_mb:
+                self.kept.append(np.ones(self.leak_mb * 2**20, dtype=np.uint8))  # touched pages
+            yield torch.zeros(self.batch, 3, 8, 8), torch.zeros(self.batch, dtype=torch.int64)
