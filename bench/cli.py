@@ -91,10 +91,10 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     from tilefeed.bench.steps import EmulatedStep, ModelStep
 
     from tilefeed.bench.loaders import LOADERS
+    from tilefeed.pipeline.device import default_device
     from tilefeed.preprocess.errors import ConfigError
 
-    device = torch.device(args.device) if args.device else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    device = torch.device(args.device) if args.device else default_device()
     names = _names(args)
     unknown = [n for n in names if n not in LOADERS]
     if unknown or not names:

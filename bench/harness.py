@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tilefeed.pipeline.device import default_device
 from tilefeed.bench.memory import MemorySampler, steady_growth
 
 Step = Callable[[torch.Tensor, torch.Tensor], Any]
@@ -73,8 +74,7 @@ class Watch:
         """``clock``: seconds, monotonic; tests pass a fake one to assert exact figures."""
         self.iterable, self.name, self.warmup, self.report = iterable, name, warmup, report
         self.clock = clock
-        self.device = torch.device(device) if device is not None else (
-            torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+        self.device = torch.device(device) if device is not None else default_device()
         self.cuda = self.device.type == "cuda"
         self.waits: list[float] = []
         self.steps: list[float] = []

@@ -1,10 +1,14 @@
-"""``Loader``: the drop-in for a torch DataLoader over a tilefeed store, built on DALI."""
+"""``Loader``: the drop-in for a torch DataLoader over a tilefeed store, built on DALI.
+
+Longer than the other modules on purpose: the class's docstring documents every parameter with
+its trade-off (as FFCV's Loader does), and the DataLoader contract, resume state and lifetime
+of one object read best in one place. Order, crops, the DALI graph and its pool live apart.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import operator
-import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +20,7 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.crops import window_inputs
+from tilefeed.pipeline.device import default_device
 from tilefeed.pipeline import pool
 from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
 from tilefeed.pipeline.ledger import Ledger
@@ -39,14 +44,6 @@ STATE_VERSION = 2
 NO_EFFECT = ("collate_fn", "sampler", "batch_sampler", "worker_init_fn", "generator", "timeout",
              "multiprocessing_context")
 _warned: set[str] = set()
-
-
-def default_device() -> torch.device:
-    """``cuda:LOCAL_RANK`` (or the current CUDA device) when there is a GPU, else ``cpu``."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    local = os.environ.get("LOCAL_RANK")
-    return torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
 
 
 def _distributed_rank() -> tuple[int, int]:

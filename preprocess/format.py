@@ -6,7 +6,9 @@ the concatenation of its encoded chunks followed by the shard index: S pairs of 
 uint64 (offset, nbytes) and a crc32c of those bytes. Every encoded chunk ends with its own crc32c
 (the ``crc32c`` codec is the last of the inner codecs), so a reader can check any tile alone.
 
-Both sides use the functions here; neither re-derives offsets, names or codec settings.
+Both sides use the functions here; neither re-derives offsets, names or codec settings. One
+module on purpose, longer than most: the whole contract (names, layout, checksums, digests,
+version rules) is read in one place.
 """
 
 from __future__ import annotations

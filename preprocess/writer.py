@@ -10,6 +10,10 @@ every shard is in place and synced the driver writes the small arrays and the ar
 group's tilefeed attributes last: that write marks the store complete. A rerun of the same
 command skips the parts and shards already there, so a killed run resumes and ends in the very
 bytes of an uninterrupted one.
+
+This module is the driver only: the tasks that run on workers are in ``tasks``, the output
+folder's rules in ``output``, the metadata in ``metadata``. Most of it is ``_Build``, the
+scheduler that keeps parts and shards flowing and survives dying workers.
 """
 
 from __future__ import annotations
