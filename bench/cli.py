@@ -35,7 +35,7 @@ def demo_images(count: int, classes: int = 8) -> Path:
 def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad") -> Path:
     """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-    from tilefeed.preprocess.cli import progress_bar
+    from tilefeed.preprocess.progress import progress_bar
 
     store = cache_dir() / f"{images.name}-{size}-{codec}-{fit}"
     s = preprocess(images, store, TileSettings(tile=size, fit=fit), StoreSettings(codec=codec),

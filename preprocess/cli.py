@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import metadata
 
 from tilefeed.preprocess.errors import TilefeedError
@@ -181,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _preprocess(args: argparse.Namespace) -> int:
     from tilefeed.preprocess.settings import StoreSettings, TileSettings
     from tilefeed.preprocess.sources import SourceOptions
+    from tilefeed.preprocess.progress import progress_bar
     from tilefeed.preprocess.writer import preprocess
 
     tiles = TileSettings(
@@ -243,30 +244,6 @@ def _verify(args: argparse.Namespace) -> int:
         return 1
     print(f"{printable(args.store)}: sound ({shards} shards {what})")
     return 0
-
-
-def progress_bar(enabled: bool) -> Callable[[int], Callable[[int, int], None]]:
-    """A tqdm bar over sources, with rate, ETA and the running reject count."""
-
-    def start(total: int) -> Callable[[int, int], None]:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="img", disable=not enabled, file=sys.stderr,
-                   dynamic_ncols=True, smoothing=0.1)
-        rejected = 0
-
-        def tick(done: int, rejects: int) -> None:
-            nonlocal rejected
-            rejected += rejects
-            if rejects:
-                bar.set_postfix(rejected=rejected, refresh=False)
-            bar.update(done)
-            if bar.n >= total:
-                bar.close()
-
-        return tick
-
-    return start
 
 
 if __name__ == "__main__":
