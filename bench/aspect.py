@@ -12,7 +12,6 @@ same small network is trained three ways and evaluated on the same whole picture
 
 from __future__ import annotations
 
-import math
 import random
 import tempfile
 from collections.abc import Callable, Iterable
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from tilefeed.bench.baseline import torchvision_get_params
 from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 
 WIDTH, HEIGHT, MARK = 128, 96, 10
@@ -105,30 +105,6 @@ def _torchvision_batches(folder: Path, batch: int, rng: random.Random) -> Batche
             labels.append(label)
         out.append((_normalise(np.stack(images)), torch.tensor(labels)))
     return out
-
-
-def torchvision_get_params(rng: random.Random, height: int, width: int,
-                           scale: tuple[float, float] = (0.08, 1.0),
-                           ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """(top, left, height, width): torchvision's RandomResizedCrop.get_params rule in plain
-    Python, one draw at a time: ten tries, then the centre fallback."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(*scale)
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
 
 
 def _reference_epoch(folder: Path, batch: int, rng: random.Random, epoch: int) -> Batches:

@@ -21,23 +21,34 @@ MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
 STD = torch.tensor(IMAGENET_STD).view(3, 1, 1)
 
 
-def random_resized_box(width: int, height: int, rng: random.Random,
-                       scale: tuple[float, float] = (0.08, 1.0),
-                       ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop.get_params: (left, top, right, bottom)."""
-    area = width * height
+def torchvision_get_params(rng: random.Random, height: int, width: int,
+                           scale: tuple[float, float] = (0.08, 1.0),
+                           ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """(top, left, height, width): torchvision's RandomResizedCrop.get_params rule in plain
+    Python, one draw at a time: ten tries, then the centre fallback."""
+    area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
     for _ in range(10):
-        target = area * rng.uniform(*scale)
+        target_area = area * rng.uniform(*scale)
         aspect = math.exp(rng.uniform(*log_ratio))
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            left, top = rng.randint(0, width - w), rng.randint(0, height - h)
-            return left, top, left + w, top + h
-    side = min(width, height)  # fallback: the centre crop
-    left, top = (width - side) // 2, (height - side) // 2
-    return left, top, left + side, top + side
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def random_resized_box(width: int, height: int, rng: random.Random) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params as a PIL box: (left, top, right, bottom)."""
+    top, left, h, w = torchvision_get_params(rng, height, width)
+    return left, top, left + w, top + h
 
 
 class JpegFolder(Dataset[tuple[torch.Tensor, int]]):

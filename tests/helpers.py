@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -85,3 +86,10 @@ class DelayedLoader:
             if self.leak_mb:
                 self.kept.append(np.ones(self.leak_mb * 2**20, dtype=np.uint8))  # touched pages
             yield torch.zeros(self.batch, 3, 8, 8), torch.zeros(self.batch, dtype=torch.int64)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on, for a torch.distributed rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

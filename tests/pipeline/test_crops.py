@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from tilefeed.bench.aspect import torchvision_get_params
+from tilefeed.bench.baseline import torchvision_get_params
 from tilefeed.pipeline.crops import random_resized_crops, uniforms
 from tests.helpers import RATIO, SCALE, ks
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -12,11 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import free_port
 
 
 def _rank_main(rank: int, world: int, port: int, store: str, drop_last: bool, out: str) -> None:
@@ -42,7 +37,7 @@ def _rank_main(rank: int, world: int, port: int, store: str, drop_last: bool, ou
 def test_two_ranks_split_every_epoch_exactly_once(store: Path, tmp_path: Path) -> None:
     for drop_last in (False, True):
         out = tmp_path / f"gathered-{drop_last}.pt"
-        mp.start_processes(_rank_main, args=(2, _free_port(), str(store), drop_last, str(out)),
+        mp.start_processes(_rank_main, args=(2, free_port(), str(store), drop_last, str(out)),
                            nprocs=2, join=True, start_method="spawn")
         per_rank = torch.load(out)  # [rank][epoch][batch] -> indices
         orders = []

@@ -7,7 +7,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import warnings
@@ -23,7 +22,7 @@ import torch.multiprocessing as mp
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.ledger import audit
 from tilefeed.pipeline.order import SHUFFLES
-from tests.helpers import run_cli
+from tests.helpers import free_port, run_cli
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
 
@@ -284,12 +283,6 @@ def test_audit_across_a_kill_and_an_elastic_resume(store: Path, tmp_path: Path) 
 
 
 # -- a real 2-process job resumed as a 3-process job ------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _job(rank: int, world: int, port: int, store: str, state_file: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -318,7 +311,7 @@ def _job(rank: int, world: int, port: int, store: str, state_file: str, out: str
 def test_two_process_job_resumed_on_three_processes(store: Path, tmp_path: Path) -> None:
     state, first, second = tmp_path / "state.pt", tmp_path / "a.pt", tmp_path / "b.pt"
     for world, out in ((2, first), (3, second)):
-        mp.start_processes(_job, args=(world, _free_port(), str(store), str(state), str(out)),
+        mp.start_processes(_job, args=(world, free_port(), str(store), str(state), str(out)),
                            nprocs=world, join=True, start_method="spawn")
     delivered = [i for part in torch.load(first) + torch.load(second) for i in part]
     counts = Counter(delivered)
