@@ -38,7 +38,7 @@ from tilefeed.preprocess.errors import ConfigError, DaliMissingError
 from tilefeed.preprocess.settings import usable_cores
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
-LAYOUTS = ("NCHW", "NHWC")
+LAYOUTS = ("NCHW", "NHWC", "channels_last")
 STATE_VERSION = 2
 # DataLoader options that mean nothing here: accepted so a swap runs, warned about once.
 NO_EFFECT = ("collate_fn", "sampler", "batch_sampler", "worker_init_fn", "generator", "timeout",
@@ -132,7 +132,11 @@ class Loader:
         Evaluation centre-crop fraction (224 of 256); 1.0 resizes straight to ``size``.
     dtype : torch.dtype, default torch.float32
         float32, float16, bfloat16 or uint8 (uint8 skips normalisation: pixels as stored).
-    layout : {"NCHW", "NHWC"}, default "NCHW"
+    layout : {"NCHW", "NHWC", "channels_last"}, default "NCHW"
+        ``channels_last``: NCHW shape in ``torch.channels_last`` memory format (a view of DALI's
+        HWC output, no transpose): what torch recommends for convolution nets under autocast,
+        and the cheapest float output on the CPU. ``NCHW`` is contiguous (DALI transposes);
+        ``NHWC`` is the HWC tensor itself.
     with_index : bool, default False
         Yield ``(images, labels, indices)``: the store indices of the batch's samples.
     num_workers : int, optional
@@ -207,7 +211,7 @@ class Loader:
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
         if layout not in LAYOUTS:
-            raise ConfigError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+            raise ConfigError(f"layout must be 'NCHW', 'NHWC' or 'channels_last', got {layout!r}")
         threads = _alias("num_workers", num_workers, "workers", workers)
         threads = None if threads is None else _int("num_workers", threads, 1)
         depth = _alias("prefetch_factor", prefetch_factor, "prefetch", prefetch)
@@ -400,6 +404,8 @@ class Loader:
         images = out["images"]
         if self.dtype == torch.bfloat16:
             images = images.to(torch.bfloat16)
+        if self.layout == "channels_last":  # HWC from DALI, seen as NCHW: no copy, no transpose
+            images = images.permute(0, 3, 1, 2)
         labels = out["labels"].reshape(-1)
         if self.with_index:
             return images, labels, out["indices"].reshape(-1)

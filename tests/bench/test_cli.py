@@ -86,3 +86,14 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "fair: every loader delivered" in r.stdout
     assert (tmp_path / "demo" / "bench.json").exists()
     assert (tmp_path / "demo" / "stall.png").exists()
+
+
+def test_loader_bench_measures_every_loader_against_an_all_core_limit(data: tuple[Path, Path]) -> None:
+    from tilefeed.bench.loader_bench import MEMCPY, UINT8_TILEFEED, bench_loaders
+
+    images, store = data
+    result = bench_loaders(images, store, batch_size=8, workers=1, rounds=1, min_seconds=0.2,
+                           log=False)
+    assert len(result.rates) == 6 and all(rate > 0 for rate in result.rates.values())
+    assert result.rates[MEMCPY] > result.rates[UINT8_TILEFEED]  # nothing beats copying decoded tiles
+    assert "the limit" in result.table() and "channels_last" in result.table()

@@ -215,3 +215,14 @@ def test_a_loader_dropped_mid_epoch_inside_a_reference_cycle_spoils_no_later_loa
         gc.collect()  # finalises the cycle: DALI may shut the pipeline down under the Loader
         with Loader(store, 4, train=True, size=24, with_index=True) as fresh:
             assert len(indices_of(fresh)) == 50
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_channels_last_is_nchw_shaped_in_channels_last_memory(store: Path, train: bool) -> None:
+    opts = dict(shuffle=False, train=train, size=24, seed=3)
+    with Loader(store, 8, layout="channels_last", **opts) as a, Loader(store, 8, layout="NCHW", **opts) as b:
+        last, _ = next(iter(a))
+        first, _ = next(iter(b))
+    assert last.shape == first.shape == (8, 3, 24, 24)
+    assert last.is_contiguous(memory_format=torch.channels_last) and not last.is_contiguous()
+    torch.testing.assert_close(last, first)
