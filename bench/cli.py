@@ -13,7 +13,7 @@ from typing import Any
 
 from tilefeed.preprocess.format import ceil_div
 
-SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect")
+SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report")
 
 
 def cache_dir() -> Path:
@@ -124,12 +124,13 @@ def bench_main(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] in SUBCOMMANDS:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
-                "diagnose": _diagnose, "soak": _soak, "aspect": _aspect}[argv[0]](argv[1:])
+                "diagnose": _diagnose, "soak": _soak, "aspect": _aspect,
+                "gpu-report": _gpu_report}[argv[0]](argv[1:])
     parser = _parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
         "side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        "tilefeed bench {preprocess,loader,sweep,diagnose,soak,aspect} --help.")
+        "tilefeed bench {preprocess,loader,sweep,diagnose,soak,aspect,gpu-report} --help.")
     _harness_args(parser)
     args = parser.parse_args(argv)
     run_compare(args)
@@ -226,6 +227,39 @@ def _aspect(argv: list[str]) -> int:
     from tilefeed.bench.aspect import bench_aspect
 
     return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
+
+
+def _gpu_report(argv: list[str]) -> int:
+    p = _parser("tilefeed bench gpu-report",
+                "On a CUDA device: JPEG decode and augmentation on the GPU (tilefeed's nvJPEG tiles, "
+                "DALI's file reader, torchvision's decode_jpeg), peak and growing device memory, and "
+                "the stall at a bf16 ResNet-50 step; one JSON report, failures recorded in it.")
+    _data_args(p, count=2048)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batches", type=int, default=30, help="measured batches per loader")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--model-steps", type=int, default=20)
+    p.add_argument("--tests-xml", type=Path, default=None,
+                   help="JUnit XML of the gpu tests (pytest --junitxml) to include in the report")
+    args = p.parse_args(argv)
+    import torch
+
+    from tilefeed.bench.gpu_report import gpu_report, report_table, junit_summary, write_report
+    from tilefeed.preprocess.errors import ConfigError
+
+    if not torch.cuda.is_available():
+        raise ConfigError("gpu-report needs a CUDA device (torch.cuda.is_available() is False)")
+    images = args.images or demo_images(args.count)
+    store = args.store or demo_store(images, codec="jpeg")
+    report = gpu_report(images, store, device=torch.device("cuda"), batch_size=args.batch_size,
+                        batches=args.batches, workers=args.workers, model_steps=args.model_steps)
+    if args.tests_xml:
+        report["tests"] = junit_summary(args.tests_xml)
+    print(report_table(report))
+    json_path = args.json or Path("bench-out/gpu-report.json")
+    write_report(report, json_path)
+    print(f"json: {json_path}")
+    return 0
 
 
 def _report(result: Any, json_path: Path | None) -> int:
