@@ -110,3 +110,27 @@ def test_model_step_memory_breakdown_and_accumulation() -> None:
     assert m.activations_mb > m.params_mb  # 32x32 inputs, a tiny net: activations dominate
     assert m.dominant == "activations" and "checkpointing" in m.summary()
     step(images.to(torch.uint8), labels)  # uint8 NCHW input is accepted too
+
+
+class _SameTile(torch.utils.data.Dataset[torch.Tensor]):
+    """The same tile at every index: any difference between items is the augmentation's."""
+
+    def __init__(self) -> None:
+        from tilefeed.bench.loaders import TileTransform
+
+        seeded = torch.Generator().manual_seed(0)
+        self.tile = torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=seeded)
+        self.transform = TileTransform(16, train=True)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.transform(self.tile)
+
+
+def test_tile_transform_gives_each_dataloader_worker_its_own_random_stream() -> None:
+    loader = torch.utils.data.DataLoader(_SameTile(), batch_size=1, num_workers=2)
+    items = [batch[0] for batch in loader]  # batches alternate between the two workers
+    first_of_worker = items[0], items[1]
+    assert not torch.equal(*first_of_worker), "both workers drew the same crop and flip"
