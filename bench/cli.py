@@ -177,13 +177,24 @@ def _bench_loader(argv: list[str]) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="workers for every loader")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
+    p.add_argument("--peer", choices=("ffcv",), default=None,
+                   help="add a peer loader on the same tiles, raw and JPEG, with its recommended "
+                   "pipeline, in rounds interleaved with tilefeed's")
+    p.add_argument("--peer-python", default=None,
+                   help="the Python of the peer's own environment (FFCV pulls plain Pillow and "
+                   "OpenCV, so it usually lives apart): e.g. ~/ffcv-venv/bin/python")
     args = p.parse_args(argv)
     from tilefeed.bench.loader_bench import bench_loaders
+    from tilefeed.preprocess.errors import ConfigError
 
+    if args.peer and not args.peer_python:
+        raise ConfigError("--peer ffcv needs --peer-python: the Python of an environment with FFCV")
     images = args.images or demo_images(args.count)
     store = args.store or demo_store(images, fit="crop")  # whole tiles: the read path alone
+    jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
     result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
-                           rounds=args.rounds)
+                           rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
+                           jpeg_store=jpeg_store)
     return _report(result, args.json)
 
 

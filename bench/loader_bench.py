@@ -5,7 +5,11 @@ interleave the loaders; medians reported."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
@@ -29,6 +33,9 @@ class LoaderBenchResult:
     tile: int
     codec: str
     rates: dict[str, float] = field(default_factory=dict)  # img/s, medians
+    # FFCV beside tilefeed, figure -> (FFCV median, tilefeed median, FFCV range, tilefeed range)
+    peer: dict[str, tuple[float, float, tuple[float, float], tuple[float, float]]] = field(
+        default_factory=dict)
 
     def ratio(self, a: str, b: str) -> float:
         return self.rates[a] / self.rates[b]
@@ -44,6 +51,14 @@ class LoaderBenchResult:
             f"float32 augmented: tilefeed / PIL DataLoader = "
             f"{self.ratio(AUG_TILEFEED, AUG_PIL):.1f}x (goal >= 3x)",
         ]
+        if self.peer:
+            lines += ["", "| figure (img/s) | FFCV | tilefeed | tilefeed / FFCV | FFCV range "
+                      "| tilefeed range |",
+                      "| --- | ---: | ---: | ---: | ---: | ---: |"]
+            for name, (theirs, ours, their_range, our_range) in self.peer.items():
+                lines.append(f"| {name} | {theirs:.0f} | {ours:.0f} | {ours / theirs:.2f} | "
+                             f"{their_range[0]:.0f}-{their_range[1]:.0f} | "
+                             f"{our_range[0]:.0f}-{our_range[1]:.0f} |")
         return "\n".join(lines)
 
 
@@ -104,7 +119,11 @@ def _copy_limit(store: Path, batch_size: int, threads: int) -> Callable[[], int]
 
 
 def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: int = 2,
-                  rounds: int = 5, min_seconds: float = 1.5, log: bool = True) -> LoaderBenchResult:
+                  rounds: int = 5, min_seconds: float = 1.5, log: bool = True,
+                  peer_python: str | None = None, jpeg_store: Path | None = None) -> LoaderBenchResult:
+    """``peer_python``: the Python of an environment with FFCV; its loaders then run on the same
+    tiles (raw and JPEG) in rounds interleaved with tilefeed's, and ``jpeg_store`` (the same
+    pictures, ``--codec jpeg``) gives tilefeed's JPEG figures."""
     reader = StoreReader(store)
     tile = reader.tile
     if log:
@@ -121,15 +140,87 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
         AUG_TILEFEED_CL: _drain(Loader(store, batch_size, train=True, size=tile, workers=workers,
                                        layout="channels_last", device="cpu")),
     }
+    figures = {"raw, uint8": UINT8_TILEFEED, "raw, train float32 NCHW": AUG_TILEFEED,
+               "raw, train float32 channels_last": AUG_TILEFEED_CL}
+    peer = None
+    if peer_python is not None:
+        if jpeg_store is None:
+            raise ValueError("a peer comparison needs the JPEG store of the same pictures")
+        for layout, name in (("NHWC", "jpeg, uint8"), ("NCHW", "jpeg, train float32 NCHW"),
+                             ("channels_last", "jpeg, train float32 channels_last")):
+            train = name != "jpeg, uint8"
+            contenders[f"tilefeed {name}"] = _drain(Loader(
+                jpeg_store, batch_size, train=train, size=tile, workers=workers, layout=layout,
+                dtype=torch.float32 if train else torch.uint8, device="cpu"))
+            figures[name] = f"tilefeed {name}"
+        peer = FfcvPeer(peer_python, reader, batch_size=batch_size, workers=workers,
+                        min_seconds=min_seconds, log=log)
     for epoch in contenders.values():
         _rate(epoch, min_seconds)  # DALI's buffers and the page tables settle over a few epochs
     rates: dict[str, list[float]] = {name: [] for name in contenders}
-    for r in range(rounds):
-        for name, epoch in contenders.items():
-            rates[name].append(_rate(epoch, min_seconds))
-        if log:
-            print(f"round {r + 1}/{rounds}: " + ", ".join(f"{v[-1]:.0f}" for v in rates.values()),
-                  flush=True)
+    peer_rates: dict[str, list[float]] = {}
+    try:
+        for r in range(rounds):
+            for name, epoch in contenders.items():
+                rates[name].append(_rate(epoch, min_seconds))
+            if peer is not None:
+                for name, value in peer.round().items():
+                    peer_rates.setdefault(name, []).append(value)
+            if log:
+                print(f"round {r + 1}/{rounds}: " + ", ".join(f"{v[-1]:.0f}" for v in rates.values())
+                      + (" | FFCV: " + ", ".join(f"{v[-1]:.0f}" for v in peer_rates.values())
+                         if peer_rates else ""), flush=True)
+    finally:
+        if peer is not None:
+            peer.close()
     result = LoaderBenchResult(len(reader), batch_size, workers, tile, reader.codec.name)
     result.rates = {name: statistics.median(v) for name, v in rates.items()}
+    for figure, ours in figures.items():
+        if figure in peer_rates:
+            theirs = peer_rates[figure]
+            result.peer[figure] = (statistics.median(theirs), result.rates[ours],
+                                   (min(theirs), max(theirs)), (min(rates[ours]), max(rates[ours])))
     return result
+
+
+class FfcvPeer:
+    """FFCV's loaders in their own Python (``bench/ffcv_peer.py``), on this store's tiles: one
+    measured round of every figure per ``round()``, interleaved with tilefeed's rounds."""
+
+    def __init__(self, python: str, reader: StoreReader, *, batch_size: int, workers: int,
+                 min_seconds: float, log: bool) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="tilefeed-ffcv-"))
+        np.save(self.folder / "tiles.npy", np.stack([reader.read(i) for i in range(len(reader))]))
+        np.save(self.folder / "labels.npy", reader.labels)
+        if log:
+            print("FFCV: writing its datasets and compiling its pipelines...", flush=True)
+        self.proc = subprocess.Popen(
+            [python, str(Path(__file__).with_name("ffcv_peer.py")), str(self.folder),
+             "--batch-size", str(batch_size), "--workers", str(workers),
+             "--min-seconds", str(min_seconds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._read()  # {"ready": [...]}
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the FFCV peer exited (status {self.proc.wait()}); run "
+                               f"bench/ffcv_peer.py with that Python to see why")
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    def round(self) -> dict[str, float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # its measurements are in; a hung exit is not ours to wait on
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -97,3 +97,38 @@ def test_loader_bench_measures_every_loader_against_an_all_core_limit(data: tupl
     assert len(result.rates) == 6 and all(rate > 0 for rate in result.rates.values())
     assert result.rates[MEMCPY] > result.rates[UINT8_TILEFEED]  # nothing beats copying decoded tiles
     assert "the limit" in result.table() and "channels_last" in result.table()
+
+
+FAKE_PEER = """
+import json, sys
+figures = ["raw, uint8", "raw, train float32 NCHW", "raw, train float32 channels_last",
+           "jpeg, uint8", "jpeg, train float32 NCHW", "jpeg, train float32 channels_last"]
+print(json.dumps({"ready": figures}), flush=True)
+for n, line in enumerate(sys.stdin):
+    if line.strip() != "round":
+        break
+    print(json.dumps({f: 100.0 + n for f in figures}), flush=True)
+"""
+
+
+def test_loader_bench_interleaves_a_peer_running_in_its_own_python(
+        tmp_path: Path, data: tuple[Path, Path]) -> None:
+    """The protocol with FFCV's side (bench/ffcv_peer.py), played by a stand-in Python."""
+    import sys
+
+    from tilefeed.bench.loader_bench import bench_loaders
+
+    images, store = data
+    jpeg_store = tmp_path / "jpeg"
+    preprocess(images, jpeg_store, TileSettings(tile=32), StoreSettings(codec="jpeg", shard_size=8),
+               workers=1)
+    (tmp_path / "peer.py").write_text(FAKE_PEER)
+    fake = tmp_path / "peer-python"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'peer.py'}\n")
+    fake.chmod(0o755)
+    result = bench_loaders(images, store, batch_size=8, workers=1, rounds=3, min_seconds=0.1,
+                           log=False, peer_python=str(fake), jpeg_store=jpeg_store)
+    assert len(result.peer) == 6
+    for theirs, ours, their_range, _ in result.peer.values():
+        assert theirs == 101.0 and their_range == (100.0, 102.0) and ours > 0
+    assert "tilefeed / FFCV" in result.table()
