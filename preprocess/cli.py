@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("store", metavar="STORE")
     i.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    v = sub.add_parser("verify", help="check every shard index and chunk checksum (crc32c)",
+    v = sub.add_parser("verify", help="check every file of a store: arrays, digests, shard "
+                       "indexes and tile checksums",
                        description="Exit 0 when the store is sound; otherwise print each problem, "
                        "naming the shard file and sample, and exit 1.")
     v.add_argument("store", metavar="STORE")
