@@ -16,14 +16,15 @@ class TileDataset(Dataset[tuple[Any, int]]):
     """``ds[i] -> (tile, label)``: tile i as a (T, T, 3) uint8 tensor, or ``transform(tile)``.
 
     Picklable: the store is opened lazily in each process, so DataLoader workers (fork or
-    spawn) each map the shards themselves.
+    spawn) each map the shards themselves. ``store`` may be an open ``StoreReader`` to share
+    in this process (the store is then not opened and checked a second time).
     """
 
-    def __init__(self, store: str | Path,
+    def __init__(self, store: str | Path | StoreReader,
                  transform: Callable[[torch.Tensor], Any] | None = None) -> None:
-        self.store = Path(store)
+        self._reader: StoreReader | None = store if isinstance(store, StoreReader) else None
+        self.store = store.root if isinstance(store, StoreReader) else Path(store)
         self.transform = transform
-        self._reader: StoreReader | None = None
         self._len = len(self.reader)
 
     @property

@@ -13,12 +13,12 @@ CROP_INPUTS = 3  # windows: roi start, roi end, flip per sample, after (images, 
 
 
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
-                   device_id: int | None, prefetch: int, seed: int, jpeg: bool) -> Any:
+                   device_id: int | None, prefetch: int, jpeg: bool) -> Any:
     gpu = device_id is not None
     extra = CROP_INPUTS if augment.windows else 0
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
-                  prefetch_queue_depth=prefetch, seed=seed)
+                  prefetch_queue_depth=prefetch)  # no DALI randomness: crops come from the host
     def tiles() -> Any:
         raw, labels, indices, *crop = fn.external_source(
             source=source, num_outputs=3 + extra, batch=True,

@@ -87,11 +87,7 @@ class _OpenEpoch:
     prior: list[Segment]  # earlier stretches of this epoch (other runs, other settings)
     indices: np.ndarray  # this rank's samples in this stretch, in order
     batches: int  # handed over so far in this stretch (counting those before a same-settings resume)
-    first: int = -1  # the batch this run started at
-
-    def __post_init__(self) -> None:
-        if self.first < 0:
-            self.first = self.batches
+    first: int  # the batch this run started at: what the ledger records begins there
 
 
 class Loader:
@@ -299,7 +295,7 @@ class Loader:
 
             from tilefeed.pipeline.dataset import TileDataset
 
-            full = TileDataset(self.reader.root)
+            full = TileDataset(self.reader)
             self._dataset = full if self.subset is None else Subset(full, self.subset.tolist())
         return self._dataset
 
@@ -339,15 +335,15 @@ class Loader:
         order = self._order(epoch)
         resume = self._resume if self._resume is not None and self._resume[0] == epoch else None
         if resume is None:
-            return _OpenEpoch(epoch, [], self._split(order), 0)
+            return _OpenEpoch(epoch, [], self._split(order), 0, 0)
         segments = resume[1]
         mine = (self.world_size, self.batch_size, self.drop_last)
         last = segments[-1] if segments else None
         if last is not None and (last.world_size, last.batch_size, last.drop_last) == mine:
             # same settings: continue the very split the saved run was in, batch for batch
             return _OpenEpoch(epoch, segments[:-1], self._split(remaining(order, segments[:-1])),
-                              last.batches)
-        return _OpenEpoch(epoch, segments, self._split(remaining(order, segments)), 0)
+                              last.batches, last.batches)
+        return _OpenEpoch(epoch, segments, self._split(remaining(order, segments)), 0, 0)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         epoch = self._epoch

@@ -101,7 +101,7 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
     s = settings
     source = BatchSource(reader, s.batch_size, s.readers, ahead=s.readers + 1, dali_depth=s.prefetch)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
-                          device_id=s.device_id, prefetch=s.prefetch, seed=1, jpeg=reader.is_image_coded)
+                          device_id=s.device_id, prefetch=s.prefetch, jpeg=reader.is_image_coded)
     pipe.build()
     return Graph(source, pipe)
 

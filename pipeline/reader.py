@@ -29,27 +29,23 @@ class StoreReader:
         self.shard_size: int = attrs["shard_size"]
         self.classes: list[str] = list(attrs["classes"])
         self.codec = fmt.TileCodec(attrs["codec"], self.tile, attrs["quality"] or 90)
-        self.labels = self._read_labels()
+        # Every array is checked against its recorded digests (the shards for presence and
+        # size), each once, so a damaged store is refused here rather than deep inside an
+        # epoch: one read of the small arrays, none of the tiles.
+        for name in attrs["arrays"]:
+            if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
+                fmt.check_array(self.root, attrs, name)
+        self.labels = read_small_array(self.root, attrs, fmt.LABELS).astype(np.int64, copy=False)
+        if self.labels.shape != (self.samples,):
+            raise fmt.StoreFormatError(
+                f"store {str(self.root)!r}: labels hold {self.labels.shape[0]} entries, "
+                f"expected {self.samples}")
         # (N, 4) top, left, height, width of each tile's picture; crops and framing stay inside it
         self.boxes = read_small_array(self.root, attrs, fmt.BOXES).astype(np.int64, copy=False)
         full = np.array([0, 0, self.tile, self.tile])
         self.padded = bool((self.boxes != full).any())  # some tile holds padding (pad fit, grid edges)
         self._shards: list[fmt.ShardFile | None] = [None] * attrs["shards"]
         self._lock = threading.Lock()
-
-    def _read_labels(self) -> np.ndarray:
-        """The labels, after every array of the store is checked against its recorded digests
-        (and the shard files for presence and size), so that a damaged store is refused here
-        rather than deep inside an epoch. Costs one read of the small arrays, not of the tiles."""
-        for name in self.attrs["arrays"]:
-            fmt.check_array(self.root, self.attrs, name)
-        labels = read_small_array(self.root, self.attrs, fmt.LABELS).astype(np.int64, copy=False)
-        if labels.shape != (self.samples,):
-            raise fmt.StoreFormatError(
-                f"store {str(self.root)!r}: labels hold {labels.shape[0]} entries, "
-                f"expected {self.samples}"
-            )
-        return labels
 
     def __len__(self) -> int:
         return self.samples

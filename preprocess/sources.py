@@ -97,14 +97,14 @@ def _walk(folder: Path, exclude: Path | None) -> _Walk:
     groups: list[tuple[str, list[Path]]] = []
 
     def visit(d: Path) -> None:
-        st = d.stat()
-        if (st.st_dev, st.st_ino) in seen:
-            walk.skipped.append((str(d), "symlink loop: the folder it links to was already read"))
-            return
-        seen.add((st.st_dev, st.st_ino))
         try:
+            st = d.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                walk.skipped.append((str(d), "symlink loop: the folder it links to was already read"))
+                return
+            seen.add((st.st_dev, st.st_ino))
             entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError as err:
+        except OSError as err:  # one unreadable folder is a reject, not the end of the scan
             walk.skipped.append((str(d), f"unreadable folder: {err.strerror or err}"))
             return
         files: list[Path] = []
@@ -128,7 +128,10 @@ def _walk(folder: Path, exclude: Path | None) -> _Walk:
 
 
 def _scan_tree(root: Path, options: SourceOptions, exclude: Path | None) -> Sources:
-    entries = sorted(os.scandir(root), key=lambda e: e.name)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as e:
+        raise SourceError(f"cannot read SRC {str(root)!r}: {e.strerror or e}") from None
     hidden = sum(e.name.startswith(".") for e in entries)
     classes = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")
                and (exclude is None or Path(e.path).absolute() != exclude)]

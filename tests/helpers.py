@@ -88,6 +88,14 @@ class DelayedLoader:
             yield torch.zeros(self.batch, 3, 8, 8), torch.zeros(self.batch, dtype=torch.int64)
 
 
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """Join a CPU (gloo) process group on 127.0.0.1, as a torchrun rank would."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nobody listens on, for a torch.distributed rendezvous."""
     with socket.socket() as s:

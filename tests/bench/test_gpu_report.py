@@ -24,8 +24,13 @@ def test_report_records_every_section_and_keeps_going_past_failures(tmp_path: Pa
                            "torchvision decode_jpeg on the GPU"}
     for name in ("tilefeed nvJPEG tiles, train", "tilefeed nvJPEG tiles, eval"):
         assert decode[name]["images_per_s"] > 0 and decode[name]["memory_bounded"], decode[name]
-    # on this CPU machine torchvision does not load (or cannot decode on cuda): noted, not fatal
-    assert set(decode["torchvision decode_jpeg on the GPU"]) & {"skipped", "error", "images_per_s"}
+    hand = decode["torchvision decode_jpeg on the GPU"]
+    try:
+        import torchvision.io  # noqa: F401
+    except Exception:  # noqa: BLE001 - the machine has no usable torchvision: a note, not a failure
+        assert hand["skipped"].startswith("torchvision does not load"), hand
+    else:  # it loads: measured, or its failure recorded (no CUDA decode on the CPU)
+        assert "images_per_s" in hand or "error" in hand, hand
     assert set(report["stall"]) == {"tilefeed", "baseline"}
     assert all("stall_fraction" in r or "error" in r for r in report["stall"].values())
     write_report(report, tmp_path / "out" / "report.json")

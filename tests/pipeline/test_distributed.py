@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -11,12 +10,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.helpers import free_port
+from tests.helpers import free_port, join_gloo
 
 
 def _rank_main(rank: int, world: int, port: int, store: str, drop_last: bool, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_gloo(rank, world, port)
     from tilefeed.pipeline import Loader
 
     with Loader(store, 4, drop_last=drop_last, with_index=True, train=False,

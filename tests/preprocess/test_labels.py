@@ -298,3 +298,21 @@ def test_info_into_head_exits_quietly_and_text_output_escapes_control_characters
     assert "aa\\nline.jpg" in text and "aa\nline" not in text
     assert json.loads(run_cli("info", "--json", str(out)).stdout)["rejects"][0]["path"].endswith("aa\nline.jpg")
     assert np.all(np.asarray(labels_of(out)) == 0)
+
+
+def test_an_unreadable_folder_inside_a_class_is_a_reject_not_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = write_folder(tmp_path / "src", classes=2, per_class=2)
+    locked = src / "c1" / "locked"
+    locked.mkdir()
+    real = os.scandir
+
+    def scandir(path: object) -> object:
+        if Path(str(path)) == locked:
+            raise PermissionError(13, "Permission denied")
+        return real(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    found = find_sources(src)
+    assert len(found) == 4
+    assert found.skipped == [(str(locked), "unreadable folder: Permission denied")]
