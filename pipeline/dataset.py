@@ -21,16 +21,21 @@ class TileDataset(Dataset[tuple[Any, int]]):
     """
 
     def __init__(self, store: str | Path | StoreReader,
-                 transform: Callable[[torch.Tensor], Any] | None = None) -> None:
-        self._reader: StoreReader | None = store if isinstance(store, StoreReader) else None
-        self.store = store.root if isinstance(store, StoreReader) else Path(store)
+                 transform: Callable[[torch.Tensor], Any] | None = None, **store_options: Any) -> None:
+        """``store_options``: StoreReader's ``storage_options``, ``cache_dir``, ``cache_limit``
+        for a store in object storage."""
+        self._reader: StoreReader | None = None
+        if isinstance(store, StoreReader):
+            self._reader, store_options = store, store.options()
+            store = store.location
+        self.store, self.store_options = store, store_options
         self.transform = transform
         self._len = len(self.reader)
 
     @property
     def reader(self) -> StoreReader:
         if self._reader is None:
-            self._reader = StoreReader(self.store)
+            self._reader = StoreReader(self.store, **self.store_options)
         return self._reader
 
     @property

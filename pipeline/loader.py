@@ -156,6 +156,18 @@ class Loader:
         Normalisation, in 0..255 pixel units (ImageNet's by default).
     shuffle_window : int, default 4
         Shards mixed at a time under ``shuffle="shard"``.
+    storage_options : dict, optional
+        For a store in object storage (``"s3://bucket/prefix"``, ``gs://``, ``az://``): settings
+        added to the cloud's standard configuration (environment, profiles), such as
+        ``{"endpoint": "http://minio:9000", "region": "us-east-1"}``.
+    cache_dir : str or Path, optional
+        Local folder the bucket's shards are fetched into, ahead of the epoch, in the order it
+        reads them; ranks and processes on one node may share it. Default
+        ``$TILEFEED_CACHE`` or ``~/.cache/tilefeed``.
+    cache_limit : int, optional
+        Bytes of shards the cache folder may hold (least recently used go first); default no
+        limit. Under ``shuffle="global"`` a limit below the store's size reads tiles by ranged
+        requests instead of whole shards; otherwise it must hold ``shuffle_window + 2`` shards.
     """
 
     def __init__(
@@ -188,6 +200,9 @@ class Loader:
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         shuffle_window: int = 4,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | None = None,
         **dataloader_options: Any,
     ) -> None:
         require_dali()
@@ -233,7 +248,14 @@ class Loader:
             raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {self.device}")
 
         self._owns_reader = not isinstance(store, StoreReader)
-        self.reader = store if isinstance(store, StoreReader) else StoreReader(store)
+        if isinstance(store, StoreReader):
+            self.reader = store
+        else:
+            limit = None if cache_limit is None else _int("cache_limit", cache_limit, 1)
+            self.reader = StoreReader(store, storage_options=storage_options, cache_dir=cache_dir,
+                                      cache_limit=limit)
+        self.reader.stream(random_order=shuffle == "global",
+                           window=shuffle_window if shuffle == "shard" else 1)
         size = self.reader.tile if size is None else _int("size", size, 8)
         if size > 8192:
             raise ConfigError(f"size must be at most 8192, got {size}")

@@ -3,25 +3,48 @@
 Each shard file is mapped and its index parsed once, on first use; a tile is then a slice of
 the map, crc32c-checked, handed on as encoded bytes or decompressed into a caller's buffer.
 No zarr machinery and no per-tile Python objects beyond a memoryview on the hot path.
+
+A store in a bucket (``s3://``, ``gs://``, ``az://``) reads the same way from a local cache
+folder that ``preprocess.remote`` keeps filled ahead of the epoch, or by ranged requests when
+random order meets a cache smaller than the store (``stream``).
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from pathlib import Path
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.errors import ConfigError, CorruptChunkError
+from tilefeed.preprocess.remote import RangedTiles, RemoteStore
+from tilefeed.preprocess.storage import is_url, local_path
 from tilefeed.preprocess.zarr_codecs import read_small_array
 
 
 class StoreReader:
     """A read-only view of a complete tilefeed store; safe to share between threads."""
 
-    def __init__(self, store: str | Path) -> None:
-        self.root = Path(store)
+    def __init__(self, store: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None) -> None:
+        """``store``: a folder, or a bucket URL with ``storage_options`` (added to the cloud's
+        standard configuration), ``cache_dir`` (default ``~/.cache/tilefeed``, or
+        ``$TILEFEED_CACHE``) and ``cache_limit`` (bytes of shards kept there; default no limit)."""
+        self.remote: RemoteStore | None = None
+        self.ranged: RangedTiles | None = None
+        if is_url(store):
+            self.remote = RemoteStore(str(store), storage_options, cache_dir, cache_limit)
+            self.root, self.location = self.remote.mirror, self.remote.storage.url
+        else:
+            if storage_options or cache_dir is not None or cache_limit is not None:
+                raise ConfigError("storage_options, cache_dir and cache_limit apply to stores in "
+                                  "object storage (s3://, gs://, az://), not to a local folder")
+            self.root = local_path(store)
+            self.location = str(self.root)
         attrs = fmt.load_attrs(self.root)
         self.attrs = attrs
         self.samples: int = attrs["samples"]
@@ -32,7 +55,7 @@ class StoreReader:
         # Every array is checked against its recorded digests (the shards for presence and
         # size), each once, so a damaged store is refused here rather than deep inside an
         # epoch: one read of the small arrays, none of the tiles.
-        for name in attrs["arrays"]:
+        for name in attrs["arrays"] if self.remote is None else ():  # a remote one checked them
             if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
                 fmt.check_array(self.root, attrs, name)
         self.labels = read_small_array(self.root, attrs, fmt.LABELS).astype(np.int64, copy=False)
@@ -45,7 +68,16 @@ class StoreReader:
         full = np.array([0, 0, self.tile, self.tile])
         self.padded = bool((self.boxes != full).any())  # some tile holds padding (pad fit, grid edges)
         self._shards: list[fmt.ShardFile | None] = [None] * attrs["shards"]
+        self._mapped: OrderedDict[int, None] = OrderedDict()  # remote: maps kept, oldest first
+        self._keep = 2
         self._lock = threading.Lock()
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments that open this store again (in another process)."""
+        if self.remote is None:
+            return {}
+        return {"storage_options": self.remote.storage.options, "cache_dir": self.remote.cache_dir,
+                "cache_limit": self.remote.cache.limit}
 
     def __len__(self) -> int:
         return self.samples
@@ -54,15 +86,76 @@ class StoreReader:
     def is_image_coded(self) -> bool:
         return self.codec.is_image_coded
 
+    def stream(self, *, random_order: bool, window: int = 1, ahead: int = 4) -> None:
+        """How a bucket store will be read: whole shards through the cache, ``ahead`` of the
+        ``window`` being read, or (random order, a cache smaller than the store) ranged reads."""
+        if self.remote is None:
+            return
+        cache = self.remote.cache
+        if random_order and not cache.fits(len(cache.shard_bytes)):
+            self.ranged = RangedTiles(self.remote.storage, cache.shard_bytes, self.shard_size)
+            return
+        if not cache.fits(window + 2):
+            raise ConfigError(
+                f"cache_limit {cache.limit} bytes holds fewer than {window + 2} shards of "
+                f"{cache.largest} bytes (the shuffle window plus two): raise it to at least "
+                f"{(window + 2) * cache.largest}")
+        self.ranged = None
+        cache.window, cache.depth = window, ahead
+        self._keep = window + 2
+
+    def will_read(self, indices: np.ndarray) -> None:
+        """The samples about to be read, in order: a bucket store starts fetching their shards."""
+        if self.remote is not None and self.ranged is None:
+            cache = self.remote.cache
+            cache.plan(indices, cache.window, cache.depth)
+
     def _shard(self, shard: int) -> fmt.ShardFile:
         f = self._shards[shard]
         if f is None:
+            if self.remote is not None:
+                self.remote.cache.fetch(shard)  # outside the lock: other threads keep reading
             with self._lock:
                 f = self._shards[shard]
                 if f is None:
                     f = fmt.ShardFile(self.root, shard, self.shard_size)
                     self._shards[shard] = f
+                    if self.remote is not None:
+                        self._forget_old(shard)
         return f
+
+    def _forget_old(self, shard: int) -> None:
+        """Keep a few remote shards mapped: a dropped map closes when its last view goes, and
+        the cache may then evict the file."""
+        self._mapped[shard] = None
+        while len(self._mapped) > self._keep:
+            old, _ = self._mapped.popitem(last=False)
+            self._shards[old] = None
+
+    def _chunk(self, index: int) -> memoryview:
+        shard, local = divmod(index, self.shard_size)
+        try:
+            return self._shard(shard).chunk(local)
+        except CorruptChunkError:
+            if self.remote is None:
+                raise
+            # a cached copy damaged on this disk: download it again, once
+            with self._lock:
+                self._shards[shard] = None
+                self._mapped.pop(shard, None)
+            self.remote.cache.refetch(shard)
+            return self._shard(shard).chunk(local)
+
+    def payloads(self, indices: Sequence[int]) -> list[memoryview]:
+        """The encoded chunks of ``indices``, checksum verified (views into maps or downloads)."""
+        if indices:
+            self._check(min(indices), max(indices))
+        if self.ranged is not None:
+            return self.ranged.payloads(indices)
+        if self.remote is not None:
+            return [self._chunk(i) for i in indices]
+        per_shard, shard_of = self.shard_size, self._shard
+        return [shard_of(i // per_shard).chunk(i % per_shard) for i in indices]
 
     def _check(self, low: int, high: int) -> None:
         if low < 0 or high >= self.samples:
@@ -71,27 +164,27 @@ class StoreReader:
 
     def payload(self, index: int) -> memoryview:
         """The encoded chunk of sample ``index`` (a view into the map), checksum verified."""
-        self._check(index, index)
-        return self._shard(index // self.shard_size).chunk(index % self.shard_size)
+        return self.payloads([index])[0]
 
     def read_into(self, index: int, out: np.ndarray) -> np.ndarray:
         """Decode sample ``index`` into ``out`` (T, T, 3) uint8."""
         return self.codec.decode(self.payload(index), out=out)
 
     def read_batch_into(self, indices: list[int], out: np.ndarray) -> np.ndarray:
-        """Decode samples ``indices`` into ``out[k]``: the loop of read_into, with the range check
-        done once and the lookups hoisted out of it."""
-        if indices:
-            self._check(min(indices), max(indices))
-        per_shard, shard_of, decode = self.shard_size, self._shard, self.codec.decode
-        for k, index in enumerate(indices):
-            decode(shard_of(index // per_shard).chunk(index % per_shard), out=out[k])
+        """Decode samples ``indices`` into ``out[k]``."""
+        decode = self.codec.decode
+        for k, payload in enumerate(self.payloads(indices)):
+            decode(payload, out=out[k])
         return out
 
     def read(self, index: int) -> np.ndarray:
         return self.read_into(index, np.empty(self.codec.shape, dtype=np.uint8))
 
     def close(self) -> None:
+        if self.remote is not None:
+            self.remote.cache.close()
+        if self.ranged is not None:
+            self.ranged.close()
         with self._lock:
             for f in self._shards:
                 if f is not None:
@@ -108,6 +201,7 @@ class StoreReader:
         # Maps and locks do not cross process boundaries; each process maps shards anew.
         state = self.__dict__.copy()
         state["_shards"] = [None] * len(self._shards)
+        state["_mapped"] = OrderedDict()
         del state["_lock"]
         return state
 

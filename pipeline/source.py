@@ -63,6 +63,7 @@ class BatchSource:
         self._indices = indices
         self._batches = ceil_div(len(indices), self.batch_size)
         self._next = first_batch
+        self.reader.will_read(indices[first_batch * self.batch_size :])
         self._fill()
 
     def _fill(self) -> None:
@@ -87,7 +88,7 @@ class BatchSource:
         labels = reader.labels[indices]
         if images is None:
             # bytes() copies out of the map: DALI may hold inputs past this call
-            images = [np.frombuffer(bytes(reader.payload(i)), np.uint8) for i in indices.tolist()]
+            images = [np.frombuffer(bytes(p), np.uint8) for p in reader.payloads(indices.tolist())]
         else:
             reader.read_batch_into(indices.tolist(), images)
         extras = self._extras(indices) if self._extras is not None else ()

@@ -14,10 +14,12 @@ from tilefeed.preprocess.format import CODECS
 from tilefeed.preprocess.inspection import printable
 from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS
 from tilefeed.preprocess.sources import LABEL_RULES
+from tilefeed.preprocess.storage import parse_options
 
 EPILOG = """examples:
   tilefeed preprocess ~/data/train store/train --size 256 --codec lz4
   tilefeed preprocess scans.csv store/scans --mode grid --size 512 --stride 448 --codec jpeg
+  tilefeed preprocess ~/data/train s3://my-bucket/stores/train --codec jpeg
   tilefeed info store/train
   tilefeed verify store/train --deep
   tilefeed doctor
@@ -48,6 +50,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _storage_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="for a store URL: a setting added to the cloud's standard configuration "
+                   "(environment, profiles), e.g. endpoint=http://minio:9000, region=eu-west-1, "
+                   "profile=NAME, timeout=60s, max_retries=10; repeat for more")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tilefeed",
@@ -69,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", metavar="SRC",
                    help="folder with one subfolder per class, or a manifest (.csv or .jsonl of "
                    "path,label; relative paths resolve against the manifest's folder)")
-    p.add_argument("out", metavar="OUT", help="store folder to create (new or empty)")
+    p.add_argument("out", metavar="OUT", help="store to create: a new or empty folder, or an "
+                   "object-store URL (s3://bucket/prefix, gs://, az://)")
     p.add_argument("--size", type=_positive, default=256, help="tile side T in pixels")
     p.add_argument("--mode", choices=MODES, default="resize",
                    help="resize: one tile per image; grid: cut each image into TxT tiles")
@@ -96,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes (default: all available cores)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run the work on a Dask distributed cluster (e.g. tcp://host:8786) instead "
-                   "of local processes; its workers must see SRC and OUT at the same paths")
+                   "of local processes; its workers must see SRC at the same path, and OUT too "
+                   "unless OUT is a bucket (workers then upload the shards themselves)")
     p.add_argument("--max-pixels", type=_positive, default=DEFAULT_MAX_PIXELS,
                    help="reject larger images (decompression-bomb limit)")
     p.add_argument("--labels", choices=LABEL_RULES, default="auto",
@@ -113,10 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace a tilefeed store already at OUT (other folders are never touched)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    _storage_option(p)
 
     i = sub.add_parser("info", help="describe a store: samples, classes, codec, shards, rejects")
     i.add_argument("store", metavar="STORE")
     i.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _storage_option(i)
 
     v = sub.add_parser("verify", help="check every file of a store: arrays, digests, shard "
                        "indexes and tile checksums",
@@ -125,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("store", metavar="STORE")
     v.add_argument("--deep", action="store_true", help="also decode every tile")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
+    _storage_option(v)
 
     sub.add_parser("doctor", help="what this installation can do: PIL codecs, DALI, torch, GPU",
                    add_help=False).add_argument("args", nargs=argparse.REMAINDER)
@@ -197,7 +211,7 @@ def _preprocess(args: argparse.Namespace) -> int:
     s = preprocess(
         args.src, args.out, tiles, store, workers=args.workers, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
-        source_options=rules,
+        source_options=rules, storage_options=parse_options(args.storage_option),
     )
     if not args.quiet:
         state = "already complete, nothing to do" if s.up_to_date else f"{s.seconds:.1f} s"
@@ -222,7 +236,7 @@ def _preprocess(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from tilefeed.preprocess.inspection import format_info, info
 
-    d = info(args.store)
+    d = info(args.store, parse_options(args.storage_option))
     print(json.dumps(d, indent=2) if args.json else format_info(d))
     return 0
 
@@ -230,13 +244,12 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from tilefeed.preprocess.format import load_attrs
     from tilefeed.preprocess.inspection import verify
 
-    shards = load_attrs(args.store)["shards"]
-    with tqdm(total=shards, unit="shard", disable=args.quiet or not sys.stderr.isatty(),
-              file=sys.stderr) as bar:
-        problems = verify(args.store, deep=args.deep, on_shard=lambda: bar.update(1))
+    with tqdm(unit="shard", disable=args.quiet or not sys.stderr.isatty(), file=sys.stderr) as bar:
+        problems = verify(args.store, deep=args.deep, on_shard=lambda: bar.update(1),
+                          storage_options=parse_options(args.storage_option))
+    shards = bar.n
     for line in problems:
         print(printable(line))
     what = "decoded and checked" if args.deep else "checked"

@@ -31,6 +31,10 @@ class StoreWriteError(TilefeedError, OSError):
     """Writing the store failed (disk full, permissions); the partial store can be resumed."""
 
 
+class StoreAccessError(TilefeedError, OSError):
+    """Object storage refused or kept failing a request (missing bucket, credentials, network)."""
+
+
 class CorruptChunkError(TilefeedError, OSError):
     """A shard index or chunk failed its crc32c check or does not decode."""
 

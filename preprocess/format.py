@@ -20,6 +20,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Final
 
 from typing_extensions import Buffer
@@ -250,8 +251,13 @@ def describe_arrays(root: Path, names: list[str], shard_bytes: list[int]) -> dic
     return out
 
 
-def array_problems(root: Path, attrs: dict[str, Any], name: str) -> list[tuple[str, str]]:
-    """Every way array ``name`` differs from what the attributes record: (file, what is wrong)."""
+def array_problems(root: Path, attrs: dict[str, Any], name: str,
+                   shard_sizes: Sequence[int | None] | None = None) -> list[tuple[str, str]]:
+    """Every way array ``name`` differs from what the attributes record: (file, what is wrong).
+
+    ``shard_sizes``: the shards' sizes as a bucket listing gave them (None: absent), for a store
+    whose shards are not under ``root``.
+    """
     rec = attrs["arrays"].get(name)
     if rec is None:
         return [(str(root / name), "not recorded in the store's attributes")]
@@ -264,7 +270,10 @@ def array_problems(root: Path, attrs: dict[str, Any], name: str) -> list[tuple[s
     if name == IMAGES:
         for shard, expected in enumerate(rec["shard_bytes"]):
             path = shard_path(root, shard)
-            size = path.stat().st_size if path.is_file() else None
+            if shard_sizes is not None:
+                size = shard_sizes[shard] if shard < len(shard_sizes) else None
+            else:
+                size = path.stat().st_size if path.is_file() else None
             if size is None:
                 problems.append((str(path), "missing shard"))
             elif size != expected:
@@ -294,8 +303,16 @@ def check_array(root: Path, attrs: dict[str, Any], name: str) -> None:
 def read_attrs(root: Path) -> dict[str, Any] | None:
     """The store's tilefeed attributes, or None when the group metadata is absent or not ours."""
     try:
-        meta = json.loads((root / "zarr.json").read_text())
-    except (OSError, ValueError):
+        return parse_attrs((root / "zarr.json").read_bytes())
+    except OSError:
+        return None
+
+
+def parse_attrs(group_metadata: bytes) -> dict[str, Any] | None:
+    """The tilefeed attributes in a group's ``zarr.json``, or None when they are not ours."""
+    try:
+        meta = json.loads(group_metadata)
+    except ValueError:
         return None
     attrs = meta.get("attributes", {}).get(ATTRS_KEY) if isinstance(meta, dict) else None
     return attrs if isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME else None

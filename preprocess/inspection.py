@@ -8,16 +8,28 @@ from typing import Any
 
 
 from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.remote import RemoteStore
+from tilefeed.preprocess.storage import is_url, local_path, open_storage
 from tilefeed.preprocess.zarr_codecs import read_small_array
 from tilefeed.preprocess.errors import CorruptChunkError
 
 
-def info(store: str | Path) -> dict[str, Any]:
-    root = Path(store)
+def _open(store: str | Path, storage_options: dict[str, Any] | None) -> tuple[Path, str, RemoteStore | None]:
+    """(folder with the metadata, name for messages, the remote side of a bucket store)."""
+    if is_url(store):
+        remote = RemoteStore(str(store), storage_options, check=False)
+        return remote.mirror, remote.storage.url, remote
+    open_storage(store, storage_options)  # refuses options given for a folder
+    return local_path(store), str(local_path(store)), None
+
+
+def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    root, name, remote = _open(store, storage_options)
     attrs = fmt.load_attrs(root)
-    on_disk = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    on_disk = (remote.bytes if remote is not None
+               else sum(f.stat().st_size for f in root.rglob("*") if f.is_file()))
     return {
-        "path": str(root),
+        "path": name,
         "format": f"{attrs['format']} v{attrs['version']}",
         "samples": attrs["samples"],
         "sources": attrs["sources"],
@@ -63,19 +75,23 @@ def format_info(d: dict[str, Any], max_rejects: int = 20) -> str:
 
 
 def verify(
-    store: str | Path, *, deep: bool = False, on_shard: Callable[[], None] | None = None
+    store: str | Path, *, deep: bool = False, on_shard: Callable[[], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[str]:
     """Every problem found, one line each naming the file (and sample); empty when sound.
 
     Every array is checked against what the attributes record (metadata digest, each chunk
-    present and crc32c-checked, the whole array's digest; shard sizes), then every tile.
+    present and crc32c-checked, the whole array's digest; shard sizes), then every tile. A
+    bucket store's shards are checked as they download into the cache folder.
     """
-    root = Path(store)
+    root, _, remote = _open(store, storage_options)
     attrs = fmt.load_attrs(root)
     samples, per_shard, tile = attrs["samples"], attrs["shard_size"], attrs["tile"][0]
     codec = fmt.TileCodec(attrs["codec"], tile, attrs["quality"] or 90)
     problems: list[str] = []
-    for name in attrs["arrays"]:
+    if remote is not None:
+        problems += [f"{path}: {detail}" for path, detail in remote.problems()]
+    for name in attrs["arrays"] if remote is None else ():
         problems += [f"{path}: {detail}" for path, detail in fmt.array_problems(root, attrs, name)]
     problems += _zarr_problems(root, list(attrs["arrays"]))
     if not problems:
@@ -84,7 +100,11 @@ def verify(
             problems.append(f"{root / fmt.LABELS}: labels fall outside 0..{len(attrs['classes']) - 1}"
                             f" or do not number {samples}")
     for shard in range(attrs["shards"]):
-        if fmt.shard_path(root, shard).is_file():  # a missing one is reported above
+        if remote is not None:
+            if remote.shard_sizes[shard] is not None:  # a missing one is reported above
+                problems += [remote.where(p) if p.startswith(str(root)) else p
+                             for p in _fetch_and_verify(remote, shard, per_shard, samples, codec, deep)]
+        elif fmt.shard_path(root, shard).is_file():  # a missing one is reported above
             problems += _verify_shard(root, shard, per_shard, samples, codec, deep)
         if on_shard:
             on_shard()
@@ -106,6 +126,15 @@ def _zarr_problems(root: Path, names: list[str]) -> list[str]:
         except Exception as e:  # noqa: BLE001
             problems.append(f"{root / name / 'zarr.json'}: zarr cannot open it: {type(e).__name__}: {e}")
     return problems
+
+
+def _fetch_and_verify(remote: RemoteStore, shard: int, per_shard: int, samples: int,
+                      codec: fmt.TileCodec, deep: bool) -> list[str]:
+    try:
+        remote.cache.fetch(shard)
+    except Exception as e:  # noqa: BLE001 - a shard that cannot be fetched whole is a finding
+        return [str(e)]
+    return _verify_shard(remote.mirror, shard, per_shard, samples, codec, deep)
 
 
 def _verify_shard(

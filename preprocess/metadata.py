@@ -17,7 +17,7 @@ from tilefeed.preprocess.sources import Sources
 def write_metadata(
     root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings, fingerprint: str,
     records: list[dict[str, Any]], owners: np.ndarray, rejects: list[tuple[str, str]],
-    accepted: int,
+    accepted: int, shard_bytes: list[int],
 ) -> None:
     import zarr
 
@@ -49,8 +49,6 @@ def write_metadata(
     paths = np.array(sources.paths, dtype=np.dtypes.StringDType())
     group.create_array(fmt.SOURCE_PATHS, data=paths, chunks=(min(len(paths), 1 << 16),),
                        overwrite=True, **zarr_codecs.small_array_codecs())
-    shards = fmt.shard_count(samples, store.shard_size)
-    shard_bytes = [fmt.shard_path(root, s).stat().st_size for s in range(shards)]
     attrs = {
         "format": fmt.FORMAT_NAME,
         "version": fmt.FORMAT_VERSION,
@@ -62,7 +60,7 @@ def write_metadata(
         "codec": store.codec,
         "quality": store.quality if store.codec == "jpeg" else None,
         "shard_size": store.shard_size,
-        "shards": shards,
+        "shards": len(shard_bytes),
         "classes": sources.classes,
         "made": describe(tiles, store),
         "rejects": [{"path": p, "reason": r} for p, r in rejects],

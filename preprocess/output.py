@@ -1,20 +1,19 @@
-"""The output folder's rules: OUT kept apart from SRC, one writer at a time, a store replaced
-only by its own kind, and only what tilefeed wrote removed."""
+"""The output's rules: OUT kept apart from SRC, one writer at a time, a store replaced only by
+its own kind, and only what tilefeed wrote removed; for a folder and for a bucket prefix alike."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.atomic import atomic_write
-from tilefeed.preprocess.errors import SourceError, StoreExistsError, StoreWriteError
+from tilefeed.preprocess.errors import SourceError, StoreAccessError, StoreExistsError, StoreWriteError
+from tilefeed.preprocess.storage import Storage
 
 PLAN_FILE = "plan.json"
 
@@ -32,8 +31,16 @@ def out_inside(src: Path, out: Path) -> Path | None:
 
 
 @contextmanager
-def writer_lock(root: Path) -> Iterator[None]:
-    """One writer per store at a time: an advisory lock the kernel drops if the writer dies."""
+def writer_lock(out: Storage) -> Iterator[None]:
+    """One writer per store at a time: an advisory lock the kernel drops if the writer dies.
+
+    A bucket has no such lock: one writer per prefix is the caller's to keep (tasks are
+    idempotent and objects appear whole, so a second writer of the same plan does no harm).
+    """
+    root = out.local
+    if root is None:
+        yield
+        return
     lock_path = root.parent / f".{root.name}.tilefeed-lock"
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
@@ -57,52 +64,57 @@ def writer_lock(root: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock; the file stays, empty of meaning, for the next writer
 
 
-def prepare_output(root: Path, plan: dict[str, Any], overwrite: bool, notes: list[str]) -> bool:
-    """Make ``root`` ready for this plan; True when it already holds this very store, complete."""
-    if root.exists() and not root.is_dir():
-        raise StoreExistsError(f"OUT {str(root)!r} is a file; give a folder path")
-    work = root / fmt.WORK_DIR
-    if root.is_dir() and any(root.iterdir()):
-        attrs = fmt.read_attrs(root)
-        try:
-            pending = json.loads((work / PLAN_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
-            pending = None
+def prepare_output(out: Storage, plan: dict[str, Any], overwrite: bool, notes: list[str]) -> bool:
+    """Make ``out`` ready for this plan; True when it already holds this very store, complete."""
+    root = out.name
+    if out.local is not None and out.local.exists() and not out.local.is_dir():
+        raise StoreExistsError(f"OUT {root!r} is a file; give a folder path")
+    plan_key = f"{fmt.WORK_DIR}/{PLAN_FILE}"
+    if out.top_level():
+        attrs = _read_json(out, "zarr.json", fmt.parse_attrs)
+        pending = _read_json(out, plan_key, json.loads)
         if attrs is None and pending is None:
             raise StoreExistsError(
-                f"OUT {str(root)!r} is not empty and holds no tilefeed store; choose a new or "
+                f"OUT {root!r} is not empty and holds no tilefeed store; choose a new or "
                 "empty folder (--overwrite only replaces tilefeed stores)"
             )
         ours = (attrs or pending or {}).get("fingerprint") == plan["fingerprint"]
         if ours and attrs is not None:
-            shutil.rmtree(work, ignore_errors=True)  # a crash after the last write left it
+            out.remove(fmt.WORK_DIR)  # a crash after the last write left it
             return True
         if not ours:
             if not overwrite:
                 raise StoreExistsError(
-                    f"OUT {str(root)!r} holds a {'complete' if attrs else 'partial'} tilefeed store "
+                    f"OUT {root!r} holds a {'complete' if attrs else 'partial'} tilefeed store "
                     "made from other sources or settings; pass --overwrite to replace it"
                 )
-            left = remove_store(root)
+            left = remove_store(out)
             if left:
                 notes.append(f"--overwrite removed the old store and left {len(left)} entries it did "
                              f"not write: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}")
     try:
-        work.mkdir(parents=True, exist_ok=True)
-        atomic_write(work / PLAN_FILE, json.dumps(plan).encode())
+        out.write(plan_key, json.dumps(plan).encode())
     except OSError as e:
-        raise StoreWriteError(f"cannot write to OUT {str(root)!r}: {e.strerror or e}") from None
+        raise StoreWriteError(f"cannot write to OUT {root!r}: {e.strerror or e}") from None
     return False
 
 
-def remove_store(root: Path) -> list[str]:
+def _read_json(out: Storage, key: str, parse: Any) -> Any:
+    """``parse(bytes)`` of ``key``, or None when it is absent or unreadable as JSON."""
+    try:
+        return parse(out.read(key))
+    except StoreAccessError:
+        raise  # the bucket refused: not the same as an absent file
+    except (OSError, ValueError):
+        return None
+
+
+def remove_store(out: Storage) -> list[str]:
     """Remove what a tilefeed writer makes; returns the names of the other entries, left alone."""
     left = []
-    for entry in sorted(root.iterdir()):
-        if entry.name not in fmt.WRITTEN:
-            left.append(entry.name)
-        elif entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
+    for name in out.top_level():
+        if name not in fmt.WRITTEN:
+            left.append(name)
         else:
-            entry.unlink()
+            out.remove(name)
     return left

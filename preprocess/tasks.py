@@ -1,8 +1,9 @@
 """The work that runs on worker processes (local, or Dask workers on other machines).
 
-Each task is idempotent: it writes under a temporary name and renames, so a task whose worker
-died simply runs again. A part's chunk bytes stream to its file as they are encoded; its small
-JSON record is written last and marks the part done.
+Each task is idempotent: every file appears whole or not at all (a temporary name then a
+rename in a folder, one put in a bucket), so a task whose worker died simply runs again. A
+part's chunk bytes stream to its file as they are encoded; its small JSON record is written
+last and marks the part done.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.atomic import atomic_file, atomic_write
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
-from tilefeed.preprocess.errors import StoreWriteError
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
+from tilefeed.preprocess.storage import Storage
 
 
 def part_name(part: int, suffix: str) -> str:
@@ -26,8 +26,8 @@ def part_name(part: int, suffix: str) -> str:
 
 
 def write_part(
-    work: str, part: int, first: int, paths: list[str], tiles: TileSettings, store: StoreSettings,
-    isolate: bool = False,
+    out: Storage, work: str, part: int, first: int, paths: list[str], tiles: TileSettings,
+    store: StoreSettings, isolate: bool = False,
 ) -> dict[str, Any]:
     """Worker task: decode one part's sources, write their chunk bytes, then the part's record.
 
@@ -39,8 +39,7 @@ def write_part(
     codec = fmt.TileCodec(store.codec, tiles.tile, store.quality)
     record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
                               "cols": [], "boxes": [], "rejects": []}
-    root = Path(work)
-    with atomic_file(root / part_name(part, ".bin")) as f:
+    with out.writer(f"{work}/{part_name(part, '.bin')}") as f:
         for k, path in enumerate(paths):
             try:
                 result = load(path, tiles)
@@ -56,7 +55,7 @@ def write_part(
             record["rows"] += result.rows.tolist()
             record["cols"] += result.cols.tolist()
             record["boxes"] += result.boxes.tolist()
-    atomic_write(root / part_name(part, ".json"), json.dumps(record).encode())
+    out.write(f"{work}/{part_name(part, '.json')}", json.dumps(record).encode())
     return record
 
 
@@ -93,24 +92,17 @@ def load_isolated(path: str, tiles: TileSettings) -> Tiles:
     return value  # type: ignore[no-any-return]
 
 
-def write_shard(root: str, work: str, shard: int, per_shard: int,
+def write_shard(out: Storage, work: str, shard: int, per_shard: int,
                 pieces: list[tuple[int, int, int]], sizes: list[int], sync: bool) -> int:
-    """Worker task: copy chunk byte runs from part files into one shard file; returns its size.
+    """Worker task: copy chunk byte runs from part files into one shard; returns its size.
 
     ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
-    sizes that make up those runs. Each run is one in-kernel copy (copy_file_range). ``sync``
-    fsyncs here, for workers on other machines; local runs leave it to the driver.
+    sizes that make up those runs. Locally each run is one in-kernel copy (copy_file_range) and
+    ``sync`` fsyncs here, for workers on other machines; in a bucket the shard is one put.
     """
     index = fmt.ShardIndex.packed(per_shard, sizes)
-    final = fmt.shard_path(Path(root), shard)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(final, sync=sync) as out:
-        for part, offset, count in pieces:
-            with open(Path(work) / part_name(part, ".bin"), "rb") as src:
-                _copy_range(src, out, offset, count)
-        out.write(index.encode())
-        size = out.tell()
-    return size
+    runs = [(f"{work}/{part_name(part, '.bin')}", offset, count) for part, offset, count in pieces]
+    return out.concat(fmt.shard_relpath(shard), runs, index.encode(), sync=sync)
 
 
 def fsync(path: Path) -> None:
@@ -119,19 +111,3 @@ def fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _copy_range(src: Any, dst: Any, offset: int, count: int) -> None:
-    dst.flush()
-    while count:
-        try:
-            n = os.copy_file_range(src.fileno(), dst.fileno(), count, offset)
-        except OSError:  # a filesystem or kernel without it
-            src.seek(offset)
-            dst.write(src.read(count))
-            dst.flush()
-            return
-        if n == 0:
-            raise StoreWriteError(f"part file {src.name} is shorter than its record says")
-        offset += n
-        count -= n

@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -42,6 +43,7 @@ from tilefeed.preprocess.metadata import write_metadata
 from tilefeed.preprocess.output import out_inside, prepare_output, writer_lock
 from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe, usable_cores
 from tilefeed.preprocess.sources import SourceOptions, Sources, find_sources
+from tilefeed.preprocess.storage import Storage, open_storage
 
 PART_SOURCES = 64
 
@@ -76,6 +78,7 @@ def preprocess(
     progress: Callable[[int], ProgressFn] | None = None,
     scheduler: str | None = None,
     source_options: SourceOptions | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Summary:
     """Convert the images under ``src`` into a tilefeed store at ``out``; see the module docstring.
 
@@ -85,6 +88,10 @@ def preprocess(
     and this process still plans the work and writes the metadata last. ``source_options`` set
     the rules for reading SRC (label types, duplicates, paths outside a manifest's folder, empty
     classes). OUT inside a SRC folder is left out of the scan; one writer at a time per OUT.
+
+    ``out`` may be an object-store URL (``s3://bucket/prefix``, ``gs://``, ``az://``): parts,
+    shards and metadata then go to the bucket, each object put whole and the group metadata
+    last; ``storage_options`` add to the cloud's standard configuration (see ``storage``).
     """
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
@@ -92,25 +99,25 @@ def preprocess(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     started = time.perf_counter()
-    root = Path(out)
-    sources = find_sources(src, source_options, exclude=out_inside(Path(src), root))
+    target = open_storage(out, storage_options)
+    exclude = out_inside(Path(src), target.local) if target.local is not None else None
+    sources = find_sources(src, source_options, exclude=exclude)
     plan = _plan(sources, tiles, store)
-    with writer_lock(root):
+    with writer_lock(target):
         notes = list(sources.notes)
-        if prepare_output(root, plan, overwrite, notes):
-            attrs = fmt.read_attrs(root)
-            summary = _summary_from_attrs(attrs, root, time.perf_counter() - started)
+        if prepare_output(target, plan, overwrite, notes):
+            summary = _summary_from_attrs(fmt.parse_attrs(target.read("zarr.json")), target)
         else:
-            summary = _build(root, sources, tiles, store, workers, plan, progress, scheduler)
+            summary = _build(target, sources, tiles, store, workers, plan, progress, scheduler)
     summary.seconds = time.perf_counter() - started
     summary.hidden, summary.notes = sources.hidden, notes
     return summary
 
 
-def _build(root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings, workers: int,
+def _build(out: Storage, sources: Sources, tiles: TileSettings, store: StoreSettings, workers: int,
            plan: dict[str, Any], progress: Callable[[int], ProgressFn] | None,
            scheduler: str | None) -> Summary:
-    build = _Build(root, sources, tiles, store, progress(len(sources)) if progress else None,
+    build = _Build(out, sources, tiles, store, progress(len(sources)) if progress else None,
                    scheduler)
     try:
         build.run(workers)
@@ -121,7 +128,7 @@ def _build(root: Path, sources: Sources, tiles: TileSettings, store: StoreSettin
         ) from None
     except OSError as e:
         raise StoreWriteError(
-            f"writing the store {str(root)!r} failed: {e.strerror or e}; free space or fix "
+            f"writing the store {out.name!r} failed: {e.strerror or e}; free space or fix "
             "permissions, then rerun the same command to resume"
         ) from None
     finally:
@@ -180,10 +187,10 @@ class _Build:
     """Drives parts and shards: shards are written as soon as the parts they need are done,
     in the same pool, and part files are deleted once every shard they feed is written."""
 
-    def __init__(self, root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings,
+    def __init__(self, out: Storage, sources: Sources, tiles: TileSettings, store: StoreSettings,
                  tick: ProgressFn | None, scheduler: str | None = None) -> None:
         self.scheduler = scheduler
-        self.root, self.work = root, root / fmt.WORK_DIR
+        self.out, self.work = out, fmt.WORK_DIR
         self.sources, self.tiles, self.store, self.tick = sources, tiles, store, tick
         self.per_shard = store.shard_size
         n_parts = fmt.ceil_div(len(sources), PART_SOURCES)
@@ -192,6 +199,8 @@ class _Build:
         self.first_tile = [0]  # first tile of each part in the prefix, then the total
         self.next_shard = 0  # first shard not yet submitted
         self.shard_done: set[int] = set()
+        self.shard_bytes: dict[int, int] = {}
+        self.existing: dict[str, int] = {}  # shards in place before this run (key -> size)
         self.freed = 0  # parts 0..freed-1 have had their chunk file deleted
         self.bytes = 0
         self.resumed = 0  # parts found done on disk
@@ -199,10 +208,12 @@ class _Build:
         self._synced: list[Future[None]] = []
 
     def run(self, workers: int) -> None:
+        done = self.out.sizes(self.work)  # one listing: parts recorded before an interruption
+        self.existing = self.out.sizes(f"{fmt.IMAGES}/c")
         for p in range(len(self.records)):
-            path = self.work / tasks.part_name(p, ".json")
-            if path.exists():
-                record = self.records[p] = json.loads(path.read_text())
+            key = f"{self.work}/{tasks.part_name(p, '.json')}"
+            if key in done:
+                record = self.records[p] = json.loads(self.out.read(key))
                 self.resumed += 1
                 if self.tick:
                     self.tick(record["count"], len(record["rejects"]))
@@ -243,6 +254,7 @@ class _Build:
             self._submit_part(pool, pending, todo)
         else:
             self.bytes += result
+            self.shard_bytes[task.number] = result
             self.shard_done.add(task.number)
             self._sync(task.number)
             self._free_parts()
@@ -268,14 +280,20 @@ class _Build:
         # imported (spawn costs about 0.4 s per run here). They only decode images and write
         # files, so nothing of the driver's other threads (zarr's event loop, tqdm's monitor)
         # is touched in a child.
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
+        # A bucket's client (obstore) does not survive fork(): forkserver children never ran it.
+        methods = multiprocessing.get_all_start_methods()
+        method = "fork" if self.out.local is not None and "fork" in methods else (
+            "forkserver" if "forkserver" in methods else "spawn")
+        context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            context.set_forkserver_preload(["tilefeed.preprocess.tasks"])
+        return ProcessPoolExecutor(workers, mp_context=context)
 
     def _submit_part(self, pool: Any, pending: dict[Future[Any], _Task], todo: Iterator[int]) -> None:
         part = next(todo, None)
         if part is not None:
             first = part * PART_SOURCES
-            args = (str(self.work), part, first, self.sources.paths[first : first + PART_SOURCES],
+            args = (self.out, self.work, part, first, self.sources.paths[first : first + PART_SOURCES],
                     self.tiles, self.store, False)
             pending[pool.submit(tasks.write_part, *args)] = _Task("part", part, tasks.write_part, args)
 
@@ -294,20 +312,21 @@ class _Build:
                 return
             shard = self.next_shard
             self.next_shard += 1
-            final = fmt.shard_path(self.root, shard)
-            if final.exists():  # written before an interruption: atomic, so whole
-                self.bytes += final.stat().st_size
+            size = self.existing.get(fmt.shard_relpath(shard))
+            if size is not None:  # written before an interruption: atomic, so whole
+                self.bytes += size
+                self.shard_bytes[shard] = size
                 self.shard_done.add(shard)
                 self._sync(shard)  # that run may have died before syncing it
                 continue
             pieces, sizes = self._pieces(lo, min(hi, known))
-            args = (str(self.root), str(self.work), shard, self.per_shard, pieces, sizes,
+            args = (self.out, self.work, shard, self.per_shard, pieces, sizes,
                     self.scheduler is not None)
             pending[pool.submit(tasks.write_shard, *args)] = _Task("shard", shard, tasks.write_shard, args)
 
     def _sync(self, shard: int) -> None:
-        if self.scheduler is None:
-            self._synced.append(self._syncer.submit(tasks.fsync, fmt.shard_path(self.root, shard)))
+        if self.scheduler is None and self.out.local is not None:
+            self._synced.append(self._syncer.submit(tasks.fsync, fmt.shard_path(self.out.local, shard)))
 
     def _pieces(self, lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[int]]:
         pieces, sizes = [], []
@@ -333,7 +352,7 @@ class _Build:
             done += 1
         covered = done * self.per_shard
         while self.freed < self.prefix and self.first_tile[self.freed + 1] <= covered:
-            (self.work / tasks.part_name(self.freed, ".bin")).unlink(missing_ok=True)
+            self.out.delete([f"{self.work}/{tasks.part_name(self.freed, '.bin')}"])
             self.freed += 1
 
     def close(self) -> None:
@@ -354,11 +373,20 @@ class _Build:
         accepted = inputs - len(rejects)
         for synced in self._synced:
             synced.result()  # every shard on disk before any metadata declares it
-        for stray in (self.root / fmt.IMAGES).rglob(".*.tmp-*"):
-            stray.unlink()  # a shard a killed worker was writing; written again since
-        write_metadata(self.root, self.sources, self.tiles, self.store, fingerprint, records,
-                        owners, rejects, accepted)
-        shutil.rmtree(self.work, ignore_errors=True)
+        shards = fmt.shard_count(len(owners), self.per_shard)
+        shard_bytes = [self.shard_bytes[s] for s in range(shards)]
+        args = (self.sources, self.tiles, self.store, fingerprint, records, owners, rejects,
+                accepted, shard_bytes)
+        if self.out.local is not None:
+            for stray in (self.out.local / fmt.IMAGES).rglob(".*.tmp-*"):
+                stray.unlink()  # a shard a killed worker was writing; written again since
+            write_metadata(self.out.local, *args)
+        else:  # written in a scratch folder, then put object by object, the group's last
+            with tempfile.TemporaryDirectory(prefix="tilefeed-metadata-") as scratch:
+                write_metadata(Path(scratch), *args)
+                shutil.rmtree(Path(scratch) / fmt.WORK_DIR, ignore_errors=True)
+                self.out.upload_tree(Path(scratch), last="zarr.json")
+        self.out.remove(self.work)
         return Summary(
             sources=inputs, accepted=accepted, rejected=len(rejects), tiles=len(owners),
             shards=fmt.shard_count(len(owners), self.per_shard), bytes=self.bytes, seconds=0.0,
@@ -372,14 +400,12 @@ def _reason_kind(reason: str) -> str:
 
 
 
-def _summary_from_attrs(attrs: dict[str, Any] | None, root: Path, seconds: float) -> Summary:
+def _summary_from_attrs(attrs: dict[str, Any] | None, out: Storage) -> Summary:
     assert attrs is not None
-    nbytes = sum(
-        fmt.shard_path(root, s).stat().st_size for s in range(attrs["shards"])
-    )
+    nbytes = sum(out.sizes(f"{fmt.IMAGES}/c").values())
     reasons = Counter(_reason_kind(r["reason"]) for r in attrs["rejects"])
     return Summary(
         sources=attrs["sources"], accepted=attrs["accepted"], rejected=attrs["rejected"],
-        tiles=attrs["samples"], shards=attrs["shards"], bytes=nbytes, seconds=seconds,
+        tiles=attrs["samples"], shards=attrs["shards"], bytes=nbytes, seconds=0.0,
         rejects_by_reason=dict(reasons.most_common()), up_to_date=True,
     )

@@ -19,6 +19,7 @@ from tilefeed.preprocess.errors import CorruptChunkError, SourceError, StoreExis
 from tilefeed.preprocess.inspection import verify
 from tilefeed.preprocess.sources import SourceOptions, find_sources
 from tilefeed.preprocess.output import writer_lock
+from tilefeed.preprocess.storage import LocalStorage
 from tests.helpers import photo, run_cli, write_folder
 
 SMALL = TileSettings(tile=16)
@@ -198,7 +199,8 @@ def test_overwrite_removes_only_what_tilefeed_wrote(tmp_path: Path) -> None:
 def test_a_second_writer_is_told_to_wait(tmp_path: Path) -> None:
     src = write_folder(tmp_path / "src", classes=2, per_class=2)
     out = tmp_path / "out"
-    with writer_lock(out), pytest.raises(StoreExistsError, match="being written right now.*wait for it"):
+    busy = pytest.raises(StoreExistsError, match="being written right now.*wait for it")
+    with writer_lock(LocalStorage(out)), busy:
         preprocess(src, out, SMALL, workers=1, overwrite=True)
     preprocess(src, out, SMALL, workers=1)  # the lock went with its holder
 

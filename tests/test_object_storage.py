@@ -1,0 +1,238 @@
+"""Stores in object storage: a real S3 server (moto's, on 127.0.0.1) through the real client.
+
+Preprocess into a bucket, read it back tile for tile against a local store, resume after
+kill -9, train under a cache limit, share a cache between processes, survive server faults,
+and write from a Dask cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tilefeed.bench.netem import CREDENTIALS, Proxy, local_s3
+from tilefeed.pipeline.loader import Loader
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.errors import StoreAccessError, StoreFormatError
+from tilefeed.preprocess.storage import ObjectStorage
+from tests.helpers import run_cli, tree_bytes, write_folder
+
+TILES, STORE = TileSettings(tile=32), StoreSettings(shard_size=8)
+SECRET = CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server's endpoint, with this process's environment pointing at it."""
+    saved = dict(os.environ)
+    with local_s3() as endpoint:
+        os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint,
+                          TILEFEED_CACHE=str(tmp_path_factory.mktemp("cache")))
+        try:
+            yield endpoint
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def stores(s3: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]:
+    """(SRC, the bucket store made by the CLI, the same store made locally)."""
+    root = tmp_path_factory.mktemp("bucket")
+    src = write_folder(root / "src", classes=3, per_class=14)
+    (src / "c1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
+    url = "s3://tilefeed/stores/train"
+    args = ["--size", "32", "--shard-size", "8", "--workers", "2", "--quiet"]
+    done = run_cli("preprocess", str(src), url, *args)
+    assert done.returncode == 0, done.stderr
+    local = root / "local"
+    assert run_cli("preprocess", str(src), str(local), *args).returncode == 0
+    return src, url, local
+
+
+def bucket_tree(url: str) -> dict[str, bytes]:
+    storage = ObjectStorage(url)
+    return {key: storage.read(key) for key in sorted(storage.sizes())}
+
+
+def batches(loader: Loader) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    return [(x.numpy().copy(), y.numpy().copy(), i.numpy().copy()) for x, y, i in loader]
+
+
+def same_epochs(a: Loader, b: Loader, epochs: int = 2) -> None:
+    for _ in range(epochs):
+        got, want = batches(a), batches(b)
+        assert len(got) == len(want)
+        for (x, y, i), (x2, y2, i2) in zip(got, want, strict=True):
+            np.testing.assert_array_equal(i, i2)
+            np.testing.assert_array_equal(y, y2)
+            np.testing.assert_array_equal(x, x2)
+        seen = np.concatenate([i for _, _, i in got])
+        assert sorted(seen.tolist()) == list(range(len(a.reader)))  # each sample once
+
+
+def loader(store: str | Path, **kw: Any) -> Loader:
+    kw.setdefault("dtype", torch.uint8)
+    return Loader(store, 5, with_index=True, workers=2, **kw)
+
+
+def test_the_bucket_store_is_the_local_store_object_for_object(stores: tuple[Path, str, Path]) -> None:
+    _, url, local = stores
+    assert bucket_tree(url) == tree_bytes(local)  # metadata last, nothing of the work left
+
+
+@pytest.mark.parametrize("shuffle", ["global", "shard"])
+def test_a_loader_on_the_bucket_yields_what_the_local_store_yields(
+        stores: tuple[Path, str, Path], tmp_path: Path, shuffle: str) -> None:
+    _, url, local = stores
+    same_epochs(loader(url, shuffle=shuffle, train=True, dtype=torch.float32, cache_dir=tmp_path),
+                loader(local, shuffle=shuffle, train=True, dtype=torch.float32))
+
+
+def test_info_and_verify_take_the_url_and_never_show_credentials(stores: tuple[Path, str, Path]) -> None:
+    _, url, _ = stores
+    shown = run_cli("info", url)
+    assert shown.returncode == 0, shown.stderr
+    assert "samples    42 tiles from 42 of 43 sources (1 rejected)" in shown.stdout
+    checked = run_cli("verify", url, "--deep")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    for out in (shown, checked):
+        assert SECRET not in out.stdout + out.stderr
+        assert CREDENTIALS["AWS_ACCESS_KEY_ID"] not in out.stdout + out.stderr
+
+
+def test_a_missing_bucket_or_store_is_a_one_line_error(s3: str) -> None:
+    for url, expected in [("s3://no-such-bucket/x", "NoSuchBucket"),
+                          ("s3://tilefeed/nothing-here", "not a tilefeed store")]:
+        done = run_cli("info", url)
+        assert done.returncode == 1
+        assert done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
+        assert SECRET not in done.stderr
+    with pytest.raises((StoreAccessError, StoreFormatError)):
+        Loader("s3://no-such-bucket/x", 4)
+
+
+def test_zarr_python_reads_the_bucket_store_directly(stores: tuple[Path, str, Path]) -> None:
+    import zarr
+    from zarr.storage import ObjectStore
+
+    _, url, local = stores
+    group = zarr.open_group(ObjectStore(ObjectStorage(url).store, read_only=True), mode="r")
+    np.testing.assert_array_equal(group[fmt.IMAGES][11], zarr.open_array(str(local / fmt.IMAGES))[11])
+    np.testing.assert_array_equal(group[fmt.LABELS][:], zarr.open_array(str(local / fmt.LABELS))[:])
+
+
+def cache_bytes(cache: Path) -> int:
+    return sum(p.stat().st_size for p in cache.glob(f"*/{fmt.IMAGES}/c/*/0/0/0"))
+
+
+def test_a_cache_far_smaller_than_the_store_is_never_exceeded(
+        stores: tuple[Path, str, Path], tmp_path: Path) -> None:
+    _, url, local = stores
+    largest = max(ObjectStorage(url).sizes(f"{fmt.IMAGES}/c").values())
+    limit = 3 * largest  # the store holds 6 shards
+    a = loader(url, shuffle="shard", shuffle_window=1, cache_dir=tmp_path, cache_limit=limit)
+    b = loader(local, shuffle="shard", shuffle_window=1)
+    peak = 0
+    for _ in range(2):
+        for (x, _, i), (x2, _, i2) in zip(a, b, strict=True):
+            peak = max(peak, cache_bytes(tmp_path))
+            assert torch.equal(i, i2) and torch.equal(x, x2)
+    assert 0 < peak <= limit
+    # random order and a cache below the store's size: ranged reads, nothing cached
+    ranged = loader(url, shuffle="global", cache_dir=tmp_path / "r", cache_limit=limit)
+    assert ranged.reader.ranged is not None
+    same_epochs(ranged, loader(local, shuffle="global"))
+    assert cache_bytes(tmp_path / "r") == 0
+    with pytest.raises(ValueError, match="raise it to at least"):
+        loader(url, shuffle="shard", shuffle_window=4, cache_dir=tmp_path, cache_limit=limit)
+
+
+SHARED_READ = """
+import sys, torch
+from tilefeed import Loader
+loader = Loader(sys.argv[1], 5, shuffle="shard", seed=int(sys.argv[3]), cache_dir=sys.argv[2],
+                dtype=torch.uint8, workers=2, storage_options={"endpoint": sys.argv[4]})
+print(sum(len(y) for _, y in loader))
+"""
+
+
+def test_two_processes_share_one_cache_and_download_each_shard_once(
+        stores: tuple[Path, str, Path], s3: str, tmp_path: Path) -> None:
+    _, url, _ = stores
+    with Proxy(s3) as proxy:
+        procs = [subprocess.Popen([sys.executable, "-c", SHARED_READ, url, str(tmp_path), str(seed),
+                                   proxy.endpoint], stdout=subprocess.PIPE, text=True)
+                 for seed in (1, 2)]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [o.split()[-1] for o in outs] == ["42", "42"]
+    shards = proxy.stats.whole_gets("/0/0/0")
+    assert len(shards) == 6 and set(shards.values()) == {1}, shards
+
+
+@pytest.mark.parametrize("fault", ["500", "reset", "truncate", "stall"])
+def test_server_faults_are_retried_and_nothing_wrong_is_yielded(
+        stores: tuple[Path, str, Path], s3: str, tmp_path: Path, fault: str) -> None:
+    _, url, local = stores
+    every = 3 if fault != "stall" else 7
+    with Proxy(s3, fault=lambda n: fault if n % every == 0 else None, stall=5) as proxy:
+        options = {"endpoint": proxy.endpoint, "timeout": "1s", "max_retries": "3"}
+        for shuffle, limit in (("shard", None), ("global", 1)):
+            same_epochs(loader(url, shuffle=shuffle, cache_dir=tmp_path / shuffle, cache_limit=limit,
+                               storage_options=options),
+                        loader(local, shuffle=shuffle), epochs=1)
+    assert proxy.stats.faults >= 3
+
+
+def wait_for(predicate: Any, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_kill_9_during_upload_then_the_same_command_resumes(
+        s3: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    src = write_folder(tmp_path / "src", classes=4, per_class=70, size=(160, 120))
+    url = "s3://tilefeed/stores/killed"
+    args = ["--size", "32", "--shard-size", "20", "--workers", "2", "--quiet"]
+    reference = tmp_path / "reference"
+    assert run_cli("preprocess", str(src), str(reference), *args, timeout=300).returncode == 0
+    storage = ObjectStorage(url)
+    proc = subprocess.Popen([sys.executable, "-m", "tilefeed", "preprocess", str(src), url, *args],
+                            start_new_session=True, stderr=subprocess.PIPE)
+    wait_for(lambda: any(k.startswith(f"{fmt.IMAGES}/c/") for k in storage.sizes()))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert "zarr.json" not in storage.sizes()  # not complete: readers refuse it
+    with pytest.raises(StoreFormatError, match="incomplete"):
+        Loader(url, 4)
+    again = run_cli("preprocess", str(src), url, *args[:-1], timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "resumed" in again.stdout
+    assert bucket_tree(url) == tree_bytes(reference)
+
+
+@pytest.mark.slow
+def test_a_dask_cluster_writes_the_bucket_without_a_shared_folder(
+        stores: tuple[Path, str, Path], tmp_path: Path) -> None:
+    from distributed import LocalCluster
+
+    src, _, local = stores
+    url = "s3://tilefeed/stores/dask"
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        preprocess(src, url, TILES, STORE, scheduler=c.scheduler_address)
+    assert bucket_tree(url) == tree_bytes(local)
