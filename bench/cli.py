@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -13,13 +12,14 @@ from typing import Any
 
 from tilefeed.preprocess.format import ceil_div
 
-SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report")
+SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report", "cloud",
+               "clients")
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("TILEFEED_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tilefeed")
-    return Path(base)
+    from tilefeed.preprocess.remote import default_cache_dir
+
+    return default_cache_dir()
 
 
 def demo_images(count: int, classes: int = 8) -> Path:
@@ -32,13 +32,16 @@ def demo_images(count: int, classes: int = 8) -> Path:
     return make_image_folder(folder, classes=classes, per_class=per_class)
 
 
-def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad") -> Path:
+def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad",
+               shard_size: int = 1024) -> Path:
     """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
     from tilefeed.preprocess.progress import progress_bar
 
-    store = cache_dir() / f"{images.name}-{size}-{codec}-{fit}"
-    s = preprocess(images, store, TileSettings(tile=size, fit=fit), StoreSettings(codec=codec),
+    shards = "" if shard_size == 1024 else f"-s{shard_size}"
+    store = cache_dir() / f"{images.name}-{size}-{codec}-{fit}{shards}"
+    s = preprocess(images, store, TileSettings(tile=size, fit=fit),
+                   StoreSettings(codec=codec, shard_size=shard_size),
                    progress=progress_bar(sys.stderr.isatty()))
     print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
           flush=True)
@@ -50,13 +53,20 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 
+def _location(text: str) -> str | Path:
+    from tilefeed.preprocess.storage import is_url
+
+    return text if is_url(text) else Path(text)
+
+
 def _data_args(p: argparse.ArgumentParser, *, count: int, store: bool = True) -> None:
     """--images, --store, --count and --json, as every bench form takes them."""
     p.add_argument("--images", type=Path, default=None, help="source JPEG folder (one subfolder "
                    "per class); default: a generated ImageNet-like set in the cache")
     if store:
-        p.add_argument("--store", type=Path, default=None,
-                       help="tilefeed store made from --images; default: made in the cache")
+        p.add_argument("--store", type=_location, default=None,
+                       help="tilefeed store made from --images (a folder, or a bucket URL read "
+                       "with the cloud's standard configuration); default: made in the cache")
     p.add_argument("--count", type=int, default=count, help="generated images, without --images")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
 
@@ -125,12 +135,12 @@ def bench_main(argv: Sequence[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
                 "diagnose": _diagnose, "soak": _soak, "aspect": _aspect,
-                "gpu-report": _gpu_report}[argv[0]](argv[1:])
+                "gpu-report": _gpu_report, "cloud": _cloud, "clients": _clients}[argv[0]](argv[1:])
     parser = _parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
         "side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        "tilefeed bench {preprocess,loader,sweep,diagnose,soak,aspect,gpu-report} --help.")
+        "tilefeed bench {preprocess,loader,sweep,diagnose,soak,aspect,gpu-report,cloud,clients} --help.")
     _harness_args(parser)
     args = parser.parse_args(argv)
     run_compare(args)
@@ -196,6 +206,52 @@ def _bench_loader(argv: list[str]) -> int:
                            rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
                            jpeg_store=jpeg_store)
     return _report(result, args.json)
+
+
+def _cloud(argv: list[str]) -> int:
+    p = _parser("tilefeed bench cloud",
+                "A JPEG store read from a bucket (a local S3 server behind a proxy that adds latency "
+                "to every request and caps each connection's rate) against the same store on local "
+                "disk: stall and images/s of a cold-cache epoch and a warm one, shuffle='shard', "
+                "train augmentation, an emulated step; rounds interleaved, medians and ranges.")
+    _data_args(p, count=9600)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--step-ms", type=float, default=50.0, help="emulated step time")
+    p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
+    p.add_argument("--rate-mb", type=float, default=100.0, help="MB/s cap per connection")
+    p.add_argument("--workers", type=int, default=2, help="Loader threads")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--shard-size", type=int, default=256,
+                   help="tiles per shard of the store made without --store (about 5 MB at 224 px "
+                   "JPEG: a small first fetch, many concurrent ones)")
+    args = p.parse_args(argv)
+    from tilefeed.bench.cloud import bench_cloud, format_cloud
+
+    store = args.store or demo_store(args.images or demo_images(args.count), codec="jpeg",
+                                     shard_size=args.shard_size)
+    result = bench_cloud(store, batch_size=args.batch_size, step_ms=args.step_ms,
+                         latency_ms=args.latency_ms, rate_mb=args.rate_mb, workers=args.workers,
+                         rounds=args.rounds)
+    print(format_cloud(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _clients(argv: list[str]) -> int:
+    p = _parser("tilefeed bench clients",
+                "obstore (what tilefeed uses) against fsspec's s3fs, when installed, on one local S3 "
+                "server: whole-shard GETs and a batch of tile-sized ranges of one shard, in MB/s.")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from tilefeed.bench.clients import bench_clients, format_clients
+
+    result = bench_clients(rounds=args.rounds)
+    print(format_clients(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
 
 
 def _soak(argv: list[str]) -> int:

@@ -26,6 +26,12 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tilefeed-local", "AWS_SECRET_ACCESS_KEY": "
                "AWS_REGION": "us-east-1"}
 
 
+def s3_options(endpoint: str) -> dict[str, str]:
+    """storage_options for the local server at ``endpoint``, without touching the environment."""
+    return {"endpoint": endpoint, "access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"], "region": CREDENTIALS["AWS_REGION"]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -235,3 +241,39 @@ def _read_body(reader: object, head: bytes) -> bytes:
             if size == 0:
                 return b"".join(parts)
     return reader.read(_content_length(head))  # type: ignore[attr-defined]
+
+
+@contextmanager
+def proxy_process(upstream: str, *, latency: float, rate: float | None) -> Iterator[str]:
+    """A ``Proxy`` in a process of its own (so its threads do not compete with the measured
+    loader for this one's interpreter); yields its endpoint URL."""
+    args = [sys.executable, "-m", "tilefeed.bench.netem", upstream, "--latency", str(latency)]
+    if rate is not None:
+        args += ["--rate", str(rate)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m tilefeed.bench.netem",
+                                description="Serve a delaying, rate-capping HTTP proxy until killed; "
+                                "prints its port first.")
+    p.add_argument("upstream", help="HOST:PORT of the server behind it")
+    p.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
+    p.add_argument("--rate", type=float, default=None, help="bytes/s per connection")
+    args = p.parse_args()
+    proxy = Proxy(args.upstream, latency=args.latency, rate=args.rate)
+    print(proxy.port, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -287,6 +287,8 @@ class Loader:
         self._graph_key: Any = None
         self._dataset: Any = None
         self._take_graph()
+        # a bucket store starts fetching the first epoch's shards now, while the caller sets up
+        self.reader.will_read(self.next_epoch_indices().numpy())
 
     def _check_subset(self, indices: Any) -> np.ndarray:
         subset = np.asarray(indices)

@@ -21,7 +21,7 @@ import numpy as np
 
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import ConfigError, CorruptChunkError
-from tilefeed.preprocess.remote import RangedTiles, RemoteStore
+from tilefeed.preprocess.remote import RemoteStore
 from tilefeed.preprocess.storage import is_url, local_path
 from tilefeed.preprocess.zarr_codecs import read_small_array
 
@@ -35,7 +35,7 @@ class StoreReader:
         standard configuration), ``cache_dir`` (default ``~/.cache/tilefeed``, or
         ``$TILEFEED_CACHE``) and ``cache_limit`` (bytes of shards kept there; default no limit)."""
         self.remote: RemoteStore | None = None
-        self.ranged: RangedTiles | None = None
+        self.ranged = False  # a bucket store read by ranged requests only (see stream)
         if is_url(store):
             self.remote = RemoteStore(str(store), storage_options, cache_dir, cache_limit)
             self.root, self.location = self.remote.mirror, self.remote.storage.url
@@ -92,21 +92,20 @@ class StoreReader:
         if self.remote is None:
             return
         cache = self.remote.cache
-        if random_order and not cache.fits(len(cache.shard_bytes)):
-            self.ranged = RangedTiles(self.remote.storage, cache.shard_bytes, self.shard_size)
+        self.ranged = random_order and not cache.fits(len(cache.shard_bytes))
+        if self.ranged:
             return
         if not cache.fits(window + 2):
             raise ConfigError(
                 f"cache_limit {cache.limit} bytes holds fewer than {window + 2} shards of "
                 f"{cache.largest} bytes (the shuffle window plus two): raise it to at least "
                 f"{(window + 2) * cache.largest}")
-        self.ranged = None
         cache.window, cache.depth = window, ahead
         self._keep = window + 2
 
     def will_read(self, indices: np.ndarray) -> None:
         """The samples about to be read, in order: a bucket store starts fetching their shards."""
-        if self.remote is not None and self.ranged is None:
+        if self.remote is not None and not self.ranged:
             cache = self.remote.cache
             cache.plan(indices, cache.window, cache.depth)
 
@@ -150,12 +149,16 @@ class StoreReader:
         """The encoded chunks of ``indices``, checksum verified (views into maps or downloads)."""
         if indices:
             self._check(min(indices), max(indices))
-        if self.ranged is not None:
-            return self.ranged.payloads(indices)
         if self.remote is not None:
-            return [self._chunk(i) for i in indices]
+            return self._remote_payloads(indices)
         per_shard, shard_of = self.shard_size, self._shard
         return [shard_of(i // per_shard).chunk(i % per_shard) for i in indices]
+
+    def _remote_payloads(self, indices: Sequence[int]) -> list[memoryview]:
+        assert self.remote is not None
+        if self.ranged:
+            return self.remote.ranges.payloads(indices)
+        return [self._chunk(i) for i in indices]
 
     def _check(self, low: int, high: int) -> None:
         if low < 0 or high >= self.samples:
@@ -182,9 +185,7 @@ class StoreReader:
 
     def close(self) -> None:
         if self.remote is not None:
-            self.remote.cache.close()
-        if self.ranged is not None:
-            self.ranged.close()
+            self.remote.close()
         with self._lock:
             for f in self._shards:
                 if f is not None:

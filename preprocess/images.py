@@ -19,6 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tilefeed.preprocess.plugins import register_plugins
 from tilefeed.preprocess.settings import TileSettings
+from tilefeed.preprocess.storage import is_url, read_object
 
 register_plugins()
 
@@ -37,8 +38,13 @@ class Rejected(Exception):
 
 def load_tiles(path: str, settings: TileSettings) -> Tiles:
     """Decode ``path`` and cut it into tiles; raises Rejected with the reason on any bad input."""
+    source: str | io.BytesIO = path
     try:
-        size = os.stat(path).st_size
+        if is_url(path):
+            source = io.BytesIO(read_object(path))
+            size = len(source.getbuffer())
+        else:
+            size = os.stat(path).st_size
     except FileNotFoundError:
         raise Rejected("missing: file not found") from None
     except OSError as e:
@@ -48,7 +54,7 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PIL's per-file warnings become reasons or are noise
-            with Image.open(path) as im:
+            with Image.open(source) as im:
                 rgb = _to_rgb(_open_checked(im, settings), settings)
             if settings.mode == "grid":
                 return _grid(rgb, settings)

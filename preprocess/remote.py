@@ -77,9 +77,14 @@ class RemoteStore:
                 problems = self.problems()
             if problems:
                 raise CorruptChunkError(problems[0][0], None, problems[0][1])
-        self.cache = ShardCache(self.storage, self.mirror, self.cache_dir,
-                                self.attrs["arrays"][fmt.IMAGES]["shard_bytes"],
+        shard_bytes = self.attrs["arrays"][fmt.IMAGES]["shard_bytes"]
+        self.cache = ShardCache(self.storage, self.mirror, self.cache_dir, shard_bytes,
                                 self.attrs["shard_size"], cache_limit)
+        self.ranges = RangedTiles(self.storage, shard_bytes, self.attrs["shard_size"])
+
+    def close(self) -> None:
+        self.cache.close()
+        self.ranges.close()
 
     def _mirror(self, group: bytes, fresh: bool) -> None:
         for k, size in self._small.items():
@@ -153,6 +158,7 @@ class ShardCache:
     def path(self, shard: int) -> Path:
         return fmt.shard_path(self.mirror, shard)
 
+
     def fits(self, shards: int) -> bool:
         return self.limit is None or shards * self.largest <= self.limit
 
@@ -211,10 +217,10 @@ class ShardCache:
             fut = self._submit(shard)
         return fut.result()
 
-    def refetch(self, shard: int) -> Path:
+    def refetch(self, shard: int) -> None:
         """Drop a cached copy that failed a tile's check and download it again."""
         self.path(shard).unlink(missing_ok=True)
-        return self.fetch(shard)
+        self.fetch(shard)
 
     def _fetch(self, shard: int) -> Path:
         path, expected = self.path(shard), self.shard_bytes[shard]

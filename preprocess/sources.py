@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from tilefeed.preprocess.errors import ConfigError, SourceError
+from tilefeed.preprocess.storage import ObjectStorage, is_url
 
 MANIFEST_SUFFIXES: Final = (".csv", ".jsonl", ".ndjson")
 LABEL_RULES: Final = ("auto", "int", "names")
@@ -60,6 +61,8 @@ def find_sources(src: str | os.PathLike[str], options: SourceOptions | None = No
                  exclude: Path | None = None) -> Sources:
     """Read SRC; ``exclude`` is a folder inside it never to scan (the store being written)."""
     options = options or SourceOptions()
+    if is_url(src):
+        return _scan_bucket(str(src), options)
     root = Path(src)
     if not root.exists():
         raise SourceError(f"SRC {str(root)!r} does not exist")
@@ -169,6 +172,33 @@ def _scan_tree(root: Path, options: SourceOptions, exclude: Path | None) -> Sour
             )
         notes.append(f"empty classes kept: {', '.join(empty)}")
     return Sources(paths, labels, classes, skipped, hidden=hidden, notes=notes)
+
+
+def _scan_bucket(url: str, options: SourceOptions) -> Sources:
+    """Class "folders" of a bucket prefix, read as ``_scan_tree`` reads a folder: the first key
+    segment is the class, files in ImageFolder order (by folder, then name), hidden entries out."""
+    storage = ObjectStorage(url)
+    by_class: dict[str, list[str]] = {}
+    skipped: list[tuple[str, str]] = []
+    hidden = 0
+    for key in storage.sizes():
+        parts = key.split("/")
+        if any(p.startswith(".") for p in parts):
+            hidden += 1
+        elif len(parts) == 1:
+            skipped.append((storage.where(key), "outside any class folder"))
+        else:
+            by_class.setdefault(parts[0], []).append(key)
+    if not by_class:
+        raise SourceError(f"SRC {url!r} has no class prefixes (CLASS/IMAGE keys) or does not exist")
+    classes = sorted(by_class)
+    paths: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        keys = sorted(by_class[name], key=lambda k: k.rsplit("/", 1))
+        paths += [storage.where(k) for k in keys]
+        labels += [label] * len(keys)
+    return Sources(paths, labels, classes, skipped, hidden=hidden)
 
 
 # -- manifests ----------------------------------------------------------------------------------

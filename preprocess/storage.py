@@ -38,6 +38,7 @@ PUT_CHUNK = 16 << 20  # objects above this go up in parts (several connections)
 
 T = TypeVar("T")
 _CLIENT_PID: int | None = None  # the process whose obstore client threads are running
+_SOURCES: dict[str, ObjectStorage] = {}  # read_object's clients, by bucket URL
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -58,6 +59,21 @@ def open_storage(location: str | os.PathLike[str], options: dict[str, Any] | Non
         raise ConfigError("storage options apply to object-store URLs, not to the folder "
                           f"{os.fspath(location)!r}")
     return LocalStorage(local_path(location))
+
+
+def client_started() -> bool:
+    """True once this process has run an object-store client: fork() is no longer safe."""
+    return _CLIENT_PID == os.getpid()
+
+
+def read_object(url: str) -> bytes:
+    """The object at ``url`` (a source image in a bucket), through one client per bucket and
+    process, configured the standard way."""
+    bucket = "/".join(url.split("/", 3)[:3])
+    storage = _SOURCES.get(bucket)
+    if storage is None:
+        storage = _SOURCES[bucket] = ObjectStorage(bucket)
+    return storage.read(url[len(bucket) + 1 :])
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, str]:

@@ -43,7 +43,7 @@ from tilefeed.preprocess.metadata import write_metadata
 from tilefeed.preprocess.output import out_inside, prepare_output, writer_lock
 from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe, usable_cores
 from tilefeed.preprocess.sources import SourceOptions, Sources, find_sources
-from tilefeed.preprocess.storage import Storage, open_storage
+from tilefeed.preprocess.storage import Storage, client_started, open_storage
 
 PART_SOURCES = 64
 
@@ -282,7 +282,7 @@ class _Build:
         # is touched in a child.
         # A bucket's client (obstore) does not survive fork(): forkserver children never ran it.
         methods = multiprocessing.get_all_start_methods()
-        method = "fork" if self.out.local is not None and "fork" in methods else (
+        method = "fork" if not client_started() and "fork" in methods else (
             "forkserver" if "forkserver" in methods else "spawn")
         context = multiprocessing.get_context(method)
         if method == "forkserver":

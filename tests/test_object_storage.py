@@ -152,7 +152,7 @@ def test_a_cache_far_smaller_than_the_store_is_never_exceeded(
     assert 0 < peak <= limit
     # random order and a cache below the store's size: ranged reads, nothing cached
     ranged = loader(url, shuffle="global", cache_dir=tmp_path / "r", cache_limit=limit)
-    assert ranged.reader.ranged is not None
+    assert ranged.reader.ranged
     same_epochs(ranged, loader(local, shuffle="global"))
     assert cache_bytes(tmp_path / "r") == 0
     with pytest.raises(ValueError, match="raise it to at least"):
@@ -236,3 +236,33 @@ def test_a_dask_cluster_writes_the_bucket_without_a_shared_folder(
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
         preprocess(src, url, TILES, STORE, scheduler=c.scheduler_address)
     assert bucket_tree(url) == tree_bytes(local)
+
+
+def test_tile_dataset_on_a_bucket_in_dataloader_workers(stores: tuple[Path, str, Path], tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from tilefeed.pipeline.dataset import TileDataset
+
+    _, url, local = stores
+    want = [t for t, _ in DataLoader(TileDataset(local), batch_size=7)]
+    ds = TileDataset(url, cache_dir=tmp_path)
+    got = [t for t, _ in DataLoader(ds, batch_size=7, num_workers=2, multiprocessing_context="forkserver")]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    # obstore cannot run in a child forked after it ran here: a clear error, never a hang
+    with pytest.raises(Exception, match="forkserver"):
+        list(DataLoader(ds, batch_size=7, num_workers=1, multiprocessing_context="fork", timeout=60))
+
+
+def test_src_may_be_a_bucket_too(stores: tuple[Path, str, Path], tmp_path: Path) -> None:
+    src, _, local = stores
+    images = ObjectStorage("s3://tilefeed/sources/train")
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            images.write(path.relative_to(src).as_posix(), path.read_bytes())
+    summary = preprocess("s3://tilefeed/sources/train", tmp_path / "from-bucket", TILES, STORE, workers=2)
+    assert (summary.tiles, summary.rejected) == (42, 1)
+    ours, theirs = tree_bytes(tmp_path / "from-bucket"), tree_bytes(local)
+    assert ours.keys() == theirs.keys()
+    for key in ours:  # the same tiles and labels; only the recorded source paths differ
+        if not key.startswith((fmt.SOURCE_PATHS, "zarr.json")):
+            assert ours[key] == theirs[key], key

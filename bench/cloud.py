@@ -1,0 +1,96 @@
+"""A store in a bucket against the same store on local disk, behind an emulated far network.
+
+The store is put into a local S3 server (moto) object by object; a proxy in its own process adds
+``latency`` to every request and caps each connection at ``rate`` bytes/s. Each round runs two
+epochs of the local store, then two of the bucket store on a fresh (cold) cache folder: epoch 1
+fetches every shard through the proxy, epoch 2 reads the cache the first one filled. Rounds are
+interleaved; medians and ranges are reported. Every figure counts the whole epoch (no warm-up
+steps left out), so the cold epoch's first wait is in it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tilefeed.bench.harness import RunResult, Watch
+from tilefeed.bench.netem import local_s3, proxy_process, s3_options
+from tilefeed.bench.steps import EmulatedStep
+from tilefeed.pipeline.loader import Loader
+from tilefeed.preprocess.storage import ObjectStorage
+
+FIGURES = ("local, epoch 1", "local, epoch 2", "bucket, cold cache", "bucket, warm cache")
+
+
+def _epochs(loader: Loader, step: EmulatedStep, names: tuple[str, str]) -> list[RunResult]:
+    runs = []
+    for name in names:
+        watch = Watch(loader, name=name, warmup=0, device="cpu")
+        for images, labels in watch:
+            step(images, labels)
+        runs.append(watch.result())
+    return runs
+
+
+def bench_cloud(store: Path, *, batch_size: int = 64, step_ms: float = 50.0, latency_ms: float = 20.0,
+                rate_mb: float = 100.0, workers: int = 2, rounds: int = 3,
+                shuffle_window: int = 4) -> dict[str, Any]:
+    step = EmulatedStep(step_ms, torch.device("cpu"))
+    settings = dict(batch_size=batch_size, shuffle="shard", shuffle_window=shuffle_window, train=True,
+                    workers=workers, device="cpu")
+    url = "s3://tilefeed/bench"
+    results: dict[str, list[RunResult]] = {name: [] for name in FIGURES}
+    with local_s3() as endpoint:
+        ObjectStorage(url, s3_options(endpoint)).upload_tree(store, last="zarr.json")
+        with proxy_process(endpoint, latency=latency_ms / 1000, rate=rate_mb * 1e6) as far:
+            for r in range(rounds):
+                local = Loader(store, seed=r, **settings)  # type: ignore[arg-type]
+                for run in _epochs(local, step, FIGURES[:2]):
+                    results[run.loader].append(run)
+                local.close()
+                with tempfile.TemporaryDirectory(prefix="tilefeed-cloud-cache-") as cache:
+                    remote = Loader(url, seed=r, storage_options=s3_options(far),
+                                    cache_dir=cache, **settings)  # type: ignore[arg-type]
+                    for run in _epochs(remote, step, FIGURES[2:]):
+                        results[run.loader].append(run)
+                    remote.close()
+                print(f"round {r + 1}/{rounds}: " + ", ".join(
+                    f"{name} {runs[-1].stall_fraction:.1%}" for name, runs in results.items()), flush=True)
+    table = {name: _summary(runs) for name, runs in results.items()}
+    for cache_state, local_name in (("bucket, cold cache", "local, epoch 1"),
+                                    ("bucket, warm cache", "local, epoch 2")):
+        pairs = zip(results[cache_state], results[local_name], strict=True)
+        diffs = [100 * (a.stall_fraction - b.stall_fraction) for a, b in pairs]
+        table[cache_state]["stall_minus_local_pp"] = _spread(diffs)
+    first = {name: [round(w, 1) for w in runs[0].timeline["wait_ms"][:8]]
+             for name, runs in results.items()}
+    return {"store": str(store), "batch_size": batch_size, "step_ms": step_ms, "latency_ms": latency_ms,
+            "first_waits_ms": first, "rate_mb_per_s_per_connection": rate_mb, "shuffle": "shard",
+            "shuffle_window": shuffle_window, "rounds": rounds, "samples": len(local.reader), "figures": table}
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _summary(runs: list[RunResult]) -> dict[str, Any]:
+    return {"stall_percent": _spread([100 * r.stall_fraction for r in runs]),
+            "images_per_s": _spread([r.samples_per_s for r in runs]),
+            "wait_p95_ms": _spread([r.wait_p95_ms for r in runs])}
+
+
+def format_cloud(result: dict[str, Any]) -> str:
+    lines = ["| epoch | stall % (median, range) | img/s (median, range) | wait p95 ms | "
+             "stall - local (pp) |", "|---|---|---|---|---|"]
+    for name, f in result["figures"].items():
+        stall, rate, p95 = f["stall_percent"], f["images_per_s"], f["wait_p95_ms"]
+        diff = f.get("stall_minus_local_pp")
+        lines.append(
+            f"| {name} | {stall['median']:.1f} ({stall['min']:.1f}-{stall['max']:.1f}) | "
+            f"{rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | {p95['median']:.1f} | "
+            + (f"{diff['median']:+.1f} ({diff['min']:+.1f} to {diff['max']:+.1f})" if diff else "-") + " |")
+    return "\n".join(lines)
