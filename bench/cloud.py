@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from tilefeed.bench.harness import RunResult, Watch
@@ -26,13 +27,29 @@ from tilefeed.preprocess.storage import ObjectStorage
 FIGURES = ("local, epoch 1", "local, epoch 2", "bucket, cold cache", "bucket, warm cache")
 
 
+def _server_cpu_s() -> float:
+    """CPU seconds used so far by this process's children: the S3 server and the proxy, which
+    share this machine's cores with the loader here (a real bucket's server does not)."""
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def _epochs(loader: Loader, step: EmulatedStep, names: tuple[str, str]) -> list[RunResult]:
     runs = []
     for name in names:
         watch = Watch(loader, name=name, warmup=0, device="cpu")
+        before = _server_cpu_s()
         for images, labels in watch:
             step(images, labels)
-        runs.append(watch.result())
+        run = watch.result()
+        run.extra["server_cpu_s"] = _server_cpu_s() - before
+        runs.append(run)
     return runs
 
 
@@ -66,10 +83,8 @@ def bench_cloud(store: Path, *, batch_size: int = 64, step_ms: float = 50.0, lat
         pairs = zip(results[cache_state], results[local_name], strict=True)
         diffs = [100 * (a.stall_fraction - b.stall_fraction) for a, b in pairs]
         table[cache_state]["stall_minus_local_pp"] = _spread(diffs)
-    first = {name: [round(w, 1) for w in runs[0].timeline["wait_ms"][:8]]
-             for name, runs in results.items()}
     return {"store": str(store), "batch_size": batch_size, "step_ms": step_ms, "latency_ms": latency_ms,
-            "first_waits_ms": first, "rate_mb_per_s_per_connection": rate_mb, "shuffle": "shard",
+            "rate_mb_per_s_per_connection": rate_mb, "shuffle": "shard",
             "shuffle_window": shuffle_window, "rounds": rounds, "samples": len(local.reader), "figures": table}
 
 
@@ -80,17 +95,22 @@ def _spread(values: list[float]) -> dict[str, float]:
 def _summary(runs: list[RunResult]) -> dict[str, Any]:
     return {"stall_percent": _spread([100 * r.stall_fraction for r in runs]),
             "images_per_s": _spread([r.samples_per_s for r in runs]),
-            "wait_p95_ms": _spread([r.wait_p95_ms for r in runs])}
+            "wait_p95_ms": _spread([r.wait_p95_ms for r in runs]),
+            "first_wait_ms": _spread([r.timeline["wait_ms"][0] for r in runs]),
+            "epoch_s": _spread([r.wall_s for r in runs]),
+            "server_cpu_s": _spread([r.extra["server_cpu_s"] for r in runs])}
 
 
 def format_cloud(result: dict[str, Any]) -> str:
-    lines = ["| epoch | stall % (median, range) | img/s (median, range) | wait p95 ms | "
-             "stall - local (pp) |", "|---|---|---|---|---|"]
+    lines = ["| epoch | stall % (median, range) | stall - local, pp | img/s | first wait ms | "
+             "wait p95 ms | server+proxy CPU s / epoch s |", "|---|---|---|---|---|---|---|"]
     for name, f in result["figures"].items():
-        stall, rate, p95 = f["stall_percent"], f["images_per_s"], f["wait_p95_ms"]
+        stall, rate = f["stall_percent"], f["images_per_s"]
         diff = f.get("stall_minus_local_pp")
         lines.append(
             f"| {name} | {stall['median']:.1f} ({stall['min']:.1f}-{stall['max']:.1f}) | "
-            f"{rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | {p95['median']:.1f} | "
-            + (f"{diff['median']:+.1f} ({diff['min']:+.1f} to {diff['max']:+.1f})" if diff else "-") + " |")
+            + (f"{diff['median']:+.1f} ({diff['min']:+.1f} to {diff['max']:+.1f})" if diff else "-")
+            + f" | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
+            f"{f['first_wait_ms']['median']:.0f} | {f['wait_p95_ms']['median']:.1f} | "
+            f"{f['server_cpu_s']['median']:.2f} / {f['epoch_s']['median']:.1f} |")
     return "\n".join(lines)
