@@ -69,7 +69,7 @@ class StoreReader:
         self.padded = bool((self.boxes != full).any())  # some tile holds padding (pad fit, grid edges)
         self._shards: list[fmt.ShardFile | None] = [None] * attrs["shards"]
         self._mapped: OrderedDict[int, None] = OrderedDict()  # remote: maps kept, oldest first
-        self._keep = 2
+        self._keep = self._maps_to_keep(window=1)
         self._lock = threading.Lock()
 
     def options(self) -> dict[str, Any]:
@@ -101,7 +101,14 @@ class StoreReader:
                 f"{cache.largest} bytes (the shuffle window plus two): raise it to at least "
                 f"{(window + 2) * cache.largest}")
         cache.window, cache.depth = window, ahead
-        self._keep = window + 2
+        self._keep = self._maps_to_keep(window)
+
+    def _maps_to_keep(self, window: int) -> int:
+        """Remote shards kept mapped: all when the cache holds the store, else those being read
+        (a map keeps an evicted file's disk space until it closes)."""
+        if self.remote is None or self.remote.cache.fits(len(self._shards)):
+            return len(self._shards)
+        return window + 2
 
     def will_read(self, indices: np.ndarray) -> None:
         """The samples about to be read, in order: a bucket store starts fetching their shards."""

@@ -248,9 +248,11 @@ def test_tile_dataset_on_a_bucket_in_dataloader_workers(stores: tuple[Path, str,
     ds = TileDataset(url, cache_dir=tmp_path)
     got = [t for t, _ in DataLoader(ds, batch_size=7, num_workers=2, multiprocessing_context="forkserver")]
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    # obstore cannot run in a child forked after it ran here: a clear error, never a hang
+    # obstore cannot run in a child forked after it ran here: where a forked worker must
+    # download (an empty cache), a clear error, never a hang
+    cold = TileDataset(url, cache_dir=tmp_path / "empty")
     with pytest.raises(Exception, match="forkserver"):
-        list(DataLoader(ds, batch_size=7, num_workers=1, multiprocessing_context="fork", timeout=60))
+        list(DataLoader(cold, batch_size=7, num_workers=1, multiprocessing_context="fork", timeout=60))
 
 
 def test_src_may_be_a_bucket_too(stores: tuple[Path, str, Path], tmp_path: Path) -> None:
