@@ -9,6 +9,7 @@ every request, caps each connection's download rate, and injects faults on chose
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import struct
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 FAULTS = ("500", "reset", "truncate", "stall")
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "tilefeed-local", "AWS_SECRET_ACCESS_KEY": "tilefeed-local-secret",
@@ -180,12 +182,17 @@ class Proxy:
                 if response is None:
                     return
                 status = int(response.split(b" ", 2)[1])
-                data = b"" if method == b"HEAD" or status in (204, 304) else _read_body(up_reader, response)
-                if fault == "truncate" and data:
-                    client.sendall(response + data[: len(data) // 2])
-                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    return
-                self._send(client, response + data)
+                bodiless = method == b"HEAD" or status in (204, 304)
+                chunked = (_header(response, b"transfer-encoding") or b"").lower() == b"chunked"
+                if fault == "truncate" or chunked:
+                    data = b"" if bodiless else _read_body(up_reader, response)
+                    if fault == "truncate" and data:
+                        client.sendall(response + data[: len(data) // 2])
+                        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        return
+                    self._relay(io.BytesIO(data), client, response, len(data))
+                else:
+                    self._relay(up_reader, client, response, 0 if bodiless else _content_length(response))
         except OSError:
             return
         finally:
@@ -193,16 +200,20 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
 
-    def _send(self, client: socket.socket, data: bytes) -> None:
-        if self.rate is None:
-            client.sendall(data)
-            return
-        start, step = time.monotonic(), 64 << 10
-        for k in range(0, len(data), step):
-            client.sendall(data[k : k + step])
-            ahead = (k + step) / self.rate - (time.monotonic() - start)
-            if ahead > 0:
-                time.sleep(ahead)
+    def _relay(self, source: Any, client: socket.socket, head: bytes, length: int) -> None:
+        """Forward a response as it arrives, 64 KiB at a time, paced to ``rate``."""
+        client.sendall(head)
+        start, sent = time.monotonic(), 0
+        while sent < length:
+            piece = source.read(min(64 << 10, length - sent))
+            if not piece:
+                raise ConnectionError("the server closed the connection mid-body")
+            client.sendall(piece)
+            sent += len(piece)
+            if self.rate is not None:
+                ahead = sent / self.rate - (time.monotonic() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
 
 
 def _read_head(reader: object) -> bytes | None:
