@@ -2,7 +2,9 @@
 
 Each round runs, back to back on the same cached images: the bare decode + resize in one
 process (storing nothing), ``preprocess`` with one worker, and ``preprocess`` with two workers.
-Rounds interleave the three so machine noise hits them alike; the report gives medians.
+Rounds interleave the three so machine noise hits them alike; the report gives medians, and
+where the one-worker run's time goes (the workers time each phase: decode, encode, write, copy
+into shards, sync).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class PreprocessBenchResult:
     two_workers: float
     overhead: float  # median over rounds of (bare rate / 1-worker rate - 1), from the same round
     scaling: float  # median over rounds of 2-worker rate / 1-worker rate
+    phases: dict[str, float]  # 1 worker: median share of the run's time per phase, and "other"
 
     def table(self) -> str:
         rows = [
@@ -42,6 +45,9 @@ class PreprocessBenchResult:
         lines += [f"| {name:<48} | {rate:>7.0f} | {ratio:>7} |" for name, rate, ratio in rows]
         lines.append(f"store overhead over bare decode (1 worker): {self.overhead * 100:+.1f}% "
                      f"(goal < 15%); 2 workers / 1 worker: {self.scaling:.2f}x (goal >= 1.7x)")
+        lines.append("1 worker, share of the run: " + ", ".join(
+            f"{phase} {share:.1%}" for phase, share in self.phases.items())
+            + " (decode: open, decode, fit; other: processes, scheduling, metadata)")
         return "\n".join(lines)
 
 
@@ -50,6 +56,7 @@ def bench_preprocess(images: Path, *, size: int = 224, codec: str = "lz4", round
     sources = find_sources(images)
     tiles, store = TileSettings(tile=size), StoreSettings(codec=codec)
     rates: dict[str, list[float]] = {"bare": [], "1": [], "2": []}
+    shares: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="tilefeed-bench-") as tmp:
         for r in range(rounds):
             start = time.perf_counter()
@@ -64,6 +71,10 @@ def bench_preprocess(images: Path, *, size: int = 224, codec: str = "lz4", round
                 shutil.rmtree(out, ignore_errors=True)
                 summary = preprocess(images, out, tiles, store, workers=workers)
                 rates[str(workers)].append(len(sources) / summary.seconds)
+                if workers == 1:
+                    for phase, seconds in summary.phases.items():
+                        shares.setdefault(phase, []).append(seconds / summary.seconds)
+                    shares.setdefault("other", []).append(1 - sum(summary.phases.values()) / summary.seconds)
             if log:
                 print(f"round {r + 1}/{rounds}: " + ", ".join(
                     f"{k}: {v[-1]:.0f} img/s" for k, v in rates.items()), flush=True)
@@ -71,4 +82,4 @@ def bench_preprocess(images: Path, *, size: int = 224, codec: str = "lz4", round
     overhead = statistics.median(b / one - 1 for b, one in zip(rates["bare"], rates["1"], strict=True))
     scaling = statistics.median(two / one for one, two in zip(rates["1"], rates["2"], strict=True))
     return PreprocessBenchResult(len(sources), codec, size, med["bare"], med["1"], med["2"],
-                                 overhead, scaling)
+                                 overhead, scaling, {k: statistics.median(v) for k, v in shares.items()})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,22 +40,34 @@ def write_part(
     codec = fmt.TileCodec(store.codec, tiles.tile, store.quality)
     record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
                               "cols": [], "boxes": [], "rejects": []}
+    clock = time.perf_counter
+    spent = dict.fromkeys(("decode", "encode", "write"), 0.0)  # seconds, for `bench preprocess`
     with out.writer(f"{work}/{part_name(part, '.bin')}") as f:
         for k, path in enumerate(paths):
+            t0 = clock()
             try:
                 result = load(path, tiles)
             except Rejected as e:
                 record["rejects"].append([first + k, str(e)])
                 continue
+            finally:
+                spent["decode"] += clock() - t0
             for pixels in result.pixels:
+                t1 = clock()
                 payload, crc = codec.encode_parts(pixels)
+                t2 = clock()
                 f.write(payload)
                 f.write(crc)
+                spent["encode"] += t2 - t1
+                spent["write"] += clock() - t2
                 record["sizes"].append(len(payload) + len(crc))
             record["sources"] += [first + k] * len(result.pixels)
             record["rows"] += result.rows.tolist()
             record["cols"] += result.cols.tolist()
             record["boxes"] += result.boxes.tolist()
+        t3 = clock()
+    spent["write"] += clock() - t3  # the part file's rename (or upload)
+    record["seconds"] = spent
     out.write(f"{work}/{part_name(part, '.json')}", json.dumps(record).encode())
     return record
 
@@ -93,21 +106,27 @@ def load_isolated(path: str, tiles: TileSettings) -> Tiles:
 
 
 def write_shard(out: Storage, work: str, shard: int, per_shard: int,
-                pieces: list[tuple[int, int, int]], sizes: list[int], sync: bool) -> int:
-    """Worker task: copy chunk byte runs from part files into one shard; returns its size.
+                pieces: list[tuple[int, int, int]], sizes: list[int], sync: bool) -> dict[str, Any]:
+    """Worker task: copy chunk byte runs from part files into one shard; returns its size
+    (``bytes``) and the ``seconds`` it took.
 
     ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
     sizes that make up those runs. Locally each run is one in-kernel copy (copy_file_range) and
     ``sync`` fsyncs here, for workers on other machines; in a bucket the shard is one put.
     """
+    start = time.perf_counter()
     index = fmt.ShardIndex.packed(per_shard, sizes)
     runs = [(f"{work}/{part_name(part, '.bin')}", offset, count) for part, offset, count in pieces]
-    return out.concat(fmt.shard_relpath(shard), runs, index.encode(), sync=sync)
+    size = out.concat(fmt.shard_relpath(shard), runs, index.encode(), sync=sync)
+    return {"bytes": size, "seconds": time.perf_counter() - start}
 
 
-def fsync(path: Path) -> None:
+def fsync(path: Path) -> float:
+    """fsync ``path``; the seconds it took."""
+    start = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return time.perf_counter() - start

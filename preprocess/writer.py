@@ -46,6 +46,7 @@ from tilefeed.preprocess.sources import SourceOptions, Sources, find_sources
 from tilefeed.preprocess.storage import Storage, client_started, open_storage
 
 PART_SOURCES = 64
+PHASES = ("decode", "encode", "write", "copy", "sync")  # where the workers' time goes
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Summary:
     up_to_date: bool = False
     hidden: int = 0  # hidden files and folders a class-folder scan left out
     notes: list[str] = field(default_factory=list)  # about SRC and OUT, for the summary
+    phases: dict[str, float] = field(default_factory=dict)  # worker seconds: decode, encode, ...
 
 
 ProgressFn = Callable[[int, int], None]  # (sources done in this step, rejects in this step)
@@ -200,12 +202,13 @@ class _Build:
         self.next_shard = 0  # first shard not yet submitted
         self.shard_done: set[int] = set()
         self.shard_bytes: dict[int, int] = {}
+        self.phases = dict.fromkeys(PHASES, 0.0)  # worker seconds per phase, for `bench preprocess`
         self.existing: dict[str, int] = {}  # shards in place before this run (key -> size)
         self.freed = 0  # parts 0..freed-1 have had their chunk file deleted
         self.bytes = 0
         self.resumed = 0  # parts found done on disk
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-fsync")
-        self._synced: list[Future[None]] = []
+        self._synced: list[Future[float]] = []
 
     def run(self, workers: int) -> None:
         done = self.out.sizes(self.work)  # one listing: parts recorded before an interruption
@@ -253,8 +256,9 @@ class _Build:
                 self.tick(result["count"], len(result["rejects"]))
             self._submit_part(pool, pending, todo)
         else:
-            self.bytes += result
-            self.shard_bytes[task.number] = result
+            self.bytes += result["bytes"]
+            self.shard_bytes[task.number] = result["bytes"]
+            self.phases["copy"] += result["seconds"]
             self.shard_done.add(task.number)
             self._sync(task.number)
             self._free_parts()
@@ -372,7 +376,10 @@ class _Build:
             )
         accepted = inputs - len(rejects)
         for synced in self._synced:
-            synced.result()  # every shard on disk before any metadata declares it
+            self.phases["sync"] += synced.result()  # every shard on disk before any metadata declares it
+        for r in records:
+            for phase, seconds in r.get("seconds", {}).items():
+                self.phases[phase] += seconds
         shards = fmt.shard_count(len(owners), self.per_shard)
         shard_bytes = [self.shard_bytes[s] for s in range(shards)]
         args = (self.sources, self.tiles, self.store, fingerprint, records, owners, rejects,
@@ -390,7 +397,7 @@ class _Build:
         return Summary(
             sources=inputs, accepted=accepted, rejected=len(rejects), tiles=len(owners),
             shards=fmt.shard_count(len(owners), self.per_shard), bytes=self.bytes, seconds=0.0,
-            rejects_by_reason=dict(reasons.most_common()),
+            rejects_by_reason=dict(reasons.most_common()), phases=self.phases,
         )
 
 

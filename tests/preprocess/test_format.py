@@ -81,3 +81,15 @@ def test_load_attrs_refuses_what_is_not_a_complete_store(tmp_path: Path) -> None
         {fmt.ATTRS_KEY: {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION + 1}})
     with pytest.raises(StoreFormatError, match="upgrade tilefeed"):
         fmt.load_attrs(tmp_path)
+
+
+def test_the_summary_says_where_the_workers_time_went(image_folder: Path, tmp_path: Path) -> None:
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+
+    summary = preprocess(image_folder, tmp_path / "store", TileSettings(tile=32), StoreSettings(shard_size=4),
+                         workers=1)
+    assert list(summary.phases) == ["decode", "encode", "write", "copy", "sync"]
+    assert all(seconds > 0 for seconds in summary.phases.values()), summary.phases
+    assert sum(summary.phases.values()) < summary.seconds  # one worker: within the run
+    again = preprocess(image_folder, tmp_path / "store", TileSettings(tile=32), StoreSettings(shard_size=4))
+    assert again.up_to_date and again.phases == {}
