@@ -237,33 +237,36 @@ class ShardCache:
             else:
                 raise CorruptChunkError(self.storage.where(key), None,
                                         f"{problem} (after {ATTEMPTS} downloads)")
-            self._make_room(len(data))
-            _place(path, data)
+            if self.limit is None:
+                _place(path, data)
+            else:
+                with _flock(self.cache_dir / ".lock"):  # room made and taken in one step
+                    self._make_room(len(data))
+                    _place(path, data)
         return path
 
     def _make_room(self, need: int) -> None:
-        """Evict least recently used shards (of any store in the cache folder) until ``need`` fits."""
-        if self.limit is None:
-            return
+        """Evict least recently used shards (of any store in the cache folder) until ``need``
+        fits; the caller holds the cache folder's lock."""
+        assert self.limit is not None
         if need > self.limit:
             raise ConfigError(f"cache_limit {self.limit} bytes is smaller than one shard ({need} bytes)")
-        with _flock(self.cache_dir / ".lock"):
-            files = []
-            for path in self.cache_dir.glob(f"*/{fmt.IMAGES}/c/*/0/0/0"):
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue
-                files.append((st.st_mtime, st.st_size, path))
-            total = sum(size for _, size, _ in files)
-            mine = {self.path(s) for s in self.pinned}
-            for _, size, path in sorted(files, key=lambda f: f[0]):
-                if total + need <= self.limit:
-                    break
-                if path in mine:
-                    continue
-                path.unlink(missing_ok=True)
-                total -= size
+        files = []
+        for path in self.cache_dir.glob(f"*/{fmt.IMAGES}/c/*/0/0/0"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            files.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in files)
+        mine = {self.path(s) for s in self.pinned}
+        for _, size, path in sorted(files, key=lambda f: f[0]):
+            if total + need <= self.limit:
+                break
+            if path in mine:
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
 
     def close(self) -> None:
         if self._pool is not None:
