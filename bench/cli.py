@@ -232,10 +232,7 @@ def _cloud(argv: list[str]) -> int:
     result = bench_cloud(store, batch_size=args.batch_size, step_ms=args.step_ms,
                          latency_ms=args.latency_ms, rate_mb=args.rate_mb, workers=args.workers,
                          rounds=args.rounds)
-    print(format_cloud(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
+    return _print(format_cloud(result), result, args.json)
 
 
 def _clients(argv: list[str]) -> int:
@@ -248,10 +245,7 @@ def _clients(argv: list[str]) -> int:
     from tilefeed.bench.clients import bench_clients, format_clients
 
     result = bench_clients(rounds=args.rounds)
-    print(format_clients(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
+    return _print(format_clients(result), result, args.json)
 
 
 def _soak(argv: list[str]) -> int:
@@ -330,9 +324,14 @@ def _gpu_report(argv: list[str]) -> int:
 
 
 def _report(result: Any, json_path: Path | None) -> int:
-    print(result.table())
+    return _print(result.table(), asdict(result), json_path)
+
+
+def _print(table: str, result: dict[str, Any], json_path: Path | None) -> int:
+    """The table on stdout, the result as JSON at ``json_path`` when given."""
+    print(table)
     if json_path:
-        json_path.write_text(json.dumps(asdict(result), indent=2))
+        json_path.write_text(json.dumps(result, indent=2))
     return 0
 
 

@@ -49,6 +49,8 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
         raise Rejected("missing: file not found") from None
     except OSError as e:
         raise Rejected(f"unreadable: {e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - anything reading one input fails with: this input only
+        raise Rejected(f"unreadable: {type(e).__name__}: {_one_line(e)}") from None
     if size == 0:
         raise Rejected("empty file (0 bytes)")
     try:

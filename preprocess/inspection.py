@@ -102,7 +102,7 @@ def verify(
     for shard in range(attrs["shards"]):
         if remote is not None:
             if remote.shard_sizes[shard] is not None:  # a missing one is reported above
-                problems += [remote.where(p) if p.startswith(str(root)) else p
+                problems += [remote.where(p)  # mirror paths named by URL
                              for p in _fetch_and_verify(remote, shard, per_shard, samples, codec, deep)]
         elif fmt.shard_path(root, shard).is_file():  # a missing one is reported above
             problems += _verify_shard(root, shard, per_shard, samples, codec, deep)

@@ -245,7 +245,9 @@ class ObjectStorage(Storage):
         for attempt in range(ATTEMPTS):
             try:
                 return fn()
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if "NoSuchBucket" in str(e):  # not an absent object: nothing here can be read
+                    raise StoreAccessError(f"{what} {self.where(key)} failed: {_one_line(e)}") from None
                 raise
             except Exception as e:  # noqa: BLE001 - classified below; nothing passes silently
                 if _permanent(e) or attempt == ATTEMPTS - 1:

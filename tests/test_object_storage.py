@@ -268,3 +268,12 @@ def test_src_may_be_a_bucket_too(stores: tuple[Path, str, Path], tmp_path: Path)
     for key in ours:  # the same tiles and labels; only the recorded source paths differ
         if not key.startswith((fmt.SOURCE_PATHS, "zarr.json")):
             assert ours[key] == theirs[key], key
+
+
+def test_a_source_object_that_cannot_be_read_is_a_reject(s3: str) -> None:
+    from tilefeed.preprocess.images import Rejected, load_tiles
+
+    with pytest.raises(Rejected, match="missing"):
+        load_tiles("s3://tilefeed/sources/gone/c0/x.jpg", TILES)
+    with pytest.raises(Rejected, match="unreadable"):
+        load_tiles("s3://no-such-bucket/c0/x.jpg", TILES)
