@@ -201,11 +201,11 @@ class Proxy:
                 upstream.close()
 
     def _relay(self, source: Any, client: socket.socket, head: bytes, length: int) -> None:
-        """Forward a response as it arrives, 64 KiB at a time, paced to ``rate``."""
+        """Forward a response as it arrives, 256 KiB at a time (2.6 ms at 100 MB/s), paced to ``rate``."""
         client.sendall(head)
         start, sent = time.monotonic(), 0
         while sent < length:
-            piece = source.read(min(64 << 10, length - sent))
+            piece = source.read(min(256 << 10, length - sent))
             if not piece:
                 raise ConnectionError("the server closed the connection mid-body")
             client.sendall(piece)

@@ -286,9 +286,15 @@ class Loader:
         self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None
         self._dataset: Any = None
-        self._take_graph()
-        # a bucket store starts fetching the first epoch's shards now, while the caller sets up
+        # a bucket store starts fetching the first epoch's shards now, while the graph is built
+        # and the caller sets up
         self.reader.will_read(self.next_epoch_indices().numpy())
+        try:
+            self._take_graph()
+        except BaseException:
+            if self._owns_reader:
+                self.reader.close()  # ends the downloads just started
+            raise
 
     def _check_subset(self, indices: Any) -> np.ndarray:
         subset = np.asarray(indices)

@@ -87,10 +87,14 @@ class RemoteStore:
         self.ranges.close()
 
     def _mirror(self, group: bytes, fresh: bool) -> None:
-        for k, size in self._small.items():
-            path = self.mirror / k
-            if fresh or not (path.is_file() and path.stat().st_size == size):  # digests checked after
-                _place(path, group if k == "zarr.json" else self.storage.read(k))
+        """Copy the small objects missing from the mirror (digests are checked after), all at
+        once: each is one round trip, and there are a dozen or so."""
+        _place(self.mirror / "zarr.json", group)
+        missing = [k for k, size in self._small.items() if k != "zarr.json" and (
+            fresh or not _present(self.mirror / k, size))]
+        with ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="tilefeed-mirror") as pool:
+            for k, data in zip(missing, pool.map(self.storage.read, missing), strict=True):
+                _place(self.mirror / k, data)
 
     def problems(self) -> list[tuple[str, str]]:
         """What ``fmt.array_problems`` finds, for every array, named by URL rather than mirror path."""
@@ -107,9 +111,14 @@ class RemoteStore:
         return self.storage.where(text[len(mirror) + 1:]) if text.startswith(mirror + "/") else text
 
 
-def _place(path: Path, data: bytes) -> None:
+def _temporary(path: Path) -> Path:
+    """A name beside ``path`` for filling it, unique to this process and thread."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+
+
+def _place(path: Path, data: bytes) -> None:
+    tmp = _temporary(path)
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -227,22 +236,28 @@ class ShardCache:
         with _flock(self.mirror / ".locks" / str(shard)):  # one download per shard, all processes
             if _present(path, expected):
                 return path
+            for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed download
+                stale.unlink(missing_ok=True)
             key = fmt.shard_relpath(shard)
-            problem = ""
-            for _ in range(ATTEMPTS):
-                data = self.storage.read(key)
-                problem = _shard_problem(data, expected, self.tiles_per_shard, self.storage.where(key))
-                if not problem:
-                    break
-            else:
-                raise CorruptChunkError(self.storage.where(key), None,
-                                        f"{problem} (after {ATTEMPTS} downloads)")
-            if self.limit is None:
-                _place(path, data)
-            else:
-                with _flock(self.cache_dir / ".lock"):  # room made and taken in one step
-                    self._make_room(len(data))
-                    _place(path, data)
+            tmp = _temporary(path)
+            try:
+                problem = ""
+                for _ in range(ATTEMPTS):
+                    self.storage.download(key, tmp)
+                    problem = _shard_problem(tmp, expected, self.tiles_per_shard, self.storage.where(key))
+                    if not problem:
+                        break
+                else:
+                    raise CorruptChunkError(self.storage.where(key), None,
+                                            f"{problem} (after {ATTEMPTS} downloads)")
+                if self.limit is None:
+                    os.replace(tmp, path)
+                else:
+                    with _flock(self.cache_dir / ".lock"):  # room made and taken in one step
+                        self._make_room(expected)
+                        os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
         return path
 
     def _make_room(self, need: int) -> None:
@@ -281,12 +296,16 @@ def _present(path: Path, size: int) -> bool:
         return False
 
 
-def _shard_problem(data: bytes, expected: int, tiles_per_shard: int, name: str) -> str:
-    """What is wrong with a downloaded shard's bytes, or '' when its size and index are sound."""
-    if len(data) != expected:
-        return f"downloaded {len(data)} bytes, expected {expected}"
+def _shard_problem(path: Path, expected: int, tiles_per_shard: int, name: str) -> str:
+    """What is wrong with a downloaded shard, or '' when its size and index are sound."""
+    size = path.stat().st_size
+    if size != expected:
+        return f"downloaded {size} bytes, expected {expected}"
+    tail = fmt.index_nbytes(tiles_per_shard)
+    with open(path, "rb") as f:
+        index = os.pread(f.fileno(), tail, size - tail)
     try:
-        fmt.ShardIndex.decode(data[-fmt.index_nbytes(tiles_per_shard):], tiles_per_shard, name)
+        fmt.ShardIndex.decode(index, tiles_per_shard, name)
     except CorruptChunkError as e:
         return e.detail
     return ""

@@ -35,6 +35,7 @@ CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout", "pool_idle_timeout", 
 RETRY_KEYS = ("max_retries", "retry_timeout")
 ATTEMPTS = 5  # whole operations, over obstore's own retries: a truncated body, a reset mid-stream
 PUT_CHUNK = 16 << 20  # objects above this go up in parts (several connections)
+DOWNLOAD_CHUNK = 1 << 20  # streamed downloads are written in pieces of at least this
 
 T = TypeVar("T")
 _CLIENT_PID: int | None = None  # the process whose obstore client threads are running
@@ -259,6 +260,18 @@ class ObjectStorage(Storage):
         import obstore
 
         return self._call("reading", key, lambda: bytes(obstore.get(self.store, key).bytes()))
+
+    def download(self, key: str, dest: Path) -> int:
+        """The whole object into the file ``dest``, streamed (no copy of it in memory); its size."""
+        import obstore
+
+        def get() -> int:
+            with open(dest, "wb") as f:
+                for piece in obstore.get(self.store, key).stream(min_chunk_size=DOWNLOAD_CHUNK):
+                    f.write(piece)
+                return f.tell()
+
+        return self._call("reading", key, get)
 
     def read_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         import obstore

@@ -182,6 +182,22 @@ def test_two_processes_share_one_cache_and_download_each_shard_once(
     assert len(shards) == 6 and set(shards.values()) == {1}, shards
 
 
+def test_a_download_cut_off_by_a_kill_is_fetched_again_and_its_remains_removed(
+        stores: tuple[Path, str, Path], tmp_path: Path) -> None:
+    _, url, local = stores
+    first = loader(url, shuffle="shard", cache_dir=tmp_path)
+    same_epochs(first, loader(local, shuffle="shard"), 1)
+    assert first.reader.remote is not None
+    shard = first.reader.remote.cache.path(0)
+    whole = shard.read_bytes()
+    shard.unlink()  # as if the process downloading it had been killed
+    remains = shard.with_name(f".{shard.name}.tmp-99999999-1")
+    remains.write_bytes(whole[:1000])
+    same_epochs(loader(url, shuffle="shard", cache_dir=tmp_path), loader(local, shuffle="shard"), 1)
+    assert shard.read_bytes() == whole
+    assert not remains.exists()
+
+
 @pytest.mark.parametrize("fault", ["500", "reset", "truncate", "stall"])
 def test_server_faults_are_retried_and_nothing_wrong_is_yielded(
         stores: tuple[Path, str, Path], s3: str, tmp_path: Path, fault: str) -> None:
