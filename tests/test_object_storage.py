@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from tilefeed.bench.netem import CREDENTIALS, Proxy, local_s3
+from tilefeed.bench.netem import CREDENTIALS, Proxy, local_s3, s3_options
 from tilefeed.pipeline.loader import Loader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess import format as fmt
@@ -121,6 +121,17 @@ def test_a_missing_bucket_or_store_is_a_one_line_error(s3: str) -> None:
         assert SECRET not in done.stderr
     with pytest.raises((StoreAccessError, StoreFormatError)):
         Loader("s3://no-such-bucket/x", 4)
+
+
+def test_refused_credentials_are_a_one_line_error_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "1")  # moto checks keys once the bucket exists
+    with local_s3() as endpoint:
+        done = run_cli("info", "s3://tilefeed/x", env={**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint})
+        assert done.returncode == 1
+        assert done.stderr.count("\n") == 1 and "InvalidAccessKeyId" in done.stderr, done.stderr
+        assert SECRET not in done.stderr and CREDENTIALS["AWS_ACCESS_KEY_ID"] not in done.stderr
+        with pytest.raises(StoreAccessError, match="InvalidAccessKeyId"):
+            Loader("s3://tilefeed/x", 4, storage_options=s3_options(endpoint))
 
 
 def test_zarr_python_reads_the_bucket_store_directly(stores: tuple[Path, str, Path]) -> None:
