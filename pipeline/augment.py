@@ -43,3 +43,8 @@ class Augment:
     def passthrough(self) -> bool:
         """uint8 NHWC eval output: the (resized) tiles as they are, with no per-pixel op."""
         return not (self.windows or self.normalize or self.channels_first)
+
+    @property
+    def stored_tiles(self) -> bool:
+        """The output is the stored tiles themselves: uint8 NHWC at the tile's size."""
+        return self.passthrough and self.size == self.tile

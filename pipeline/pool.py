@@ -7,6 +7,9 @@ A graph is therefore never dropped while it can serve again: an epoch left early
 (the source stops, DALI finishes the few batches it has in flight) and the graph goes back to
 a small pool keyed by everything that shapes it. A few idle graphs (``MAX_IDLE``) bound the
 threads and memory the pool holds.
+
+Where the output is the stored tiles on the CPU (uint8 NHWC at the tile's size), a graph is the
+batch source alone, with no DALI pipeline: DALI would only copy each batch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.reader import StoreReader
@@ -29,22 +33,27 @@ _lock = threading.Lock()
 
 @dataclass
 class Graph:
-    """A DALI pipeline, the batch source feeding it and the torch iterator over it."""
+    """A DALI pipeline, the batch source feeding it and the torch iterator over it; or, where
+    DALI would only copy (``pipe`` None: see ``take``), the source alone."""
 
     source: BatchSource
     pipe: Any
     iterator: Any = None
     clean: bool = field(default=False)  # ended its last epoch: arm() may reset it
+    closed: bool = field(default=False)
 
     def arm(self, reader: StoreReader, indices: np.ndarray, first_batch: int, extras: Extras | None) -> Any:
         """Start an epoch over ``indices``; returns the iterator to draw batches from."""
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
         self.source.reader = reader
         self.source.start(indices, first_batch, extras)
         if self.iterator is None:  # the iterator prefetches as it is made: after start()
-            self.iterator = DALIGenericIterator([self.pipe], ["images", "labels", "indices"], size=-1,
-                                                auto_reset=False)
+            if self.pipe is None:
+                self.iterator = HostBatches(self.source)
+            else:
+                from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+                self.iterator = DALIGenericIterator([self.pipe], ["images", "labels", "indices"],
+                                                    size=-1, auto_reset=False)
         else:
             self.iterator.reset()
         self.clean = False
@@ -54,7 +63,9 @@ class Graph:
     def alive(self) -> bool:
         """DALI shuts a pipeline down (``_pipe`` None) when the garbage collector finalises it,
         even while something still refers to it, e.g. a Loader dropped inside a reference cycle."""
-        return self.pipe is not None and getattr(self.pipe, "_pipe", None) is not None
+        if self.closed:
+            return False
+        return self.pipe is None or getattr(self.pipe, "_pipe", None) is not None
 
     def drain(self) -> bool:
         """Stop mid-epoch and let DALI finish what it has in flight; True when reusable."""
@@ -68,6 +79,7 @@ class Graph:
         return True
 
     def close(self) -> None:
+        self.closed = True
         self.iterator = None
         self.pipe = None  # DALI joins its threads when the pipeline goes
         self.source.close()
@@ -96,14 +108,37 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
             graph = idle.pop()
             if graph.alive:
                 return graph
+    s = settings
+    if s.device_id is None and augment.stored_tiles and not reader.is_image_coded:
+        # the output is the stored tiles: a DALI graph would only copy each batch into memory
+        # of its own; the reader threads decode straight into arrays handed to the caller
+        return Graph(BatchSource(reader, s.batch_size, s.threads, ahead=s.threads + 2,
+                                 dali_depth=0, handed_out=True), pipe=None)
     from tilefeed.pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
 
-    s = settings
     source = BatchSource(reader, s.batch_size, s.readers, ahead=s.readers + 1, dali_depth=s.prefetch)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
                           device_id=s.device_id, prefetch=s.prefetch, jpeg=reader.is_image_coded)
     pipe.build()
     return Graph(source, pipe)
+
+
+class HostBatches:
+    """For a graph without DALI: the batch source's batches as the DALI iterator gives them."""
+
+    def __init__(self, source: BatchSource) -> None:
+        self.source = source
+
+    def __iter__(self) -> HostBatches:
+        return self
+
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
+        images, labels, indices, *_ = self.source()  # StopIteration ends the epoch
+        return [{"images": torch.from_numpy(images), "labels": torch.from_numpy(labels),
+                 "indices": torch.from_numpy(indices.copy())}]
+
+    def reset(self) -> None:
+        """Nothing to reset: the source's ``start()`` arms the next epoch."""
 
 
 def give(graph_key: Hashable, graph: Graph) -> None:

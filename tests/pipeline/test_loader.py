@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tilefeed.pipeline import pool
+from tilefeed.pipeline.source import Buffers
 from tilefeed.pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
 from tilefeed.preprocess import format as fmt
 from tests.helpers import psnr
@@ -61,6 +62,20 @@ def test_eval_uint8_at_tile_size_gives_the_stored_tiles(store: Path) -> None:
         for image, label, i in zip(images, labels, idx.tolist(), strict=True):
             np.testing.assert_array_equal(image.numpy(), reader.read(i))
             assert int(label) == int(reader.labels[i])
+
+
+def test_batch_buffers_are_reused_only_once_the_caller_dropped_them() -> None:
+    buffers = Buffers((4, 2, 2, 3), spare=2)
+    first = torch.from_numpy(buffers.take(4))
+    address = first.data_ptr()
+    view = first[1:]  # a view of the batch holds it as well
+    del first
+    held = buffers.take(3)
+    assert held.ctypes.data != address
+    del view
+    again = buffers.take(4)
+    assert again.ctypes.data == address and again.shape == (4, 2, 2, 3)
+    assert held.shape == (3, 2, 2, 3)
 
 
 def test_jpeg_tiles_decode_close_to_what_was_stored(jpeg_store: Path) -> None:
