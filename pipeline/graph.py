@@ -9,24 +9,26 @@ from nvidia.dali import fn, pipeline_def, types
 from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.source import BatchSource
 
-CROP_INPUTS = 3  # windows: roi start, roi end, flip per sample, after (images, labels, indices)
-
 
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
                    device_id: int | None, prefetch: int, jpeg: bool) -> Any:
     gpu = device_id is not None
-    extra = CROP_INPUTS if augment.windows else 0
+    resized = source.resize_to is not None  # then the source sends the flips alone, no windows
+    crop_types = ([types.INT32] if resized else [types.FLOAT, types.FLOAT, types.INT32]) \
+        if augment.windows else []
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
                   prefetch_queue_depth=prefetch)  # no DALI randomness: crops come from the host
     def tiles() -> Any:
         raw, labels, indices, *crop = fn.external_source(
-            source=source, num_outputs=3 + extra, batch=True,
-            dtype=[types.UINT8, types.INT64, types.INT64, types.FLOAT, types.FLOAT, types.INT32][: 3 + extra],
-            layout=[None if jpeg else "HWC", None, None, None, None, None][: 3 + extra],
+            source=source, num_outputs=3 + len(crop_types), batch=True,
+            dtype=[types.UINT8, types.INT64, types.INT64, *crop_types],
+            layout=[None if jpeg else "HWC", None, None, *[None] * len(crop_types)],
             no_copy=not source.dali_copies,
         )
-        images = _finish(_decode_and_crop(raw, crop, augment, gpu=gpu, jpeg=jpeg), crop, augment)
+        if not resized:
+            raw = _decode_and_crop(raw, crop, augment, gpu=gpu, jpeg=jpeg)
+        images = _finish(raw, crop, augment)
         if gpu:
             labels, indices = labels.gpu(), indices.gpu()
         return images, labels, indices
@@ -48,7 +50,7 @@ def _finish(images: Any, crop: list[Any], a: Augment) -> Any:
         output_layout="CHW" if a.channels_first else "HWC",
         mean=list(a.mean) if a.normalize else [0.0, 0.0, 0.0],
         std=list(a.std) if a.normalize else [1.0, 1.0, 1.0],
-        mirror=crop[2] if a.windows else 0,
+        mirror=crop[-1] if a.windows else 0,  # the flips come last
         **centre,
     )
 

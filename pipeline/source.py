@@ -55,16 +55,18 @@ class BatchSource:
     after taking it, so a ring of ``ahead + dali_depth + 2`` slots is never overwritten early.
     JPEG batches are lists of fresh byte arrays, which DALI copies in (``dali_copies``).
     ``handed_out``: no DALI graph; lossless batches go to the caller as they are, each in its
-    own array (``Buffers``).
+    own array (``Buffers``). ``resize_to``: lossless tiles are cut to their crop windows (the
+    first two extras) and resized to this side here, with pillow-simd, rather than in the graph.
     """
 
     def __init__(self, reader: StoreReader, batch_size: int, threads: int, ahead: int,
-                 dali_depth: int, handed_out: bool = False) -> None:
+                 dali_depth: int, handed_out: bool = False, resize_to: int | None = None) -> None:
         self.reader = reader
         self.batch_size = batch_size
         self.ahead = max(1, ahead)
         self.threads = max(1, threads)
         self.handed_out = handed_out
+        self.resize_to = resize_to
         self._kept: Buffers | None = None
         self._pool: ThreadPoolExecutor | None = None  # made by start(), ended by close()
         self._pending: deque[Future[Batch]] = deque()
@@ -105,12 +107,13 @@ class BatchSource:
     def _buffer(self, n: int) -> np.ndarray | None:
         if self.reader.is_image_coded:
             return None
+        side = self.resize_to
+        shape = (self.batch_size, *((side, side, 3) if side else self.reader.codec.shape))
         if self.handed_out:
             if self._kept is None:
-                self._kept = Buffers((self.batch_size, *self.reader.codec.shape), spare=self._ring_size)
+                self._kept = Buffers(shape, spare=self._ring_size)
             return self._kept.take(n)
         if not self._ring:
-            shape = (self.batch_size, *self.reader.codec.shape)
             self._ring = [np.empty(shape, dtype=np.uint8) for _ in range(self._ring_size)]
         self._slot = (self._slot + 1) % len(self._ring)
         return self._ring[self._slot][:n]
@@ -118,13 +121,33 @@ class BatchSource:
     def _read(self, indices: np.ndarray, images: Any) -> Batch:
         reader = self.reader
         labels = reader.labels[indices]
+        extras = self._extras(indices) if self._extras is not None else ()
         if images is None:
             # bytes() copies out of the map: DALI may hold inputs past this call
             images = [np.frombuffer(bytes(p), np.uint8) for p in reader.payloads(indices.tolist())]
+        elif self.resize_to:
+            self._cut_and_resize(indices, extras[0], extras[1], images)
+            extras = extras[2:]  # the flips: the graph has no window left to cut
         else:
             reader.read_batch_into(indices.tolist(), images)
-        extras = self._extras(indices) if self._extras is not None else ()
         return (images, labels, indices, *extras)
+
+    def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,
+                        out: np.ndarray) -> None:
+        """Each tile's window (start, end: [y, x] in tile pixels) resized into ``out[k]``:
+        bilinear, antialiased when shrinking, as torchvision's PIL path does. pillow-simd does
+        this in ~70 us a tile here, DALI's CPU resize in ~650 us."""
+        from PIL import Image
+
+        reader, side = self.reader, out.shape[1]
+        tile = np.empty(reader.codec.shape, dtype=np.uint8)
+        size = (tile.shape[1], tile.shape[0])
+        for k, payload in enumerate(reader.payloads(indices.tolist())):
+            reader.codec.decode(payload, out=tile)
+            (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
+            resized = Image.frombuffer("RGB", size, tile, "raw", "RGB", 0, 1).resize(
+                (side, side), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
+            out[k] = np.asarray(resized)
 
     def __call__(self) -> Batch:
         if not self._pending:

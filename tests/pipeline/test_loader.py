@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tilefeed.pipeline import pool
+from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline.source import Buffers
 from tilefeed.pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
 from tilefeed.preprocess import format as fmt
@@ -62,6 +63,24 @@ def test_eval_uint8_at_tile_size_gives_the_stored_tiles(store: Path) -> None:
         for image, label, i in zip(images, labels, idx.tolist(), strict=True):
             np.testing.assert_array_equal(image.numpy(), reader.read(i))
             assert int(label) == int(reader.labels[i])
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
+def test_train_output_is_each_window_resized_flipped_and_normalised(store: Path, layout: str) -> None:
+    """Against torch's own antialiased bilinear resize of the window (torchvision's tensor path)."""
+    reader = StoreReader(store)
+    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+    with Loader(store, 16, train=True, size=24, with_index=True, layout=layout, seed=3) as loader:
+        images, _, idx = next(iter(loader))
+        start, end, flip = loader.windows(0, idx.numpy())
+    assert flip.any() and not flip.all()
+    for k, i in enumerate(idx.tolist()):
+        (y0, x0), (y1, x1) = start[k].round().astype(int), end[k].round().astype(int)
+        window = torch.from_numpy(reader.read(i)[y0:y1, x0:x1]).permute(2, 0, 1)[None].float()
+        want = torch.nn.functional.interpolate(window, size=(24, 24), mode="bilinear", antialias=True,
+                                               align_corners=False)[0].round().clamp(0, 255)
+        want = ((want.flip(-1) if flip[k] else want) - mean) / std
+        assert (images[k] - want).abs().mean() < 1.5 / 57, (k, flip[k])
 
 
 def test_batch_buffers_are_reused_only_once_the_caller_dropped_them() -> None:
