@@ -408,8 +408,7 @@ class Loader:
         device_id = self.device.index if self.device.type == "cuda" else None
         if device_id is None and self.device.type == "cuda":
             device_id = torch.cuda.current_device()
-        readers = max(1, self.workers // 2)  # measured: more readers than this only contend
-        settings = pool.Settings(self.batch_size, self.workers, readers, self.prefetch, device_id)
+        settings = pool.Settings(self.batch_size, self.workers, self.prefetch, device_id)
         self._graph_key = pool.key(self.reader, self.augment, settings)
         self._graph = pool.take(self.reader, self.augment, settings)
 

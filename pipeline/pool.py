@@ -90,8 +90,7 @@ class Settings:
     """Everything beside the augmentation and the tile that shapes a graph."""
 
     batch_size: int
-    threads: int  # DALI's CPU threads
-    readers: int  # batch source threads
+    threads: int  # the Loader's num_workers: DALI's CPU threads, and the reader threads' share
     prefetch: int
     device_id: int | None
 
@@ -111,18 +110,23 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
     s = settings
     if s.device_id is None and augment.stored_tiles and not reader.is_image_coded:
         # the output is the stored tiles: a DALI graph would only copy each batch into memory
-        # of its own; the reader threads decode straight into arrays handed to the caller
+        # of its own; the reader threads decompress straight into arrays handed to the caller
+        # (JPEG tiles stay with DALI's decoder: pillow-simd measured no faster)
         return Graph(BatchSource(reader, s.batch_size, s.threads, ahead=s.threads + 2,
                                  dali_depth=0, handed_out=True), pipe=None)
     from tilefeed.pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
 
-    # on the CPU, lossless tiles are cut and resized by the reader threads (pillow-simd measured
-    # ~9x DALI's CPU resize); on a GPU the graph resizes on the device
-    host_resize = s.device_id is None and augment.windows and not reader.is_image_coded
-    source = BatchSource(reader, s.batch_size, s.readers, ahead=s.readers + 1, dali_depth=s.prefetch,
+    # on the CPU, tiles are decoded, cut and resized by the reader threads (pillow-simd measured
+    # ~9x DALI's CPU resize); on a GPU the graph decodes (nvJPEG) and resizes on the device
+    host_resize = s.device_id is None and augment.windows
+    # measured on 2 cores: one reader thread beside DALI's for lossless tiles (more only
+    # contend), one per worker where the readers decode JPEG
+    readers = s.threads if host_resize and reader.is_image_coded else max(1, s.threads // 2)
+    source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
                          resize_to=augment.size if host_resize else None)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
-                          device_id=s.device_id, prefetch=s.prefetch, jpeg=reader.is_image_coded)
+                          device_id=s.device_id, prefetch=s.prefetch,
+                          jpeg=reader.is_image_coded and not source.decodes)
     pipe.build()
     return Graph(source, pipe)
 

@@ -8,6 +8,7 @@ measured fastest (a second one only contends for memory bandwidth and the GIL).
 
 from __future__ import annotations
 
+import io
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -54,9 +55,10 @@ class BatchSource:
     that DALI reads in place (``no_copy``): DALI is done with a batch ``dali_depth`` iterations
     after taking it, so a ring of ``ahead + dali_depth + 2`` slots is never overwritten early.
     JPEG batches are lists of fresh byte arrays, which DALI copies in (``dali_copies``).
-    ``handed_out``: no DALI graph; lossless batches go to the caller as they are, each in its
-    own array (``Buffers``). ``resize_to``: lossless tiles are cut to their crop windows (the
-    first two extras) and resized to this side here, with pillow-simd, rather than in the graph.
+    ``handed_out``: no DALI graph; batches go to the caller as they are, each in its own array
+    (``Buffers``). ``resize_to``: tiles are cut to their crop windows (the first two extras) and
+    resized to this side here, with pillow-simd, rather than in the graph. Either way the
+    threads here decode JPEG tiles too (``decodes``).
     """
 
     def __init__(self, reader: StoreReader, batch_size: int, threads: int, ahead: int,
@@ -79,9 +81,14 @@ class BatchSource:
         self._extras: Extras | None = None
 
     @property
+    def decodes(self) -> bool:
+        """Batches leave here as pixels, not as JPEG bytes for the graph's decoder."""
+        return not self.reader.is_image_coded or self.handed_out or self.resize_to is not None
+
+    @property
     def dali_copies(self) -> bool:
         """DALI must copy the batches in: JPEG batches are fresh byte arrays, not ring slots."""
-        return self.reader.is_image_coded
+        return not self.decodes
 
     def start(self, indices: np.ndarray, first_batch: int = 0, extras: Extras | None = None) -> None:
         """Arm an epoch: this rank's ``indices`` from batch ``first_batch`` on; ``extras`` adds
@@ -105,7 +112,7 @@ class BatchSource:
             self._next += 1
 
     def _buffer(self, n: int) -> np.ndarray | None:
-        if self.reader.is_image_coded:
+        if not self.decodes:
             return None
         side = self.resize_to
         shape = (self.batch_size, *((side, side, 3) if side else self.reader.codec.shape))
@@ -143,11 +150,15 @@ class BatchSource:
         tile = np.empty(reader.codec.shape, dtype=np.uint8)
         size = (tile.shape[1], tile.shape[0])
         for k, payload in enumerate(reader.payloads(indices.tolist())):
-            reader.codec.decode(payload, out=tile)
+            picture: Image.Image
+            if reader.is_image_coded:
+                picture = Image.open(io.BytesIO(payload))
+            else:
+                reader.codec.decode(payload, out=tile)
+                picture = Image.frombuffer("RGB", size, tile, "raw", "RGB", 0, 1)
             (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
-            resized = Image.frombuffer("RGB", size, tile, "raw", "RGB", 0, 1).resize(
-                (side, side), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
-            out[k] = np.asarray(resized)
+            out[k] = np.asarray(picture.resize((side, side), Image.Resampling.BILINEAR,
+                                               box=(x0, y0, x1, y1)))
 
     def __call__(self) -> Batch:
         if not self._pending:

@@ -65,9 +65,11 @@ def test_eval_uint8_at_tile_size_gives_the_stored_tiles(store: Path) -> None:
             assert int(label) == int(reader.labels[i])
 
 
-@pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
-def test_train_output_is_each_window_resized_flipped_and_normalised(store: Path, layout: str) -> None:
+@pytest.mark.parametrize("codec,layout", [("lz4", "NCHW"), ("lz4", "channels_last"), ("jpeg", "NCHW")])
+def test_train_output_is_each_window_resized_flipped_and_normalised(
+        request: pytest.FixtureRequest, codec: str, layout: str) -> None:
     """Against torch's own antialiased bilinear resize of the window (torchvision's tensor path)."""
+    store = request.getfixturevalue("store" if codec == "lz4" else "jpeg_store")
     reader = StoreReader(store)
     mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
     with Loader(store, 16, train=True, size=24, with_index=True, layout=layout, seed=3) as loader:
