@@ -2,8 +2,9 @@
 
 Reading a tile is a crc32c check and a copy or lz4 decompression: short, memory-bound work.
 Threads reading whole batches ahead overlap it with DALI's own threads, with no worker
-processes, no pickling and no shared-memory segments to leak; on two cores one reader thread
-measured fastest (a second one only contends for memory bandwidth and the GIL).
+processes, no pickling and no shared-memory segments to leak. On the CPU the threads also do
+what DALI's CPU operators do slowly: cutting and resizing training windows, and decoding JPEG
+tiles for them (``resize_to``); how many threads each path gets is ``pool.take``'s choice.
 """
 
 from __future__ import annotations
