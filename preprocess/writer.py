@@ -63,7 +63,7 @@ class Summary:
     up_to_date: bool = False
     hidden: int = 0  # hidden files and folders a class-folder scan left out
     notes: list[str] = field(default_factory=list)  # about SRC and OUT, for the summary
-    phases: dict[str, float] = field(default_factory=dict)  # worker seconds: decode, encode, ...
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: decode, encode, write (workers), copy, sync
 
 
 ProgressFn = Callable[[int, int], None]  # (sources done in this step, rejects in this step)
@@ -208,6 +208,7 @@ class _Build:
         self.bytes = 0
         self.resumed = 0  # parts found done on disk
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-fsync")
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-shards")
         self._synced: list[Future[float]] = []
 
     def run(self, workers: int) -> None:
@@ -326,7 +327,11 @@ class _Build:
             pieces, sizes = self._pieces(lo, min(hi, known))
             args = (self.out, self.work, shard, self.per_shard, pieces, sizes,
                     self.scheduler is not None)
-            pending[pool.submit(tasks.write_shard, *args)] = _Task("shard", shard, tasks.write_shard, args)
+            # a local shard is in-kernel copies (copy_file_range): a thread here does them, and
+            # the workers keep decoding; elsewhere the workers read the parts and write it
+            local = self.scheduler is None and self.out.local is not None
+            runner = self._copier if local else pool
+            pending[runner.submit(tasks.write_shard, *args)] = _Task("shard", shard, tasks.write_shard, args)
 
     def _sync(self, shard: int) -> None:
         if self.scheduler is None and self.out.local is not None:
@@ -360,6 +365,7 @@ class _Build:
             self.freed += 1
 
     def close(self) -> None:
+        self._copier.shutdown(wait=True)
         self._syncer.shutdown(wait=True)
 
     def finish(self, fingerprint: str) -> Summary:
