@@ -34,6 +34,7 @@ from tilefeed.pipeline.order import (
     samples_per_rank,
 )
 from tilefeed.pipeline.reader import StoreReader
+from tilefeed.pipeline.source import Upcoming
 from tilefeed.preprocess.errors import ConfigError, DaliMissingError
 from tilefeed.preprocess.settings import usable_cores
 
@@ -413,17 +414,26 @@ class Loader:
         self._graph = pool.take(self.reader, self.augment, settings)
 
     def _arm(self, plan: _OpenEpoch, epoch: int) -> Any:
-        # a plain function of the settings, not a bound method: the graph, which may outlive
-        # this Loader in the pool, must not keep it alive (or form a cycle with it)
-        extras = (partial(window_inputs, self.reader.boxes, self.augment, self.seed, epoch)
-                  if self.augment.windows else None)
+        # the epoch after this one, as it stands now (set_epoch or a loaded state may still
+        # change it: the source then drops what it read of it); not for a bucket store, whose
+        # downloads follow one epoch's order at a time
+        following = self._plan(epoch + 1) if self.reader.remote is None else None
+        then = (Upcoming(epoch + 1, following.indices, self._extras(epoch + 1))
+                if following is not None and following.batches == 0 else None)
         if self._graph is not None and not self._graph.clean and self._graph.iterator is not None:
             if not self._graph.drain():  # an earlier iterator of this Loader is still mid-epoch
                 self._release(keep=False)
         if self._graph is None:
             self._take_graph()
         assert self._graph is not None
-        return self._graph.arm(self.reader, plan.indices, plan.batches, extras)
+        return self._graph.arm(self.reader, Upcoming(epoch, plan.indices, self._extras(epoch)),
+                               plan.batches, then)
+
+    def _extras(self, epoch: int) -> Any:
+        # a plain function of the settings, not a bound method: the graph, which may outlive
+        # this Loader in the pool, must not keep it alive (or form a cycle with it)
+        return (partial(window_inputs, self.reader.boxes, self.augment, self.seed, epoch)
+                if self.augment.windows else None)
 
     def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         images = out["images"]

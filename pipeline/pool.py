@@ -19,12 +19,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.reader import StoreReader
-from tilefeed.pipeline.source import BatchSource, Extras
+from tilefeed.pipeline.source import BatchSource, Upcoming
 
 MAX_IDLE = 4
 _idle: dict[Hashable, list[Graph]] = {}
@@ -42,10 +41,11 @@ class Graph:
     clean: bool = field(default=False)  # ended its last epoch: arm() may reset it
     closed: bool = field(default=False)
 
-    def arm(self, reader: StoreReader, indices: np.ndarray, first_batch: int, extras: Extras | None) -> Any:
-        """Start an epoch over ``indices``; returns the iterator to draw batches from."""
+    def arm(self, reader: StoreReader, epoch: Upcoming, first_batch: int, then: Upcoming | None) -> Any:
+        """Start ``epoch`` (``then``: the one expected after it); returns the iterator to draw
+        batches from."""
         self.source.reader = reader
-        self.source.start(indices, first_batch, extras)
+        self.source.start(epoch, first_batch, then)
         if self.iterator is None:  # the iterator prefetches as it is made: after start()
             if self.pipe is None:
                 self.iterator = HostBatches(self.source)

@@ -14,6 +14,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,10 +49,31 @@ class Buffers:
             self._free.append(whole)
 
 
+@dataclass(frozen=True)
+class Upcoming:
+    """An epoch: its number, this rank's samples in order, and the per-sample extras."""
+
+    epoch: int
+    indices: np.ndarray
+    extras: Extras | None = None
+
+    def same(self, other: Upcoming) -> bool:
+        return self.epoch == other.epoch and np.array_equal(self.indices, other.indices)
+
+
+def _cancel(futures: deque[Future[Batch]]) -> None:
+    for fut in futures:
+        fut.cancel()
+    for fut in futures:
+        if not fut.cancelled():
+            fut.exception()  # wait: no thread may still be reading for a dropped epoch
+    futures.clear()
+
+
 class BatchSource:
     """Callable for ``fn.external_source(batch=True)``: one batch per call, StopIteration at the end.
 
-    ``start(indices, first_batch, extras)`` arms an epoch; the source then reads ``ahead`` batches in
+    ``start(epoch, first_batch, then)`` arms an epoch; the source then reads ``ahead`` batches in
     advance on ``threads`` threads. Lossless batches decode into a ring of preallocated arrays
     that DALI reads in place (``no_copy``): DALI is done with a batch ``dali_depth`` iterations
     after taking it, so a ring of ``ahead + dali_depth + 2`` slots is never overwritten early.
@@ -73,13 +95,14 @@ class BatchSource:
         self._kept: Buffers | None = None
         self._pool: ThreadPoolExecutor | None = None  # made by start(), ended by close()
         self._pending: deque[Future[Batch]] = deque()
-        self._indices = np.zeros(0, dtype=np.int64)
+        self._early: deque[Future[Batch]] = deque()  # the next epoch's first batches
+        self._epoch = Upcoming(-1, np.zeros(0, dtype=np.int64))
+        self._then: Upcoming | None = None
         self._next = 0  # next batch to submit
         self._batches = 0
         self._ring: list[np.ndarray] = []
         self._ring_size = self.ahead + dali_depth + 2
         self._slot = 0
-        self._extras: Extras | None = None
 
     @property
     def decodes(self) -> bool:
@@ -91,26 +114,43 @@ class BatchSource:
         """DALI must copy the batches in: JPEG batches are fresh byte arrays, not ring slots."""
         return not self.decodes
 
-    def start(self, indices: np.ndarray, first_batch: int = 0, extras: Extras | None = None) -> None:
-        """Arm an epoch: this rank's ``indices`` from batch ``first_batch`` on; ``extras`` adds
-        per-sample inputs (crop windows, flips) computed from each batch's indices."""
+    def start(self, epoch: Upcoming, first_batch: int = 0, then: Upcoming | None = None) -> None:
+        """Arm ``epoch`` (this rank's samples, and ``extras``: per-sample inputs such as crop
+        windows and flips, computed from each batch's indices) from batch ``first_batch`` on.
+        ``then``: the epoch expected next, whose first batches are read once this one's are all
+        under way, so that no epoch starts cold; the next ``start()`` keeps them when it arms
+        that very epoch from its first batch, and drops them otherwise."""
+        early, self._early = self._early, deque()
+        expected, self._then = self._then, then
         self.cancel()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tilefeed-read")
-        self._extras = extras
-        self._indices = indices
-        self._batches = ceil_div(len(indices), self.batch_size)
+        self._epoch = epoch
+        self._batches = ceil_div(len(epoch.indices), self.batch_size)
         self._next = first_batch
-        self.reader.will_read(indices[first_batch * self.batch_size :])
+        if early and expected is not None and expected.same(epoch) and first_batch == 0:
+            self._pending, self._next = early, len(early)
+        else:
+            _cancel(early)
+        self.reader.will_read(epoch.indices[first_batch * self.batch_size :])
         self._fill()
 
     def _fill(self) -> None:
-        while len(self._pending) < self.ahead and self._next < self._batches:
-            lo = self._next * self.batch_size
-            chunk = self._indices[lo : lo + self.batch_size]
-            assert self._pool is not None
-            self._pending.append(self._pool.submit(self._read, chunk, self._buffer(len(chunk))))
-            self._next += 1
+        assert self._pool is not None
+        while len(self._pending) + len(self._early) < self.ahead:
+            if self._next < self._batches:
+                self._pending.append(self._submit(self._epoch, self._next))
+                self._next += 1
+            elif self._then is not None and len(self._early) < ceil_div(len(self._then.indices),
+                                                                         self.batch_size):
+                self._early.append(self._submit(self._then, len(self._early)))
+            else:
+                return
+
+    def _submit(self, epoch: Upcoming, batch: int) -> Future[Batch]:
+        assert self._pool is not None
+        chunk = epoch.indices[batch * self.batch_size : (batch + 1) * self.batch_size]
+        return self._pool.submit(self._read, chunk, self._buffer(len(chunk)), epoch.extras)
 
     def _buffer(self, n: int) -> np.ndarray | None:
         if not self.decodes:
@@ -126,10 +166,10 @@ class BatchSource:
         self._slot = (self._slot + 1) % len(self._ring)
         return self._ring[self._slot][:n]
 
-    def _read(self, indices: np.ndarray, images: Any) -> Batch:
+    def _read(self, indices: np.ndarray, images: Any, extras_of: Extras | None) -> Batch:
         reader = self.reader
         labels = reader.labels[indices]
-        extras = self._extras(indices) if self._extras is not None else ()
+        extras = extras_of(indices) if extras_of is not None else ()
         if images is None:
             # bytes() copies out of the map: DALI may hold inputs past this call
             images = [np.frombuffer(bytes(p), np.uint8) for p in reader.payloads(indices.tolist())]
@@ -169,12 +209,9 @@ class BatchSource:
         return batch
 
     def cancel(self) -> None:
-        for fut in self._pending:
-            fut.cancel()
-        for fut in self._pending:
-            if not fut.cancelled():
-                fut.exception()  # wait: no thread may still be reading for a dead epoch
-        self._pending.clear()
+        """Drop every read not yet taken, this epoch's and the next one's."""
+        _cancel(self._pending)
+        _cancel(self._early)
 
     def close(self) -> None:
         """Cancel the reads and end the reader threads; ``start()`` makes new ones."""

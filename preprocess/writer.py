@@ -63,7 +63,7 @@ class Summary:
     up_to_date: bool = False
     hidden: int = 0  # hidden files and folders a class-folder scan left out
     notes: list[str] = field(default_factory=list)  # about SRC and OUT, for the summary
-    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: decode, encode, write (workers), copy, sync
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: decode, encode, write, copy, sync
 
 
 ProgressFn = Callable[[int, int], None]  # (sources done in this step, rejects in this step)
@@ -202,7 +202,7 @@ class _Build:
         self.next_shard = 0  # first shard not yet submitted
         self.shard_done: set[int] = set()
         self.shard_bytes: dict[int, int] = {}
-        self.phases = dict.fromkeys(PHASES, 0.0)  # worker seconds per phase, for `bench preprocess`
+        self.phases = dict.fromkeys(PHASES, 0.0)  # seconds per phase, for `bench preprocess`
         self.existing: dict[str, int] = {}  # shards in place before this run (key -> size)
         self.freed = 0  # parts 0..freed-1 have had their chunk file deleted
         self.bytes = 0

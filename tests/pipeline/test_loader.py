@@ -85,6 +85,29 @@ def test_train_output_is_each_window_resized_flipped_and_normalised(
         assert (images[k] - want).abs().mean() < 1.5 / 57, (k, flip[k])
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_the_next_epoch_read_ahead_is_kept_only_for_the_epoch_that_comes(store: Path, train: bool) -> None:
+    """Its first batches are read while this epoch ends; set_epoch to another one drops them."""
+    def loader() -> Loader:
+        return Loader(store, 8, shuffle=True, train=train, size=32, with_index=True,
+                      dtype=torch.float32 if train else torch.uint8, layout="NHWC")
+
+    def epoch(loader: Loader) -> tuple[list[int], torch.Tensor]:
+        batches = [(x.clone(), idx) for x, _, idx in loader]
+        return [i for _, idx in batches for i in idx.tolist()], torch.cat([x for x, _ in batches])
+
+    with loader() as a:
+        for number in (0, 1, 5):
+            if number == 5:
+                a.set_epoch(5)  # epoch 2 was read ahead: dropped
+            with loader() as fresh:  # that epoch from a cold start, nothing read ahead
+                fresh.set_epoch(number)
+                want_indices, want_images = epoch(fresh)
+            got_indices, got_images = epoch(a)
+            assert got_indices == want_indices == a.epoch_indices(number).tolist()
+            assert torch.equal(got_images, want_images)  # the same crops and flips: that epoch's
+
+
 def test_batch_buffers_are_reused_only_once_the_caller_dropped_them() -> None:
     buffers = Buffers((4, 2, 2, 3), spare=2)
     first = torch.from_numpy(buffers.take(4))
