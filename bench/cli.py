@@ -13,7 +13,7 @@ from typing import Any
 from tilefeed.preprocess.format import ceil_div
 
 SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report", "cloud",
-               "clients")
+               "clients", "parts")
 
 
 def cache_dir() -> Path:
@@ -69,6 +69,14 @@ def _data_args(p: argparse.ArgumentParser, *, count: int, store: bool = True) ->
                        "with the cloud's standard configuration); default: made in the cache")
     p.add_argument("--count", type=int, default=count, help="generated images, without --images")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+
+
+def _loop_args(p: argparse.ArgumentParser, *, batch_size: int = 64, rounds: int | None = None) -> None:
+    """--batch-size, --workers and (for forms that repeat their runs) --rounds."""
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--workers", type=int, default=2, help="workers (Loader threads) for every loader")
+    if rounds is not None:
+        p.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds; medians reported")
 
 
 def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
@@ -135,12 +143,13 @@ def bench_main(argv: Sequence[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
                 "diagnose": _diagnose, "soak": _soak, "aspect": _aspect,
-                "gpu-report": _gpu_report, "cloud": _cloud, "clients": _clients}[argv[0]](argv[1:])
+                "gpu-report": _gpu_report, "cloud": _cloud, "clients": _clients,
+                "parts": _parts}[argv[0]](argv[1:])
     parser = _parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
         "side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        "tilefeed bench {preprocess,loader,sweep,diagnose,soak,aspect,gpu-report,cloud,clients} --help.")
+        f"tilefeed bench {{{','.join(SUBCOMMANDS)}}} --help.")
     _harness_args(parser)
     args = parser.parse_args(argv)
     run_compare(args)
@@ -184,9 +193,7 @@ def _bench_loader(argv: list[str]) -> int:
                 "DataLoader. The default image count makes epochs long enough that the pipeline "
                 "refill at each epoch's start (a few ms) does not dominate.")
     _data_args(p, count=4800)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2, help="workers for every loader")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
+    _loop_args(p, rounds=5)
     p.add_argument("--peer", choices=("ffcv",), default=None,
                    help="add a peer loader on the same tiles, raw and JPEG, with its recommended "
                    "pipeline, in rounds interleaved with tilefeed's")
@@ -215,12 +222,10 @@ def _cloud(argv: list[str]) -> int:
                 "disk: stall and images/s of a cold-cache epoch and a warm one, shuffle='shard', "
                 "train augmentation, an emulated step; rounds interleaved, medians and ranges.")
     _data_args(p, count=9600)
-    p.add_argument("--batch-size", type=int, default=64)
+    _loop_args(p, rounds=3)
     p.add_argument("--step-ms", type=float, default=50.0, help="emulated step time")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
     p.add_argument("--rate-mb", type=float, default=100.0, help="MB/s cap per connection")
-    p.add_argument("--workers", type=int, default=2, help="Loader threads")
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--shard-size", type=int, default=256,
                    help="tiles per shard of the store made without --store (about 5 MB at 224 px "
                    "JPEG: a small first fetch, many concurrent ones)")
@@ -248,6 +253,22 @@ def _clients(argv: list[str]) -> int:
     return _print(format_clients(result), result, args.json)
 
 
+def _parts(argv: list[str]) -> int:
+    p = _parser("tilefeed bench parts",
+                "The measurements behind the Loader's CPU path, each pair side by side in one run: "
+                "decoding into fresh or reused batch memory, resizing training windows with "
+                "pillow-simd or DALI, JPEG decoding (DALI, pillow-simd) at 4:4:4 and 4:2:0, an epoch's first "
+                "batch against the others.")
+    _data_args(p, count=1600)
+    _loop_args(p, rounds=5)
+    args = p.parse_args(argv)
+    from tilefeed.bench.parts import bench_parts, format_parts
+
+    store = args.store or demo_store(args.images or demo_images(args.count), fit="crop")
+    result = bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
+    return _print(format_parts(result), result, args.json)
+
+
 def _soak(argv: list[str]) -> int:
     p = _parser("tilefeed bench soak",
                 "Memory, threads, open files and shared memory over the loader patterns of long "
@@ -256,8 +277,7 @@ def _soak(argv: list[str]) -> int:
                 "grows after warm-up.")
     p.add_argument("store", type=Path, metavar="STORE")
     p.add_argument("--seconds", type=float, default=60.0, help="total run time, shared by the patterns")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--workers", type=int, default=2, help="Loader threads")
+    _loop_args(p, batch_size=16)
     p.add_argument("--limit-kb", type=float, default=10.0,
                    help="RSS growth per loader or epoch that still passes")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")

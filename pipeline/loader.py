@@ -34,7 +34,7 @@ from tilefeed.pipeline.order import (
     samples_per_rank,
 )
 from tilefeed.pipeline.reader import StoreReader
-from tilefeed.pipeline.source import Upcoming
+from tilefeed.pipeline.source import Epoch
 from tilefeed.preprocess.errors import ConfigError, DaliMissingError
 from tilefeed.preprocess.settings import usable_cores
 
@@ -282,6 +282,7 @@ class Loader:
         self.ledger = (Ledger(ledger, rank=rank, population=self.subset, samples=len(self.reader))
                        if ledger is not None else None)
         self._epoch = 0
+        self._orders: dict[int, np.ndarray] = {}  # see _order
         self._resume: tuple[int, list[Segment]] | None = None  # loaded state not yet iterated
         self._open: _OpenEpoch | None = None
         self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
@@ -343,9 +344,18 @@ class Loader:
             self._resume = None
 
     def _order(self, epoch: int) -> np.ndarray:
-        return epoch_order(len(self.reader), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                           shard_size=self.reader.shard_size, window=self.shuffle_window,
-                           subset=self._mask)
+        """The epoch's order, kept for this epoch and the next: each is asked for when the
+        Loader is made or iterated and when the next epoch is read ahead (a global shuffle of
+        ImageNet takes about 0.1 s)."""
+        order = self._orders.get(epoch)
+        if order is None:
+            order = epoch_order(len(self.reader), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                                shard_size=self.reader.shard_size, window=self.shuffle_window,
+                                subset=self._mask)
+            order.flags.writeable = False
+            self._orders = {e: o for e, o in self._orders.items() if e in (epoch - 1, epoch + 1)}
+            self._orders[epoch] = order
+        return order
 
     def _split(self, order: np.ndarray) -> np.ndarray:
         return rank_indices(order, rank=self.rank, world_size=self.world_size,
@@ -353,13 +363,13 @@ class Loader:
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
         """The samples this rank yields in a fresh ``epoch``, in order (without running the pipeline)."""
-        return torch.from_numpy(self._split(self._order(epoch)))
+        return torch.from_numpy(self._split(self._order(epoch)).copy())  # the order is kept: yours to change
 
     def next_epoch_indices(self) -> torch.Tensor:
         """The samples the next ``iter()`` will yield on this rank, in order: a fresh epoch's, or
         the rest of a loaded state's epoch (without running the pipeline)."""
         plan = self._plan(self._epoch)
-        return torch.from_numpy(plan.indices[plan.batches * self.batch_size :])
+        return torch.from_numpy(plan.indices[plan.batches * self.batch_size :].copy())
 
     def _plan(self, epoch: int) -> _OpenEpoch:
         """This rank's part of ``epoch``, continuing a loaded state when it is in this epoch."""
@@ -418,7 +428,7 @@ class Loader:
         # change it: the source then drops what it read of it); not for a bucket store, whose
         # downloads follow one epoch's order at a time
         following = self._plan(epoch + 1) if self.reader.remote is None else None
-        then = (Upcoming(epoch + 1, following.indices, self._extras(epoch + 1))
+        then = (Epoch(epoch + 1, following.indices, self._extras(epoch + 1))
                 if following is not None and following.batches == 0 else None)
         if self._graph is not None and not self._graph.clean and self._graph.iterator is not None:
             if not self._graph.drain():  # an earlier iterator of this Loader is still mid-epoch
@@ -426,7 +436,7 @@ class Loader:
         if self._graph is None:
             self._take_graph()
         assert self._graph is not None
-        return self._graph.arm(self.reader, Upcoming(epoch, plan.indices, self._extras(epoch)),
+        return self._graph.arm(self.reader, Epoch(epoch, plan.indices, self._extras(epoch)),
                                plan.batches, then)
 
     def _extras(self, epoch: int) -> Any:

@@ -23,7 +23,7 @@ import torch
 
 from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.reader import StoreReader
-from tilefeed.pipeline.source import BatchSource, Upcoming
+from tilefeed.pipeline.source import BatchSource, Epoch
 
 MAX_IDLE = 4
 _idle: dict[Hashable, list[Graph]] = {}
@@ -41,7 +41,7 @@ class Graph:
     clean: bool = field(default=False)  # ended its last epoch: arm() may reset it
     closed: bool = field(default=False)
 
-    def arm(self, reader: StoreReader, epoch: Upcoming, first_batch: int, then: Upcoming | None) -> Any:
+    def arm(self, reader: StoreReader, epoch: Epoch, first_batch: int, then: Epoch | None) -> Any:
         """Start ``epoch`` (``then``: the one expected after it); returns the iterator to draw
         batches from."""
         self.source.reader = reader
@@ -116,8 +116,8 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
                                  dali_depth=0, handed_out=True), pipe=None)
     from tilefeed.pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
 
-    # on the CPU, tiles are decoded, cut and resized by the reader threads (pillow-simd measured
-    # ~9x DALI's CPU resize); on a GPU the graph decodes (nvJPEG) and resizes on the device
+    # on the CPU, tiles are decoded, cut and resized by the reader threads (pillow-simd: several
+    # times DALI's CPU resize, `tilefeed bench parts`); on a GPU the graph does it on the device
     host_resize = s.device_id is None and augment.windows
     # measured on 2 cores: one reader thread beside DALI's for lossless tiles (more only
     # contend), one per worker where the readers decode JPEG

@@ -45,7 +45,7 @@ class StoreReader:
                                   "object storage (s3://, gs://, az://), not to a local folder")
             self.root = local_path(store)
             self.location = str(self.root)
-        attrs = fmt.load_attrs(self.root)
+        attrs = self.remote.attrs if self.remote is not None else fmt.load_attrs(self.root)
         self.attrs = attrs
         self.samples: int = attrs["samples"]
         self.tile: int = attrs["tile"][0]

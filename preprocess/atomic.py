@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+
+def temporary_name(path: Path) -> Path:
+    """The name ``path`` is filled under, beside it, unique to this process and thread."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
 
 
 @contextmanager
@@ -17,7 +23,7 @@ def atomic_file(path: Path, *, sync: bool = False) -> Iterator[BinaryIO]:
     cluster). Work files need only outlive the process (kill -9, a crash) and skip it. A failure
     leaves the temporary file, which the next run overwrites or the writer sweeps.
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_name(path)
     with open(tmp, "wb") as f:
         yield f
         f.flush()

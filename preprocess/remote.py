@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.atomic import atomic_write, temporary_name
 from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
 from tilefeed.preprocess.storage import ATTEMPTS, ObjectStorage
 
@@ -89,12 +90,14 @@ class RemoteStore:
     def _mirror(self, group: bytes, fresh: bool) -> None:
         """Copy the small objects missing from the mirror (digests are checked after), all at
         once: each is one round trip, and there are a dozen or so."""
-        _place(self.mirror / "zarr.json", group)
+        self.mirror.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.mirror / "zarr.json", group)
         missing = [k for k, size in self._small.items() if k != "zarr.json" and (
             fresh or not _present(self.mirror / k, size))]
         with ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="tilefeed-mirror") as pool:
             for k, data in zip(missing, pool.map(self.storage.read, missing), strict=True):
-                _place(self.mirror / k, data)
+                (self.mirror / k).parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(self.mirror / k, data)
 
     def problems(self) -> list[tuple[str, str]]:
         """What ``fmt.array_problems`` finds, for every array, named by URL rather than mirror path."""
@@ -109,18 +112,6 @@ class RemoteStore:
         text = str(path)
         mirror = str(self.mirror)
         return self.storage.where(text[len(mirror) + 1:]) if text.startswith(mirror + "/") else text
-
-
-def _temporary(path: Path) -> Path:
-    """A name beside ``path`` for filling it, unique to this process and thread."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-
-
-def _place(path: Path, data: bytes) -> None:
-    tmp = _temporary(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 @contextmanager
@@ -166,7 +157,6 @@ class ShardCache:
 
     def path(self, shard: int) -> Path:
         return fmt.shard_path(self.mirror, shard)
-
 
     def fits(self, shards: int) -> bool:
         return self.limit is None or shards * self.largest <= self.limit
@@ -239,7 +229,8 @@ class ShardCache:
             for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed download
                 stale.unlink(missing_ok=True)
             key = fmt.shard_relpath(shard)
-            tmp = _temporary(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = temporary_name(path)
             try:
                 problem = ""
                 for _ in range(ATTEMPTS):

@@ -33,6 +33,8 @@ OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout", "pool_idle_timeout", "user_agent",
                "allow_invalid_certificates", "proxy_url")
 RETRY_KEYS = ("max_retries", "retry_timeout")
+# what a server says when no retry can help; an error carrying one is shown by that name
+REFUSALS = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 ATTEMPTS = 5  # whole operations, over obstore's own retries: a truncated body, a reset mid-stream
 PUT_CHUNK = 16 << 20  # objects above this go up in parts (several connections)
 DOWNLOAD_CHUNK = 1 << 20  # streamed downloads are written in pieces of at least this
@@ -383,14 +385,13 @@ def _permanent(e: Exception) -> bool:
     return type(e).__name__ in ("PermissionDeniedError", "UnauthenticatedError",
                                 "UnknownConfigurationKeyError", "InvalidPathError",
                                 "NotSupportedError") or any(
-        code in text for code in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",
-                                  "SignatureDoesNotMatch", "status code: 403"))
+        code in text for code in (*REFUSALS, "status code: 403"))
 
 
 def _one_line(e: BaseException) -> str:
     """The first line of an error, short, with any query string (a presigned URL) cut off."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    for code in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+    for code in REFUSALS:
         if code in str(e):
             text = f"{code} ({text.split(' - ')[0]})"
     cut = text.find("?")

@@ -186,13 +186,15 @@ class _ClientExecutor:
 
 
 class _Build:
-    """Drives parts and shards: shards are written as soon as the parts they need are done,
-    in the same pool, and part files are deleted once every shard they feed is written."""
+    """Drives parts and shards: shards are written as soon as the parts they need are done (by
+    a thread here for a local store, whose shards are in-kernel copies; by the workers for a
+    cluster or a bucket), and part files are deleted once every shard they feed is written."""
 
     def __init__(self, out: Storage, sources: Sources, tiles: TileSettings, store: StoreSettings,
                  tick: ProgressFn | None, scheduler: str | None = None) -> None:
         self.scheduler = scheduler
         self.out, self.work = out, fmt.WORK_DIR
+        self.local = scheduler is None and out.local is not None  # this machine writes OUT's files
         self.sources, self.tiles, self.store, self.tick = sources, tiles, store, tick
         self.per_shard = store.shard_size
         n_parts = fmt.ceil_div(len(sources), PART_SOURCES)
@@ -205,7 +207,6 @@ class _Build:
         self.phases = dict.fromkeys(PHASES, 0.0)  # seconds per phase, for `bench preprocess`
         self.existing: dict[str, int] = {}  # shards in place before this run (key -> size)
         self.freed = 0  # parts 0..freed-1 have had their chunk file deleted
-        self.bytes = 0
         self.resumed = 0  # parts found done on disk
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-fsync")
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-shards")
@@ -257,7 +258,6 @@ class _Build:
                 self.tick(result["count"], len(result["rejects"]))
             self._submit_part(pool, pending, todo)
         else:
-            self.bytes += result["bytes"]
             self.shard_bytes[task.number] = result["bytes"]
             self.phases["copy"] += result["seconds"]
             self.shard_done.add(task.number)
@@ -319,7 +319,6 @@ class _Build:
             self.next_shard += 1
             size = self.existing.get(fmt.shard_relpath(shard))
             if size is not None:  # written before an interruption: atomic, so whole
-                self.bytes += size
                 self.shard_bytes[shard] = size
                 self.shard_done.add(shard)
                 self._sync(shard)  # that run may have died before syncing it
@@ -329,12 +328,12 @@ class _Build:
                     self.scheduler is not None)
             # a local shard is in-kernel copies (copy_file_range): a thread here does them, and
             # the workers keep decoding; elsewhere the workers read the parts and write it
-            local = self.scheduler is None and self.out.local is not None
-            runner = self._copier if local else pool
+            runner = self._copier if self.local else pool
             pending[runner.submit(tasks.write_shard, *args)] = _Task("shard", shard, tasks.write_shard, args)
 
     def _sync(self, shard: int) -> None:
-        if self.scheduler is None and self.out.local is not None:
+        if self.local:
+            assert self.out.local is not None
             self._synced.append(self._syncer.submit(tasks.fsync, fmt.shard_path(self.out.local, shard)))
 
     def _pieces(self, lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[int]]:
@@ -402,7 +401,7 @@ class _Build:
         self.out.remove(self.work)
         return Summary(
             sources=inputs, accepted=accepted, rejected=len(rejects), tiles=len(owners),
-            shards=fmt.shard_count(len(owners), self.per_shard), bytes=self.bytes, seconds=0.0,
+            shards=shards, bytes=sum(shard_bytes), seconds=0.0,
             rejects_by_reason=dict(reasons.most_common()), phases=self.phases,
         )
 

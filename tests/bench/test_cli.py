@@ -132,3 +132,16 @@ def test_loader_bench_interleaves_a_peer_running_in_its_own_python(
     for theirs, ours, their_range, _ in result.peer.values():
         assert theirs == 101.0 and their_range == (100.0, 102.0) and ours > 0
     assert "tilefeed / FFCV" in result.table()
+
+
+def test_bench_parts_measures_each_pair_on_the_store(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    _, store = data
+    done = tilefeed("bench", "parts", "--store", str(store), "--batch-size", "8", "--workers", "1",
+                    "--rounds", "1", "--json", str(tmp_path / "parts.json"))
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "parts.json").read_text())
+    figures = {part: result[part] for part in ("batch_memory", "window_resize", "jpeg_decode",
+                                               "epoch_starts")}
+    assert all(len(f) >= 2 and all(v > 0 for v in f.values()) for f in figures.values()), figures
+    assert "pillow_simd_decode_4:2:0_img_per_s_1_thread" in figures["jpeg_decode"]
+    assert "window_resize: pillow_simd_us_per_tile_1_thread" in done.stdout

@@ -1,0 +1,181 @@
+"""``tilefeed bench parts``: the measurements behind the CPU path's design, side by side.
+
+Each pair is measured in one run on this machine, so the README's reasons can be checked here:
+
+- batch memory: filling a fresh batch array, numpy's or torch's (while a few earlier batches
+  are still held, as in a training loop), against filling a reused one;
+- window resize: cutting and resizing training windows with pillow-simd on one thread against
+  DALI's CPU ``fn.resize`` on all cores;
+- JPEG decode: DALI's CPU decoder (all cores) and pillow-simd (one thread) on the store's tiles
+  encoded at 4:4:4 (tilefeed's) and 4:2:0 (FFCV's encoder default);
+- epoch starts: the uint8 Loader's first batch of an epoch against its other batches.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _best_per_s(work: Callable[[], int], rounds: int) -> float:
+    """Items per second of ``work`` (which returns how many it did), best of ``rounds``."""
+    best = 0.0
+    for _ in range(rounds):
+        start = time.perf_counter()
+        n = work()
+        best = max(best, n / (time.perf_counter() - start))
+    return best
+
+
+def _batch_memory(tiles: np.ndarray, rounds: int) -> dict[str, float]:
+    """ms to fill one batch array: a fresh numpy one, a fresh torch one, or a reused one."""
+    import torch
+
+    reused = np.empty_like(tiles)
+    held: list[Any] = []
+
+    def fresh(make: Callable[[], np.ndarray]) -> Callable[[], int]:
+        def fill() -> int:
+            for _ in range(20):
+                out = make()
+                np.copyto(out, tiles)
+                held.append(out)
+                del held[:-3]  # a loop holds a few batches: their memory cannot simply come back
+            return 20
+        return fill
+
+    def reuse() -> int:
+        for _ in range(20):
+            np.copyto(reused, tiles)
+        return 20
+
+    return {"fresh_numpy_ms": 1000 / _best_per_s(fresh(lambda: np.empty_like(tiles)), rounds),
+            "fresh_torch_ms": 1000 / _best_per_s(
+                fresh(lambda: torch.empty(tiles.shape, dtype=torch.uint8).numpy()), rounds),
+            "reused_ms": 1000 / _best_per_s(reuse, rounds)}
+
+
+def _windows(n: int, side: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    start = rng.uniform(0, side / 3, (n, 2)).astype(np.float32)
+    return start, start + rng.uniform(side / 3, side / 1.5, (n, 2)).astype(np.float32)
+
+
+def _resize(tiles: np.ndarray, rounds: int, threads: int) -> dict[str, float]:
+    from nvidia.dali import fn, pipeline_def, types
+    from PIL import Image
+
+    n, side = len(tiles), tiles.shape[1]
+    start, end = _windows(n, side, np.random.default_rng(0))
+
+    def pillow() -> int:
+        for k in range(n):
+            (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
+            picture = Image.frombuffer("RGB", (side, side), tiles[k], "raw", "RGB", 0, 1)
+            np.asarray(picture.resize((side, side), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1)))
+        return n
+
+    batch = (list(tiles), list(start), list(end))
+
+    @pipeline_def(batch_size=n, num_threads=threads, device_id=None, prefetch_queue_depth=1)
+    def graph() -> Any:
+        images, lo, hi = fn.external_source(source=lambda: batch, num_outputs=3, batch=True,
+                                            layout=["HWC", None, None],
+                                            dtype=[types.UINT8, types.FLOAT, types.FLOAT])
+        return fn.resize(images, size=[side, side], roi_start=lo, roi_end=hi, roi_relative=False,
+                         antialias=True)
+
+    pipe = graph()
+    pipe.build()
+    pipe.run()
+
+    def dali() -> int:
+        pipe.run()
+        return n
+
+    return {"pillow_simd_us_per_tile_1_thread": 1e6 / _best_per_s(pillow, rounds),
+            f"dali_cpu_tiles_per_s_{threads}_threads": _best_per_s(dali, rounds)}
+
+
+def _jpeg_decode(tiles: np.ndarray, rounds: int, threads: int) -> dict[str, float]:
+    from nvidia.dali import fn, pipeline_def, types
+    from PIL import Image
+
+    out = {}
+    for subsampling in ("4:4:4", "4:2:0"):
+        encoded = []
+        for tile in tiles:
+            buf = io.BytesIO()
+            Image.fromarray(tile).save(buf, "JPEG", quality=90, subsampling=subsampling)
+            encoded.append(np.frombuffer(buf.getvalue(), np.uint8))
+
+        @pipeline_def(batch_size=len(encoded), num_threads=threads, device_id=None,
+                      prefetch_queue_depth=1)
+        def graph(data: list[np.ndarray] = encoded) -> Any:
+            raw = fn.external_source(source=lambda: data, batch=True, dtype=types.UINT8)
+            return fn.decoders.image(raw, device="cpu", output_type=types.RGB)
+
+        pipe = graph()
+        pipe.build()
+        pipe.run()
+
+        def decode(pipe: Any = pipe, n: int = len(encoded)) -> int:
+            for _ in range(10):
+                pipe.run()
+            return 10 * n
+
+        def pillow(data: list[np.ndarray] = encoded) -> int:
+            for raw in data:
+                np.asarray(Image.open(io.BytesIO(raw.tobytes())).convert("RGB"))
+            return len(data)
+
+        out[f"dali_cpu_decode_{subsampling}_img_per_s_{threads}_threads"] = _best_per_s(decode, rounds)
+        out[f"pillow_simd_decode_{subsampling}_img_per_s_1_thread"] = _best_per_s(pillow, rounds)
+    return out
+
+
+def _epoch_starts(store: Path, batch_size: int, workers: int, epochs: int) -> dict[str, float]:
+    import torch
+
+    from tilefeed.pipeline import Loader
+
+    first, rest = [], []
+    with Loader(store, batch_size, shuffle=True, dtype=torch.uint8, layout="NHWC", workers=workers,
+                device="cpu") as loader:
+        for _ in loader:  # warm: maps, buffers
+            pass
+        for _ in range(epochs):
+            start = time.perf_counter()
+            batches = iter(loader)
+            next(batches)
+            first.append(time.perf_counter() - start)
+            start, n = time.perf_counter(), sum(1 for _ in batches)
+            rest.append((time.perf_counter() - start) / max(1, n))
+    return {"first_batch_ms": 1000 * statistics.median(first),
+            "other_batches_ms": 1000 * statistics.median(rest)}
+
+
+def bench_parts(store: Path, *, batch_size: int = 64, workers: int = 2, rounds: int = 5) -> dict[str, Any]:
+    """Every measurement above on ``store`` (a lossless store of whole tiles)."""
+    from tilefeed.pipeline import StoreReader
+
+    with StoreReader(store) as reader:
+        tiles = np.stack([reader.read(i) for i in range(min(batch_size, len(reader)))])
+    return {"store": str(store), "batch_size": len(tiles), "threads": workers,
+            "batch_memory": _batch_memory(tiles, rounds),
+            "window_resize": _resize(tiles, rounds, workers),
+            "jpeg_decode": _jpeg_decode(tiles, rounds, workers),
+            "epoch_starts": _epoch_starts(store, batch_size, workers, epochs=rounds)}
+
+
+def format_parts(r: dict[str, Any]) -> str:
+    lines = [f"{r['store']}: batches of {r['batch_size']} tiles, {r['threads']} threads"]
+    for part, figures in r.items():
+        if isinstance(figures, dict):
+            lines.append(f"{part}: " + ", ".join(f"{k} {v:,.1f}" for k, v in figures.items()))
+    return "\n".join(lines)
