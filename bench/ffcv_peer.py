@@ -2,9 +2,11 @@
 
 FFCV pulls plain Pillow and OpenCV, so it lives in an environment of its own; this file imports
 nothing of tilefeed. It reads the decoded tiles tilefeed measures (``tiles.npy``, ``labels.npy``
-in DIR), writes them into FFCV's format twice (raw pixels, and JPEG at quality 90), builds FFCV's
-loaders with its recommended CPU pipeline for each figure, compiles them once (numba), prints
-``ready``, then measures one round of every figure per ``round`` line on stdin, one JSON line each.
+in DIR) and tilefeed's JPEG files of the same tiles (``jpeg.npy``, ``jpeg_ends.npy``), writes
+FFCV's two datasets (raw pixels; and JPEG, with tilefeed's very files in place of FFCV's own
+encoding, so that both loaders decode the same bytes), builds FFCV's loaders with its
+recommended CPU pipeline for each figure, compiles them once (numba), prints ``ready``, then
+measures one round of every figure per ``round`` line on stdin, one JSON line each.
 
     python ffcv_peer.py DIR --batch-size 64 --workers 2 --min-seconds 1.5
 """
@@ -12,6 +14,7 @@ loaders with its recommended CPU pipeline for each figure, compiles them once (n
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -37,14 +40,34 @@ class Tiles:
         return np.ascontiguousarray(self.tiles[i]), int(self.labels[i])
 
 
+def the_same_jpeg_files(folder: Path, data: Tiles) -> None:
+    """FFCV's JPEG writer encodes each tile itself (OpenCV, 4:2:0 chroma); here it stores
+    tilefeed's file of that tile instead (found by the tile's pixels, which is all FFCV's
+    ``encode_jpeg`` is given), so the two stores hold the same bytes."""
+    import multiprocessing
+
+    import ffcv.fields.rgb_image as rgb_image
+
+    multiprocessing.set_start_method("fork", force=True)  # the writer's processes keep the patch
+    files = np.load(folder / "jpeg.npy")
+    ends = np.load(folder / "jpeg_ends.npy")
+    starts = np.concatenate([[0], ends[:-1]])
+    by_pixels = {hashlib.blake2b(data.tiles[i].tobytes()).digest(): files[starts[i] : ends[i]]
+                 for i in range(len(data))}
+
+    def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
+        return by_pixels[hashlib.blake2b(np.ascontiguousarray(image).tobytes()).digest()]
+
+    rgb_image.encode_jpeg = encode_jpeg
+
+
 def write(folder: Path, data: Tiles, mode: str, workers: int) -> Path:
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
 
     path = folder / f"{mode}.beton"
-    field = RGBImageField(write_mode=mode, jpeg_quality=90) if mode == "jpg" else \
-        RGBImageField(write_mode=mode)
-    writer = DatasetWriter(str(path), {"image": field, "label": IntField()}, num_workers=workers)
+    writer = DatasetWriter(str(path), {"image": RGBImageField(write_mode=mode), "label": IntField()},
+                           num_workers=workers)
     writer.from_indexed_dataset(data)
     return path
 
@@ -92,6 +115,7 @@ def main() -> int:
     args = parser.parse_args()
     data = Tiles(args.folder)
     size = data.tiles.shape[1]
+    the_same_jpeg_files(args.folder, data)
     paths = {"raw": write(args.folder, data, "raw", args.workers),
              "jpeg": write(args.folder, data, "jpg", args.workers)}
     figures = loaders(paths, args.batch_size, args.workers, size)

@@ -122,8 +122,9 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
                   rounds: int = 5, min_seconds: float = 1.5, log: bool = True,
                   peer_python: str | None = None, jpeg_store: Path | None = None) -> LoaderBenchResult:
     """``peer_python``: the Python of an environment with FFCV; its loaders then run on the same
-    tiles (raw and JPEG) in rounds interleaved with tilefeed's, and ``jpeg_store`` (the same
-    pictures, ``--codec jpeg``) gives tilefeed's JPEG figures."""
+    tiles in rounds interleaved with tilefeed's: raw, and ``jpeg_store``'s JPEG files (the same
+    pictures, ``--codec jpeg``), which FFCV stores as they are. Both decode those with
+    libjpeg-turbo's fast IDCT, the only one FFCV has."""
     reader = StoreReader(store)
     tile = reader.tile
     if log:
@@ -149,12 +150,12 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
         for layout, name in (("NHWC", "jpeg, uint8"), ("NCHW", "jpeg, train float32 NCHW"),
                              ("channels_last", "jpeg, train float32 channels_last")):
             train = name != "jpeg, uint8"
-            contenders[f"tilefeed {name}"] = _drain(Loader(
+            contenders[f"tilefeed {name}, fast IDCT"] = _drain(Loader(  # FFCV's IDCT too
                 jpeg_store, batch_size, train=train, size=tile, workers=workers, layout=layout,
-                dtype=torch.float32 if train else torch.uint8, device="cpu"))
-            figures[name] = f"tilefeed {name}"
-        peer = FfcvPeer(peer_python, reader, batch_size=batch_size, workers=workers,
-                        min_seconds=min_seconds, log=log)
+                dtype=torch.float32 if train else torch.uint8, device="cpu", fast_idct=True))
+            figures[name] = f"tilefeed {name}, fast IDCT"
+        peer = FfcvPeer(peer_python, reader, StoreReader(jpeg_store), batch_size=batch_size,
+                        workers=workers, min_seconds=min_seconds, log=log)
     for epoch in contenders.values():
         _rate(epoch, min_seconds)  # DALI's buffers and the page tables settle over a few epochs
     rates: dict[str, list[float]] = {name: [] for name in contenders}
@@ -183,15 +184,32 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
     return result
 
 
+def _check_same_pictures(tiles: np.ndarray, raw: StoreReader, jpeg: StoreReader) -> None:
+    """The JPEG store must hold the raw store's pictures, in the same order, as whole tiles."""
+    if jpeg.codec.name != "jpeg" or jpeg.codec.shape != raw.codec.shape or len(jpeg) != len(raw) \
+            or not np.array_equal(jpeg.labels, raw.labels):
+        raise ValueError(f"{jpeg.location} is not a JPEG store of {raw.location}'s tiles")
+    for i in range(len(raw)):
+        error = np.abs(jpeg.read(i).astype(np.int16) - tiles[i]).mean()
+        if error > 8:  # a q90 JPEG of the same tile is a level or two off on average
+            raise ValueError(f"sample {i} of {jpeg.location} is not the picture of sample {i} "
+                             f"of {raw.location} (mean difference {error:.1f} levels)")
+
+
 class FfcvPeer:
     """FFCV's loaders in their own Python (``bench/ffcv_peer.py``), on this store's tiles: one
     measured round of every figure per ``round()``, interleaved with tilefeed's rounds."""
 
-    def __init__(self, python: str, reader: StoreReader, *, batch_size: int, workers: int,
-                 min_seconds: float, log: bool) -> None:
+    def __init__(self, python: str, reader: StoreReader, jpeg: StoreReader, *, batch_size: int,
+                 workers: int, min_seconds: float, log: bool) -> None:
+        tiles = np.stack([reader.read(i) for i in range(len(reader))])
+        _check_same_pictures(tiles, reader, jpeg)
         self.folder = Path(tempfile.mkdtemp(prefix="tilefeed-ffcv-"))
-        np.save(self.folder / "tiles.npy", np.stack([reader.read(i) for i in range(len(reader))]))
+        np.save(self.folder / "tiles.npy", tiles)
         np.save(self.folder / "labels.npy", reader.labels)
+        files = [np.frombuffer(p, np.uint8) for p in jpeg.payloads(range(len(jpeg)))]
+        np.save(self.folder / "jpeg.npy", np.concatenate(files))  # FFCV stores these very files
+        np.save(self.folder / "jpeg_ends.npy", np.cumsum([len(f) for f in files]))
         if log:
             print("FFCV: writing its datasets and compiling its pipelines...", flush=True)
         self.proc = subprocess.Popen(

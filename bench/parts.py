@@ -6,17 +6,17 @@ Each pair is measured in one run on this machine, so the README's reasons can be
   are still held, as in a training loop), against filling a reused one;
 - window resize: cutting and resizing training windows with pillow-simd on one thread against
   DALI's CPU ``fn.resize`` on all cores;
-- JPEG decode: DALI's CPU decoder (all cores) and pillow-simd (one thread) on the store's tiles
-  encoded at 4:4:4 (tilefeed's) and 4:2:0 (FFCV's encoder default);
+- JPEG decode: DALI's CPU decoder and simplejpeg in reader threads, on the same threads and
+  the store's JPEG tiles, with libjpeg-turbo's accurate and fast IDCT (``fast_idct``, FFCV's);
 - epoch starts: the uint8 Loader's first batch of an epoch against its other batches.
 """
 
 from __future__ import annotations
 
-import io
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,39 +103,46 @@ def _resize(tiles: np.ndarray, rounds: int, threads: int) -> dict[str, float]:
 
 
 def _jpeg_decode(tiles: np.ndarray, rounds: int, threads: int) -> dict[str, float]:
+    """The store's JPEG tiles (q90, 4:4:4) decoded by DALI's CPU decoder and by simplejpeg
+    (straight into a batch array), both on ``threads`` threads, with either IDCT."""
     from nvidia.dali import fn, pipeline_def, types
-    from PIL import Image
 
+    from tilefeed.preprocess.format import TileCodec, decode_jpeg
+
+    codec = TileCodec("jpeg", tiles.shape[1], 90)
+    encoded = [np.frombuffer(codec.encode(tile)[:-4], np.uint8) for tile in tiles]
+    n, batch = len(encoded), np.empty_like(tiles)
+    pool = ThreadPoolExecutor(threads)
     out = {}
-    for subsampling in ("4:4:4", "4:2:0"):
-        encoded = []
-        for tile in tiles:
-            buf = io.BytesIO()
-            Image.fromarray(tile).save(buf, "JPEG", quality=90, subsampling=subsampling)
-            encoded.append(np.frombuffer(buf.getvalue(), np.uint8))
+    for idct in ("accurate", "fast"):
+        fast = idct == "fast"
 
-        @pipeline_def(batch_size=len(encoded), num_threads=threads, device_id=None,
-                      prefetch_queue_depth=1)
-        def graph(data: list[np.ndarray] = encoded) -> Any:
-            raw = fn.external_source(source=lambda: data, batch=True, dtype=types.UINT8)
-            return fn.decoders.image(raw, device="cpu", output_type=types.RGB)
+        @pipeline_def(batch_size=n, num_threads=threads, device_id=None, prefetch_queue_depth=1)
+        def graph(fast: bool = fast) -> Any:
+            raw = fn.external_source(source=lambda: encoded, batch=True, dtype=types.UINT8)
+            return fn.decoders.image(raw, device="cpu", output_type=types.RGB, use_fast_idct=fast)
 
         pipe = graph()
         pipe.build()
         pipe.run()
 
-        def decode(pipe: Any = pipe, n: int = len(encoded)) -> int:
+        def dali(pipe: Any = pipe) -> int:
             for _ in range(10):
                 pipe.run()
             return 10 * n
 
-        def pillow(data: list[np.ndarray] = encoded) -> int:
-            for raw in data:
-                np.asarray(Image.open(io.BytesIO(raw.tobytes())).convert("RGB"))
-            return len(data)
+        def share(t: int, fast: bool = fast) -> None:
+            for k in range(t, n, threads):
+                decode_jpeg(encoded[k], batch[k], fast)
 
-        out[f"dali_cpu_decode_{subsampling}_img_per_s_{threads}_threads"] = _best_per_s(decode, rounds)
-        out[f"pillow_simd_decode_{subsampling}_img_per_s_1_thread"] = _best_per_s(pillow, rounds)
+        def simplejpeg() -> int:
+            for _ in range(10):
+                list(pool.map(share, range(threads)))
+            return 10 * n
+
+        out[f"dali_cpu_{idct}_idct_img_per_s"] = _best_per_s(dali, rounds)
+        out[f"simplejpeg_{idct}_idct_img_per_s"] = _best_per_s(simplejpeg, rounds)
+    pool.shutdown()
     return out
 
 

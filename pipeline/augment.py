@@ -33,6 +33,7 @@ class Augment:
     std: tuple[float, float, float] = IMAGENET_STD
     crop_pct: float = 0.875
     windows: bool = False  # per-sample crop windows (training, or tiles with padding)
+    fast_idct: bool = False  # JPEG tiles on the CPU: libjpeg-turbo's fast integer IDCT
 
     @property
     def resize_to(self) -> int:

@@ -62,13 +62,15 @@ def _decode_and_crop(raw: Any, crop: list[Any], a: Augment, *, gpu: bool, jpeg: 
         if jpeg:  # decode only the window (nvJPEG when there is a GPU)
             images = fn.decoders.image_slice(
                 raw, start, end - start, axis_names="HW", normalized_anchor=False,
-                normalized_shape=False, device="mixed" if gpu else "cpu", output_type=types.RGB)
+                normalized_shape=False, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                use_fast_idct=a.fast_idct)
             return fn.resize(images, size=size, antialias=True)
         images = raw.gpu() if gpu else raw  # lossless tiles: one host-to-device copy per batch
         return fn.resize(images, size=size, roi_start=start, roi_end=end, roi_relative=False,
                          antialias=True)
     if jpeg:
-        images = fn.decoders.image(raw, device="mixed" if gpu else "cpu", output_type=types.RGB)
+        images = fn.decoders.image(raw, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                   use_fast_idct=a.fast_idct)
     else:
         images = raw.gpu() if gpu else raw
     side = a.resize_to

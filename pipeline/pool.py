@@ -108,12 +108,13 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
             if graph.alive:
                 return graph
     s = settings
-    if s.device_id is None and augment.stored_tiles and not reader.is_image_coded:
+    if s.device_id is None and augment.stored_tiles:
         # the output is the stored tiles: a DALI graph would only copy each batch into memory
-        # of its own; the reader threads decompress straight into arrays handed to the caller
-        # (JPEG tiles stay with DALI's decoder: pillow-simd measured no faster)
+        # of its own; the reader threads decompress or decode straight into arrays handed to
+        # the caller
         return Graph(BatchSource(reader, s.batch_size, s.threads, ahead=s.threads + 2,
-                                 dali_depth=0, handed_out=True), pipe=None)
+                                 dali_depth=0, handed_out=True, fast_idct=augment.fast_idct),
+                     pipe=None)
     from tilefeed.pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
 
     # on the CPU, tiles are decoded, cut and resized by the reader threads (pillow-simd: several
@@ -123,7 +124,8 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
     # contend), one per worker where the readers decode JPEG
     readers = s.threads if host_resize and reader.is_image_coded else max(1, s.threads // 2)
     source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
-                         resize_to=augment.size if host_resize else None)
+                         resize_to=augment.size if host_resize else None,
+                         fast_idct=augment.fast_idct)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
                           device_id=s.device_id, prefetch=s.prefetch,
                           jpeg=reader.is_image_coded and not source.decodes)

@@ -180,11 +180,12 @@ class StoreReader:
         """Decode sample ``index`` into ``out`` (T, T, 3) uint8."""
         return self.codec.decode(self.payload(index), out=out)
 
-    def read_batch_into(self, indices: list[int], out: np.ndarray) -> np.ndarray:
-        """Decode samples ``indices`` into ``out[k]``."""
+    def read_batch_into(self, indices: list[int], out: np.ndarray, fast_idct: bool = False) -> np.ndarray:
+        """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
+        ``format.decode_jpeg``)."""
         decode = self.codec.decode
         for k, payload in enumerate(self.payloads(indices)):
-            decode(payload, out=out[k])
+            decode(payload, out[k], fast_idct)
         return out
 
     def read(self, index: int) -> np.ndarray:

@@ -3,13 +3,13 @@
 Reading a tile is a crc32c check and a copy or lz4 decompression: short, memory-bound work.
 Threads reading whole batches ahead overlap it with DALI's own threads, with no worker
 processes, no pickling and no shared-memory segments to leak. On the CPU the threads also do
-what DALI's CPU operators do slowly: cutting and resizing training windows, and decoding JPEG
-tiles for them (``resize_to``); how many threads each path gets is ``pool.take``'s choice.
+what DALI's CPU operators do slowly: decoding JPEG tiles (simplejpeg) and cutting and resizing
+training windows (pillow-simd, ``resize_to``); how many threads each path gets is
+``pool.take``'s choice.
 """
 
 from __future__ import annotations
 
-import io
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,12 +57,14 @@ class BatchSource:
     ``handed_out``: no DALI graph; batches go to the caller as they are, each in its own array.
     ``resize_to``: tiles are cut to their crop windows (the first two extras) and resized to
     this side here, with pillow-simd, rather than in the graph. Either way the threads here
-    decode JPEG tiles too (``decodes``).
+    decode JPEG tiles too (``decodes``; ``fast_idct``: see ``format.decode_jpeg``).
     """
 
     def __init__(self, reader: StoreReader, batch_size: int, threads: int, ahead: int,
-                 dali_depth: int, handed_out: bool = False, resize_to: int | None = None) -> None:
+                 dali_depth: int, handed_out: bool = False, resize_to: int | None = None,
+                 fast_idct: bool = False) -> None:
         self.reader = reader
+        self.fast_idct = fast_idct
         self.batch_size = batch_size
         self.ahead = max(1, ahead)
         self.threads = max(1, threads)
@@ -149,7 +151,7 @@ class BatchSource:
             self._cut_and_resize(indices, extras[0], extras[1], images)
             extras = extras[2:]  # the flips: the graph has no window left to cut
         else:
-            reader.read_batch_into(indices.tolist(), images)
+            reader.read_batch_into(indices.tolist(), images, self.fast_idct)
         return (images, labels, indices, *extras)
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -163,12 +165,8 @@ class BatchSource:
         tile = np.empty(reader.codec.shape, dtype=np.uint8)
         size = (tile.shape[1], tile.shape[0])
         for k, payload in enumerate(reader.payloads(indices.tolist())):
-            picture: Image.Image
-            if reader.is_image_coded:
-                picture = Image.open(io.BytesIO(payload))
-            else:
-                reader.codec.decode(payload, out=tile)
-                picture = Image.frombuffer("RGB", size, tile, "raw", "RGB", 0, 1)
+            reader.codec.decode(payload, tile, self.fast_idct)
+            picture = Image.frombuffer("RGB", size, tile, "raw", "RGB", 0, 1)
             (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
             out[k] = np.asarray(picture.resize((side, side), Image.Resampling.BILINEAR,
                                                box=(x0, y0, x1, y1)))

@@ -117,6 +117,17 @@ def test_jpeg_tiles_decode_close_to_what_was_stored(jpeg_store: Path) -> None:
         assert psnr(image.numpy(), reader.read(i)) > 35
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_fast_idct_decodes_jpeg_tiles_a_few_levels_off(jpeg_store: Path, train: bool) -> None:
+    def first_batch(fast_idct: bool) -> np.ndarray:
+        with Loader(jpeg_store, 8, shuffle="none", train=train, size=32, dtype=torch.uint8,
+                    layout="NHWC", fast_idct=fast_idct) as loader:
+            return next(iter(loader))[0].numpy().astype(np.int16)
+
+    off = np.abs(first_batch(True) - first_batch(False))
+    assert 0 < off.max() <= 8 and off.mean() < 2  # another IDCT, the same crops
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.uint8])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("train", [True, False])

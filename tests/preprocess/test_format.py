@@ -26,6 +26,13 @@ def test_tile_codec_round_trip(codec: str, tile: int) -> None:
         np.testing.assert_array_equal(back, pixels)
 
 
+def test_a_jpeg_of_another_size_is_refused_not_read_into_part_of_a_tile() -> None:
+    small = fmt.TileCodec("jpeg", 16, quality=90).encode(np.asarray(photo(16, 16, 16)))[:-4]
+    tile = np.zeros((32, 32, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="the tile is"):
+        fmt.TileCodec("jpeg", 32, quality=90).decode(small, tile)
+
+
 @pytest.mark.parametrize("codec", fmt.CODECS)
 def test_chunks_and_index_match_what_zarr_writes(tmp_path: Path, codec: str) -> None:
     """The fast encoder and zarr-python's sharding codec produce the very same shard bytes."""
