@@ -133,7 +133,7 @@ def _jpeg_decode(tiles: np.ndarray, rounds: int, threads: int) -> dict[str, floa
 
         def share(t: int, fast: bool = fast) -> None:
             for k in range(t, n, threads):
-                decode_jpeg(encoded[k], batch[k], fast)
+                decode_jpeg(encoded[k].data, batch[k], fast)
 
         def simplejpeg() -> int:
             for _ in range(10):
