@@ -200,6 +200,9 @@ def _bench_loader(argv: list[str]) -> int:
     p.add_argument("--peer-python", default=None,
                    help="the Python of the peer's own environment (FFCV pulls plain Pillow and "
                    "OpenCV, so it usually lives apart): e.g. ~/ffcv-venv/bin/python")
+    p.add_argument("--codec", default="lz4", choices=("lz4", "zstd", "none"),
+                   help="codec of the lossless store made without --store (none: raw pixels, "
+                   "as FFCV's raw store)")
     args = p.parse_args(argv)
     from tilefeed.bench.loader_bench import bench_loaders
     from tilefeed.preprocess.errors import ConfigError
@@ -207,7 +210,7 @@ def _bench_loader(argv: list[str]) -> int:
     if args.peer and not args.peer_python:
         raise ConfigError("--peer ffcv needs --peer-python: the Python of an environment with FFCV")
     images = args.images or demo_images(args.count)
-    store = args.store or demo_store(images, fit="crop")  # whole tiles: the read path alone
+    store = args.store or demo_store(images, codec=args.codec, fit="crop")  # the read path alone
     jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
     result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
                            rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
