@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tilefeed.pipeline.reader import StoreReader
-from tilefeed.preprocess.format import ceil_div
+from tilefeed.preprocess.format import ceil_div, decode_jpeg
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
 Extras = Callable[[np.ndarray], tuple[np.ndarray, ...]]  # sample indices -> per-sample graph inputs
@@ -162,14 +162,21 @@ class BatchSource:
         from PIL import Image
 
         reader, side = self.reader, out.shape[1]
-        tile = np.empty(reader.codec.shape, dtype=np.uint8)
+        jpeg = reader.is_image_coded
+        # JPEG tiles decode as RGBX, PIL's own layout for RGB, which it reads in place rather
+        # than converting (the same pixels, sooner); lossless tiles are RGB as stored
+        tile = np.empty((*reader.codec.shape[:2], 4 if jpeg else 3), dtype=np.uint8)
+        mode = "RGBX" if jpeg else "RGB"
         size = (tile.shape[1], tile.shape[0])
         for k, payload in enumerate(reader.payloads(indices.tolist())):
-            reader.codec.decode(payload, tile, self.fast_idct)
-            picture = Image.frombuffer("RGB", size, tile, "raw", "RGB", 0, 1)
+            if jpeg:
+                decode_jpeg(payload, tile, self.fast_idct, pixels="RGBX")
+            else:
+                reader.codec.decode(payload, tile)
+            picture = Image.frombuffer(mode, size, tile, "raw", mode, 0, 1)
             (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
-            out[k] = np.asarray(picture.resize((side, side), Image.Resampling.BILINEAR,
-                                               box=(x0, y0, x1, y1)))
+            resized = picture.resize((side, side), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
+            out[k] = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(out.shape[1:])
 
     def __call__(self) -> Batch:
         if not self._pending:

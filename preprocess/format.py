@@ -204,18 +204,19 @@ def encode_jpeg(tile: np.ndarray, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def decode_jpeg(payload: Buffer, out: np.ndarray | None = None,
-                fast_idct: bool = False) -> np.ndarray:
-    """RGB pixels of a JPEG tile, decoded straight into ``out`` when given (contiguous, the
-    tile's shape), with the GIL released: simplejpeg's libjpeg-turbo, several times the tile
-    rate of DALI's CPU decoder or Pillow's on the same threads (``tilefeed bench parts``).
-    ``fast_idct``: libjpeg-turbo's fast integer IDCT (FFCV's), a little faster, a few levels off."""
+def decode_jpeg(payload: Buffer, out: np.ndarray | None = None, fast_idct: bool = False,
+                pixels: str = "RGB") -> np.ndarray:
+    """The pixels of a JPEG tile, decoded straight into ``out`` when given (contiguous, the
+    tile's shape), with the GIL released: simplejpeg's libjpeg-turbo, faster than DALI's CPU
+    decoder on the same threads (``tilefeed bench parts``). ``fast_idct``: libjpeg-turbo's
+    fast integer IDCT (FFCV's), a little faster, a few levels off. ``pixels``: "RGB", or
+    "RGBX" (a fourth, unused byte per pixel: how PIL holds RGB)."""
     import simplejpeg
 
-    pixels = simplejpeg.decode_jpeg(payload, "RGB", fastdct=fast_idct, buffer=out)
-    if out is not None and pixels.shape != out.shape:  # a smaller picture fills only the front
-        raise ValueError(f"the JPEG holds a {pixels.shape} picture, the tile is {out.shape}")
-    return pixels  # type: ignore[no-any-return]
+    decoded = simplejpeg.decode_jpeg(payload, pixels, fastdct=fast_idct, buffer=out)
+    if out is not None and decoded.shape != out.shape:  # a smaller picture fills only the front
+        raise ValueError(f"the JPEG holds a {decoded.shape} picture, the tile is {out.shape}")
+    return decoded  # type: ignore[no-any-return]
 
 
 WORK_DIR: Final = ".tilefeed-partial"  # present while a store is being written
