@@ -172,8 +172,8 @@ class Loader:
     fast_idct : bool, default False
         JPEG stores decoded on the CPU: libjpeg-turbo's fast integer IDCT, as FFCV always uses,
         in place of the accurate one. Decoding gets faster (``tilefeed bench parts``); pixels
-        move by a few levels (at most 5, about 1 on average, on q90 tiles). nvJPEG on a GPU
-        is not affected.
+        move by a few levels (on the bench's q90 tiles: at most 5, 1.0 on average). nvJPEG on
+        a GPU is not affected.
     """
 
     def __init__(

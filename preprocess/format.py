@@ -398,7 +398,7 @@ class ShardFile:
     def copy_into(self, local: int, out: np.ndarray) -> None:
         """An uncompressed tile copied into ``out`` and checked there: the check then reads
         bytes the copy left in the cache, where checking the map first reads them from memory
-        twice (a quarter more tiles a second through the Loader, measured side by side)."""
+        twice (measured faster through the Loader, side by side)."""
         payload = self.chunk(local, check=False)
         if len(payload) != out.nbytes:
             raise CorruptChunkError(str(self.path), self.first + local,
