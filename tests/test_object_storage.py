@@ -25,6 +25,7 @@ from tilefeed.pipeline.loader import Loader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import StoreAccessError, StoreFormatError
+from tilefeed.preprocess.remote import _flock
 from tilefeed.preprocess.storage import ObjectStorage
 from tests.helpers import run_cli, tree_bytes, write_folder
 
@@ -145,7 +146,11 @@ def test_zarr_python_reads_the_bucket_store_directly(stores: tuple[Path, str, Pa
 
 
 def cache_bytes(cache: Path) -> int:
-    return sum(p.stat().st_size for p in cache.glob(f"*/{fmt.IMAGES}/c/*/0/0/0"))
+    """The shards' bytes in a cache folder, counted under its lock: a download makes room and
+    takes it under that lock, so the count never sees a shard about to go beside one just come
+    (a folder walk is no snapshot)."""
+    with _flock(cache / ".lock"):
+        return sum(p.stat().st_size for p in cache.glob(f"*/{fmt.IMAGES}/c/*/0/0/0"))
 
 
 def test_a_cache_far_smaller_than_the_store_is_never_exceeded(
