@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tilefeed.preprocess.format import ceil_div
+from tilefeed.preprocess.format import CODECS, ceil_div
 
 SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report", "cloud",
                "clients", "parts")
@@ -200,7 +200,7 @@ def _bench_loader(argv: list[str]) -> int:
     p.add_argument("--peer-python", default=None,
                    help="the Python of the peer's own environment (FFCV pulls plain Pillow and "
                    "OpenCV, so it usually lives apart): e.g. ~/ffcv-venv/bin/python")
-    p.add_argument("--codec", default="lz4", choices=("lz4", "zstd", "none"),
+    p.add_argument("--codec", default="lz4", choices=[c for c in CODECS if c != "jpeg"],
                    help="codec of the lossless store made without --store (none: raw pixels, "
                    "as FFCV's raw store)")
     args = p.parse_args(argv)
@@ -260,8 +260,8 @@ def _parts(argv: list[str]) -> int:
     p = _parser("tilefeed bench parts",
                 "The measurements behind the Loader's CPU path, each pair side by side in one run: "
                 "decoding into fresh or reused batch memory, resizing training windows with "
-                "pillow-simd or DALI, JPEG decoding (DALI, pillow-simd) at 4:4:4 and 4:2:0, an epoch's first "
-                "batch against the others.")
+                "pillow-simd or DALI, JPEG decoding by DALI or simplejpeg with the accurate or the "
+                "fast IDCT, an epoch's first batch against the others.")
     _data_args(p, count=1600)
     _loop_args(p, rounds=5)
     args = p.parse_args(argv)

@@ -178,17 +178,17 @@ class StoreReader:
 
     def read_into(self, index: int, out: np.ndarray) -> np.ndarray:
         """Decode sample ``index`` into ``out`` (T, T, 3) uint8."""
-        return self.codec.decode(self.payload(index), out=out)
+        return self.read_batch_into([index], out[None])[0]
 
     def read_batch_into(self, indices: list[int], out: np.ndarray, fast_idct: bool = False) -> np.ndarray:
         """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
         ``format.decode_jpeg``)."""
-        if self.codec.name == "none" and self.remote is None:  # copied, then checked
+        if self.remote is None:  # each tile straight from its shard's map into its place
             if indices:
                 self._check(min(indices), max(indices))
-            per_shard, shard_of = self.shard_size, self._shard
+            per_shard, shard_of, codec = self.shard_size, self._shard, self.codec
             for k, i in enumerate(indices):
-                shard_of(i // per_shard).copy_into(i % per_shard, out[k])
+                shard_of(i // per_shard).read_into(i % per_shard, codec, out[k], fast_idct)
             return out
         decode = self.codec.decode
         for k, payload in enumerate(self.payloads(indices)):

@@ -395,10 +395,14 @@ class ShardFile:
             self._verify(local, payload, end)
         return payload
 
-    def copy_into(self, local: int, out: np.ndarray) -> None:
-        """An uncompressed tile copied into ``out`` and checked there: the check then reads
-        bytes the copy left in the cache, where checking the map first reads them from memory
-        twice (measured faster through the Loader, side by side)."""
+    def read_into(self, local: int, codec: TileCodec, out: np.ndarray, fast_idct: bool = False) -> None:
+        """This shard's ``local``-th tile decoded into ``out``, checked. An uncompressed tile is
+        copied first and checked in ``out``: the check then reads bytes the copy left in the
+        cache, where checking the map first reads them from memory twice (measured faster
+        through the Loader, side by side)."""
+        if codec.name != "none":
+            codec.decode(self.chunk(local), out, fast_idct)
+            return
         payload = self.chunk(local, check=False)
         if len(payload) != out.nbytes:
             raise CorruptChunkError(str(self.path), self.first + local,

@@ -45,3 +45,19 @@ def test_eval_tiles_on_the_device_match_the_store(store: Path, jpeg_store: Path)
                         assert psnr(image.numpy(), reader.read(i)) > 35
                     else:
                         np.testing.assert_array_equal(image.numpy(), reader.read(i))
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_fast_idct_is_accepted_on_the_device(jpeg_store: Path, train: bool) -> None:
+    """nvJPEG decodes whole tiles (eval) and crop windows (train) with the setting in the graph;
+    it only reaches libjpeg-turbo's fallback, so the images stay those of the accurate IDCT."""
+    def first_batch(fast_idct: bool) -> tuple[np.ndarray, list[int]]:
+        with Loader(jpeg_store, 8, shuffle="none", train=train, size=32, dtype=torch.uint8,
+                    layout="NHWC", with_index=True, fast_idct=fast_idct) as loader:
+            images, _, idx = next(iter(loader))
+            assert images.device.type == "cuda"
+            return images.cpu().numpy(), idx.cpu().tolist()
+
+    (fast, fast_idx), (accurate, accurate_idx) = first_batch(True), first_batch(False)
+    assert fast_idx == accurate_idx
+    assert psnr(fast, accurate) > 35
