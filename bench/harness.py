@@ -1,7 +1,9 @@
 """Data-loader wait against step time: ``watch`` any loop, or ``measure`` a loader and a step.
 
 Per iteration the harness records the wait (time blocked getting the next batch), the
-host-to-device copy when the loader yields host tensors, and the step. On a GPU the step is
+host-to-device copy when the loader yields host tensors, and the step. The first batch of each
+epoch is reported apart from the rest (``epoch_start_wait_ms`` against ``handover_median_ms``):
+a loader that starts every epoch cold hides a long wait there among many short ones. On a GPU the step is
 timed with CUDA events recorded around it and read once at the end (no synchronisation inside
 the loop); the device-side wait is then the idle gap between one step's end and the next one's
 start. Warm-up iterations are excluded from every figure and reported separately.
@@ -40,6 +42,8 @@ class RunResult:
     h2d_s: float
     wait_median_ms: float
     wait_p95_ms: float
+    handover_median_ms: float  # the wait for batches other than an epoch's first
+    epoch_start_wait_ms: list[float]  # the wait for the first batch of each epoch measured
     step_median_ms: float
     step_p95_ms: float
     warmup_s: float
@@ -73,6 +77,8 @@ class Watch:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         """``clock``: seconds, monotonic; tests pass a fake one to assert exact figures."""
         self.iterable, self.name, self.warmup, self.report = iterable, name, warmup, report
+        # positions of the batches that began an epoch: the first, or what the iterable says
+        self.epoch_starts: list[int] = getattr(iterable, "epoch_starts", [0])
         self.clock = clock
         self.device = torch.device(device) if device is not None else default_device()
         self.cuda = self.device.type == "cuda"
@@ -157,6 +163,7 @@ class Watch:
         w = self.warmup
         n = len(self.steps)
         waits, h2d = self.waits[w:n], self.h2d[w:n]
+        starts = {k - w for k in self.epoch_starts if w <= k < n}
         if self.cuda and n:
             torch.cuda.synchronize(self.device)
             pairs = self._events[:n]
@@ -167,6 +174,7 @@ class Watch:
             waits = gaps if w > 0 else [waits[0]] + gaps
         else:
             steps = self.steps[w:n]
+        handover = [v for k, v in enumerate(waits) if k not in starts]
         measured = len(steps)
         wall = (self._t_end - self._t_first) if measured else 0.0
         samples = sum(self.batch_sizes[w:n])
@@ -184,6 +192,8 @@ class Watch:
             busy_fraction=min(1.0, sum(steps) / wall) if wall else 0.0, h2d_s=sum(h2d),
             wait_median_ms=1000 * statistics.median(waits) if waits else 0.0,
             wait_p95_ms=1000 * _p95(waits),
+            handover_median_ms=1000 * statistics.median(handover) if handover else 0.0,
+            epoch_start_wait_ms=[1000 * waits[k] for k in sorted(starts)],
             step_median_ms=1000 * statistics.median(steps) if steps else 0.0,
             step_p95_ms=1000 * _p95(steps),
             warmup_s=(self._t_first - self._t_begin) if measured else 0.0,
@@ -207,7 +217,7 @@ def measure(loader: Iterable[Any], step: Step, *, steps: int, warmup: int = 2,
     """Run ``step(images, labels)`` on ``warmup + steps`` batches (epochs restart as needed)."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    watcher = Watch(_forever(loader), name=name, warmup=warmup, device=device, clock=clock)
+    watcher = Watch(_Forever(loader), name=name, warmup=warmup, device=device, clock=clock)
     for k, batch in enumerate(watcher):
         step(batch[0], batch[1])
         if k + 1 == warmup + steps:
@@ -218,18 +228,36 @@ def measure(loader: Iterable[Any], step: Step, *, steps: int, warmup: int = 2,
     return result
 
 
-def _forever(loader: Iterable[Any]) -> Iterator[Any]:
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("the loader yielded no batch in a whole epoch")
+class _Forever:
+    """Epoch after epoch of ``loader``, noting at which batch each epoch began."""
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader = loader
+        self.epoch_starts: list[int] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        count = 0
+        while True:
+            self.epoch_starts.append(count)
+            for batch in self.loader:
+                count += 1
+                yield batch
+            if self.epoch_starts[-1] == count:
+                raise ValueError("the loader yielded no batch in a whole epoch")
+
+
+def _starts(waits_ms: list[float]) -> str:
+    """The epoch-start waits measured: each of a few, else the median and the largest."""
+    if not waits_ms:
+        return "-"
+    if len(waits_ms) <= 2:
+        return "/".join(f"{v:.1f}" for v in waits_ms)
+    return f"{statistics.median(waits_ms):.1f} (max {max(waits_ms):.1f})"
 
 
 def format_table(runs: list[RunResult]) -> str:
     head = (f"| {'loader':<18} | {'stall':>6} | {'img/s':>7} | {'busy':>5} | {'wait med/p95 ms':>15} "
+            f"| {'hand-over med ms':>16} | {'epoch start ms':>14} "
             f"| {'step med/p95 ms':>15} | {'peak RSS MB':>11} | {'GPU alloc/res MB':>16} |")
     lines = [head, "|" + "|".join("-" * (len(c) + 0) for c in head.split("|")[1:-1]) + "|"]
     for r in runs:
@@ -238,5 +266,6 @@ def format_table(runs: list[RunResult]) -> str:
         lines.append(
             f"| {r.loader:<18} | {r.stall_fraction:>6.1%} | {r.samples_per_s:>7.0f} | "
             f"{r.busy_fraction:>5.0%} | {r.wait_median_ms:>7.1f}/{r.wait_p95_ms:<7.1f} | "
+            f"{r.handover_median_ms:>16.2f} | {_starts(r.epoch_start_wait_ms):>14} | "
             f"{r.step_median_ms:>7.1f}/{r.step_p95_ms:<7.1f} | {r.peak_rss_mb:>11.0f} | {gpu:>16} |")
     return "\n".join(lines)

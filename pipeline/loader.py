@@ -34,6 +34,7 @@ from tilefeed.pipeline.order import (
     samples_per_rank,
 )
 from tilefeed.pipeline.reader import StoreReader
+from tilefeed.pipeline.feed import Feed
 from tilefeed.pipeline.source import Epoch
 from tilefeed.preprocess.errors import ConfigError, DaliMissingError
 from tilefeed.preprocess.settings import usable_cores
@@ -396,23 +397,16 @@ class Loader:
         epoch = self._epoch
         plan = self._open = self._plan(epoch)
         self._epoch, self._resume = epoch + 1, None
-        finished = False
-        try:
-            if plan.batches * self.batch_size < len(plan.indices):
-                for out in self._arm(plan, epoch):
-                    plan.batches += 1  # counted once handed over: a state_dict() taken while
-                    yield self._convert(out[0])  # the batch is trained on resumes after it
-            finished = True
-            self._record(complete=True)
-            self._open = None
-        finally:
-            graph = self._graph
-            if graph is not None and graph.iterator is not None:
-                # an epoch left early drains the few batches DALI has in flight (they belong to
-                # the abandoned epoch), so the graph serves the next one; one that cannot is closed
-                graph.clean = finished or graph.drain()
-                if not graph.clean:
-                    self._release(keep=False)
+        if plan.batches * self.batch_size < len(plan.indices):
+            feed, generation = self._arm(plan, epoch)
+            last = False
+            while not last:
+                tag, out = feed.next(generation)
+                last = tag.last
+                plan.batches += 1  # counted once handed over: a state_dict() taken while
+                yield self._convert(out)  # the batch is trained on resumes after it
+        self._record(complete=True)
+        self._open = None
 
     def windows(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
@@ -429,21 +423,30 @@ class Loader:
         self._graph_key = pool.key(self.reader, self.augment, settings)
         self._graph = pool.take(self.reader, self.augment, settings)
 
-    def _arm(self, plan: _OpenEpoch, epoch: int) -> Any:
-        # the epoch after this one, as it stands now (set_epoch or a loaded state may still
-        # change it: the source then drops what it read of it); not for a bucket store, whose
-        # downloads follow one epoch's order at a time
-        following = self._plan(epoch + 1) if self.reader.remote is None else None
-        then = (Epoch(epoch + 1, following.indices, self._extras(epoch + 1))
-                if following is not None and following.batches == 0 else None)
-        if self._graph is not None and not self._graph.clean and self._graph.iterator is not None:
-            if not self._graph.drain():  # an earlier iterator of this Loader is still mid-epoch
-                self._release(keep=False)
+    def _arm(self, plan: _OpenEpoch, epoch: int) -> tuple[Feed, int]:
+        if self._graph is not None and not self._graph.alive:
+            self._release(keep=False)
         if self._graph is None:
             self._take_graph()
         assert self._graph is not None
-        return self._graph.arm(self.reader, Epoch(epoch, plan.indices, self._extras(epoch)),
-                               plan.batches, then)
+        cast = torch.bfloat16 if self.dtype == torch.bfloat16 else None
+        generation = self._graph.arm(self.reader, Epoch(epoch, plan.indices, self._extras(epoch)),
+                                     plan.batches, self._following(epoch, self._graph.lookahead), cast)
+        return self._graph.feed, generation
+
+    def _following(self, epoch: int, lookahead: int) -> list[Epoch]:
+        """The fresh epochs expected after ``epoch`` (set_epoch or a loaded state may still
+        change them: the feed then drops what it prepared), as many as keep ``lookahead``
+        batches coming past the epoch's end: one, but for small epochs."""
+        following: list[Epoch] = []
+        batches = 0
+        while batches < lookahead and len(following) < 16:
+            plan = self._plan(epoch + 1 + len(following))
+            if plan.batches:  # a loaded state's epoch: resumed when it is reached, not before
+                break
+            following.append(Epoch(plan.epoch, plan.indices, self._extras(plan.epoch)))
+            batches += -(-len(plan.indices) // self.batch_size)
+        return following
 
     def _extras(self, epoch: int) -> Any:
         # a plain function of the settings, not a bound method: the graph, which may outlive
@@ -452,9 +455,7 @@ class Loader:
                 if self.augment.windows else None)
 
     def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        images = out["images"]
-        if self.dtype == torch.bfloat16:
-            images = images.to(torch.bfloat16)
+        images = out["images"]  # already bfloat16 where asked: cast by the feed, off this thread
         if self.layout == "channels_last":  # HWC from DALI, seen as NCHW: no copy, no transpose
             images = images.permute(0, 3, 1, 2)
         labels = out["labels"].reshape(-1)

@@ -3,9 +3,9 @@
 Building, running and dropping a DALI pipeline leaves native memory behind (measured here at
 30-70 KB per pipeline on the CPU, steadily, while Python objects, threads and files stay flat),
 so a process that creates a Loader per epoch, per evaluation or per trial grows until it dies.
-A graph is therefore never dropped while it can serve again: an epoch left early is drained
-(the source stops, DALI finishes the few batches it has in flight) and the graph goes back to
-a small pool keyed by everything that shapes it. A few idle graphs (``MAX_IDLE``) bound the
+A graph is therefore never dropped while it can serve again: its feed stops (what it prepared
+for a stream nobody will take is recognised by its tag and dropped when it comes out) and the
+graph goes back to a small pool keyed by everything that shapes it. A few idle graphs (``MAX_IDLE``) bound the
 threads and memory the pool holds.
 
 Where the output is the stored tiles on the CPU (uint8 NHWC at the tile's size), a graph is the
@@ -15,7 +15,7 @@ batch source alone, with no DALI pipeline: DALI would only copy each batch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ import torch
 
 from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.reader import StoreReader
+from tilefeed.pipeline.feed import Feed
 from tilefeed.pipeline.source import BatchSource, Epoch
 
 MAX_IDLE = 4
@@ -32,55 +33,45 @@ _lock = threading.Lock()
 
 @dataclass
 class Graph:
-    """A DALI pipeline, the batch source feeding it and the torch iterator over it; or, where
-    DALI would only copy (``pipe`` None: see ``take``), the source alone."""
+    """A DALI pipeline and the batch source feeding it, run by a ``Feed``; or, where DALI would
+    only copy (``pipe`` None: see ``take``), the source alone."""
 
     source: BatchSource
     pipe: Any
-    iterator: Any = None
-    clean: bool = field(default=False)  # ended its last epoch: arm() may reset it
+    device_id: int | None = None
+    feed: Feed = field(init=False)
     closed: bool = field(default=False)
 
-    def arm(self, reader: StoreReader, epoch: Epoch, first_batch: int, then: Epoch | None) -> Any:
-        """Start ``epoch`` (``then``: the one expected after it); returns the iterator to draw
-        batches from."""
-        self.source.reader = reader
-        self.source.start(epoch, first_batch, then)
-        if self.iterator is None:  # the iterator prefetches as it is made: after start()
-            if self.pipe is None:
-                self.iterator = HostBatches(self.source)
-            else:
-                from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    def __post_init__(self) -> None:
+        self.feed = Feed(self.source, self.pipe, self.device_id)
 
-                self.iterator = DALIGenericIterator([self.pipe], ["images", "labels", "indices"],
-                                                    size=-1, auto_reset=False)
-        else:
-            self.iterator.reset()
-        self.clean = False
-        return self.iterator
+    @property
+    def lookahead(self) -> int:
+        """Batches the graph holds prepared ahead of the consumer, at most."""
+        return self.source.ahead + (self.pipe.prefetch_queue_depth + 2 if self.pipe is not None else 0)
+
+    def arm(self, reader: StoreReader, epoch: Epoch, first_batch: int, following: Sequence[Epoch],
+            cast: torch.dtype | None = None) -> int:
+        """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
+        to ask ``feed.next`` for."""
+        self.source.reader = reader
+        return self.feed.arm(epoch, first_batch, following, cast)
 
     @property
     def alive(self) -> bool:
         """DALI shuts a pipeline down (``_pipe`` None) when the garbage collector finalises it,
         even while something still refers to it, e.g. a Loader dropped inside a reference cycle."""
-        if self.closed:
+        if self.closed or self.feed.broken:
             return False
         return self.pipe is None or getattr(self.pipe, "_pipe", None) is not None
 
-    def drain(self) -> bool:
-        """Stop mid-epoch and let DALI finish what it has in flight; True when reusable."""
-        try:
-            self.source.cancel()  # no further reads: the next call ends the epoch
-            for _ in self.iterator:
-                pass
-        except Exception:  # noqa: BLE001 - a graph that cannot drain is closed, not reused
-            return False
-        self.clean = True
-        return True
+    def park(self) -> bool:
+        """Stop feeding; True when the graph can serve another Loader."""
+        return self.feed.park() and self.alive
 
     def close(self) -> None:
         self.closed = True
-        self.iterator = None
+        self.feed.park()
         self.pipe = None  # DALI joins its threads when the pipeline goes
         self.source.close()
 
@@ -130,33 +121,16 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
                           device_id=s.device_id, prefetch=s.prefetch,
                           jpeg=reader.is_image_coded and not source.decodes)
     pipe.build()
-    return Graph(source, pipe)
-
-
-class HostBatches:
-    """For a graph without DALI: the batch source's batches as the DALI iterator gives them."""
-
-    def __init__(self, source: BatchSource) -> None:
-        self.source = source
-
-    def __iter__(self) -> HostBatches:
-        return self
-
-    def __next__(self) -> list[dict[str, torch.Tensor]]:
-        images, labels, indices, *_ = self.source()  # StopIteration ends the epoch
-        return [{"images": torch.from_numpy(images), "labels": torch.from_numpy(labels),
-                 "indices": torch.from_numpy(indices.copy())}]
-
-    def reset(self) -> None:
-        """Nothing to reset: the source's ``start()`` arms the next epoch."""
+    return Graph(source, pipe, s.device_id)
 
 
 def give(graph_key: Hashable, graph: Graph) -> None:
-    """Return a graph after use: kept when it is clean and the pool has room, else closed.
+    """Return a graph after use: kept when its feed stopped cleanly and the pool has room, else
+    closed.
 
-    A kept graph ends its reader threads (``start()`` makes new ones) and forgets the store;
+    A kept graph ends its reader threads (``restart()`` makes new ones) and forgets the store;
     only DALI's own worker threads stay parked with it."""
-    if graph.alive and (graph.iterator is None or graph.clean or graph.drain()):
+    if graph.alive and graph.park():
         graph.source.close()
         graph.source.reader = None  # type: ignore[assignment]  # the store is the Loader's, not the pool's
         with _lock:

@@ -10,8 +10,9 @@ training windows (pillow-simd, ``resize_to``); how many threads each path gets i
 
 from __future__ import annotations
 
+import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -37,23 +38,41 @@ class Epoch:
         return self.number == other.number and np.array_equal(self.indices, other.indices)
 
 
-def _cancel(futures: deque[Future[Batch]]) -> None:
-    for fut in futures:
+@dataclass(frozen=True)
+class Tag:
+    """Which batch of the stream a batch is: ``generation`` changes whenever the stream is
+    restarted, so a batch prepared for a stream since dropped is recognised and discarded."""
+
+    generation: int
+    epoch: int
+    batch: int
+    last: bool  # the epoch's last batch
+    slot: int = -1  # the ring slot its pixels occupy (-1: none), free again once DALI is done
+
+
+def _cancel(futures: deque[tuple[Tag, Future[Batch]]]) -> list[Tag]:
+    for _tag, fut in futures:
         fut.cancel()
-    for fut in futures:
+    for _tag, fut in futures:
         if not fut.cancelled():
-            fut.exception()  # wait: no thread may still be reading for a dropped epoch
+            fut.exception()  # wait: no thread may still be reading for a dropped stream
+    tags = [tag for tag, _fut in futures]
     futures.clear()
+    return tags
 
 
 class BatchSource:
-    """Callable for ``fn.external_source(batch=True)``: one batch per call, StopIteration at the end.
+    """Callable for ``fn.external_source(batch=True)``: one batch per call, StopIteration at the
+    end of the stream.
 
-    ``start(epoch, first_batch, then)`` arms an epoch; the source then reads ``ahead`` batches in
-    advance on ``threads`` threads. Lossless batches decode into a ring of preallocated arrays
-    that DALI reads in place (``no_copy``): DALI is done with a batch ``dali_depth`` iterations
-    after taking it, so a ring of ``ahead + dali_depth + 2`` slots is never overwritten early.
-    JPEG batches are lists of fresh byte arrays, which DALI copies in (``dali_copies``).
+    A stream is an epoch from some batch on, then the epochs expected after it: epochs follow
+    one another with no gap, so the first batch of the next epoch is read (and enters the
+    graph) while the current one drains. ``restart`` begins a new stream (a new generation),
+    ``extend`` appends epochs to the current one, ``stop`` ends it. The source reads ``ahead``
+    batches in advance on ``threads`` threads; every batch handed on is tagged (``Tag``), in
+    order, in ``fed``. Lossless batches decode into a ring of preallocated arrays that DALI
+    reads in place (``no_copy``): a slot is reused only after ``release`` says DALI is done with
+    it. JPEG batches are lists of fresh byte arrays, which DALI copies in (``dali_copies``).
     ``handed_out``: no DALI graph; batches go to the caller as they are, each in its own array.
     ``resize_to``: tiles are cut to their crop windows (the first two extras) and resized to
     this side here, with pillow-simd, rather than in the graph. Either way the threads here
@@ -70,16 +89,17 @@ class BatchSource:
         self.threads = max(1, threads)
         self.handed_out = handed_out
         self.resize_to = resize_to
-        self._pool: ThreadPoolExecutor | None = None  # made by start(), ended by close()
-        self._pending: deque[Future[Batch]] = deque()
-        self._early: deque[Future[Batch]] = deque()  # the next epoch's first batches
-        self._epoch = Epoch(-1, np.zeros(0, dtype=np.int64))
-        self._then: Epoch | None = None
-        self._next = 0  # next batch to submit
-        self._batches = 0
+        self.lock = threading.Condition()  # guards everything below; tells waiters of new work
+        self.generation = 0
+        self.fed: deque[Tag] = deque()  # batches handed to DALI whose outputs are not out yet
+        self._pool: ThreadPoolExecutor | None = None  # made by restart(), ended by close()
+        self._pending: deque[tuple[Tag, Future[Batch]]] = deque()
+        self._epochs: deque[tuple[Epoch, int]] = deque()  # still to submit: (epoch, from batch)
+        self._last_epoch = -1  # the number of the stream's last epoch
+        self._next = 0  # next batch of _epochs[0] to submit
         self._ring: list[np.ndarray] = []
+        self._free: list[int] = []
         self._ring_size = self.ahead + dali_depth + 2
-        self._slot = 0
 
     @property
     def decodes(self) -> bool:
@@ -91,54 +111,114 @@ class BatchSource:
         """DALI must copy the batches in: JPEG batches are fresh byte arrays, not ring slots."""
         return not self.decodes
 
-    def start(self, epoch: Epoch, first_batch: int = 0, then: Epoch | None = None) -> None:
-        """Arm ``epoch`` (this rank's samples, and ``extras``: per-sample inputs such as crop
-        windows and flips, computed from each batch's indices) from batch ``first_batch`` on.
-        ``then``: the epoch expected next, whose first batches are read once this one's are all
-        under way, so that no epoch starts cold; the next ``start()`` keeps them when it arms
-        that very epoch from its first batch, and drops them otherwise."""
-        early, self._early = self._early, deque()
-        expected, self._then = self._then, then
-        self.cancel()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tilefeed-read")
-        self._epoch = epoch
-        self._batches = ceil_div(len(epoch.indices), self.batch_size)
-        self._next = first_batch
-        if early and expected is not None and expected.same(epoch) and first_batch == 0:
-            self._pending, self._next = early, len(early)
-        else:
-            _cancel(early)
-        self.reader.will_read(epoch.indices[first_batch * self.batch_size :])
-        self._fill()
+    def restart(self, epoch: Epoch, first_batch: int = 0, following: Sequence[Epoch] = ()) -> int:
+        """A new stream: ``epoch`` (this rank's samples, and ``extras``: per-sample inputs such
+        as crop windows and flips, computed from each batch's indices) from batch
+        ``first_batch`` on, then ``following``. What was read for the old stream is dropped.
+        Returns the new generation."""
+        with self.lock:
+            self._drop()
+            self.generation += 1
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tilefeed-read")
+            self._epochs.clear()
+            self._last_epoch = epoch.number - 1
+            self._append(epoch, first_batch)
+            self._extend(following)
+            self._fill()
+            self.lock.notify_all()
+            return self.generation
+
+    def extend(self, following: Sequence[Epoch]) -> None:
+        """Append the epochs of ``following`` that come after the stream's last one."""
+        with self.lock:
+            self._extend(following)
+            self._fill()
+            self.lock.notify_all()
+
+    def _extend(self, following: Sequence[Epoch]) -> None:
+        for epoch in following:
+            if epoch.number == self._last_epoch + 1:
+                self._append(epoch, 0)
+
+    def _append(self, epoch: Epoch, first_batch: int) -> None:
+        self._last_epoch = epoch.number
+        if first_batch < ceil_div(len(epoch.indices), self.batch_size):
+            if not self._epochs:
+                self._next = first_batch
+                self.reader.will_read(epoch.indices[first_batch * self.batch_size :])
+            self._epochs.append((epoch, first_batch))
+
+    def stop(self) -> None:
+        """End the stream: nothing more is read; the next call raises StopIteration."""
+        with self.lock:
+            self._drop()
+            self._epochs.clear()
+            self.lock.notify_all()
+
+    @property
+    def has_work(self) -> bool:
+        """The stream has batches not yet handed on."""
+        return bool(self._pending or self._epochs)
 
     def _fill(self) -> None:
-        while len(self._pending) + len(self._early) < self.ahead:
-            if self._next < self._batches:
-                self._pending.append(self._submit(self._epoch, self._next))
-                self._next += 1
-            elif self._then is not None and len(self._early) < ceil_div(len(self._then.indices),
-                                                                         self.batch_size):
-                self._early.append(self._submit(self._then, len(self._early)))
-            else:
-                return
+        while len(self._pending) < self.ahead and self._epochs:
+            epoch, _ = self._epochs[0]
+            batches = ceil_div(len(epoch.indices), self.batch_size)
+            self._pending.append(self._submit(epoch, self._next, batches))
+            self._next += 1
+            if self._next == batches:  # on to the next epoch: a bucket store fetches its shards
+                self._epochs.popleft()
+                if self._epochs:
+                    self._next = self._epochs[0][1]
+                    self.reader.will_read(self._epochs[0][0].indices[self._next * self.batch_size :])
 
-    def _submit(self, epoch: Epoch, batch: int) -> Future[Batch]:
+    def _submit(self, epoch: Epoch, batch: int, batches: int) -> tuple[Tag, Future[Batch]]:
         assert self._pool is not None
         chunk = epoch.indices[batch * self.batch_size : (batch + 1) * self.batch_size]
-        return self._pool.submit(self._read, chunk, self._buffer(len(chunk)), epoch.extras)
+        slot, images = self._buffer(len(chunk))
+        tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot)
+        return tag, self._pool.submit(self._read, chunk, images, epoch.extras)
 
-    def _buffer(self, n: int) -> np.ndarray | None:
+    def _buffer(self, n: int) -> tuple[int, np.ndarray | None]:
         if not self.decodes:
-            return None
+            return -1, None
         side = self.resize_to
         shape = (self.batch_size, *((side, side, 3) if side else self.reader.codec.shape))
         if self.handed_out:  # the caller keeps it (fresh memory measured about as fast as reused)
-            return np.empty((n, *shape[1:]), dtype=np.uint8)
+            return -1, np.empty((n, *shape[1:]), dtype=np.uint8)
         if not self._ring:
             self._ring = [np.empty(shape, dtype=np.uint8) for _ in range(self._ring_size)]
-        self._slot = (self._slot + 1) % len(self._ring)
-        return self._ring[self._slot][:n]
+            self._free = list(range(self._ring_size))
+        if not self._free:  # not while the ring holds all a graph can have in flight; but safe
+            self._ring.append(np.empty(shape, dtype=np.uint8))
+            self._free.append(len(self._ring) - 1)
+        slot = self._free.pop()
+        return slot, self._ring[slot][:n]
+
+    def release(self, tag: Tag) -> None:
+        """DALI is done with ``tag``'s batch: its ring slot may be written again."""
+        if tag.slot >= 0:
+            with self.lock:
+                self._free.append(tag.slot)
+
+    def owns(self, pointer: int) -> bool:
+        """``pointer`` lies in the ring DALI reads in place: output there must be copied out."""
+        return any(a.ctypes.data <= pointer < a.ctypes.data + a.nbytes for a in self._ring)
+
+    def take(self) -> tuple[Tag, Batch]:
+        """The next batch of the stream and its tag (StopIteration: the stream has ended)."""
+        with self.lock:
+            if not self._pending:
+                raise StopIteration
+            tag, fut = self._pending.popleft()
+            self._fill()
+        return tag, fut.result()
+
+    def __call__(self) -> Batch:
+        tag, batch = self.take()  # DALI calls this on one thread, in order: the tags follow
+        self.fed.append(tag)
+        return batch
 
     def _read(self, indices: np.ndarray, images: Any, extras_of: Extras | None) -> Batch:
         reader = self.reader
@@ -178,21 +258,14 @@ class BatchSource:
             resized = picture.resize((side, side), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
             out[k] = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(out.shape[1:])
 
-    def __call__(self) -> Batch:
-        if not self._pending:
-            raise StopIteration
-        batch = self._pending.popleft().result()
-        self._fill()
-        return batch
-
-    def cancel(self) -> None:
-        """Drop every read not yet taken, this epoch's and the next one's."""
-        _cancel(self._pending)
-        _cancel(self._early)
+    def _drop(self) -> None:
+        for tag in _cancel(self._pending):
+            if tag.slot >= 0:
+                self._free.append(tag.slot)
 
     def close(self) -> None:
-        """Cancel the reads and end the reader threads; ``start()`` makes new ones."""
-        self.cancel()
+        """End the stream and the reader threads; ``restart()`` makes new ones."""
+        self.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

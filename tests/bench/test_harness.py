@@ -52,6 +52,30 @@ def test_measured_wait_and_stall_are_exact_on_a_fake_clock(wait_ms: float, step_
     assert run.wall_s == pytest.approx(run.wait_s + run.step_s + run.h2d_s)
 
 
+class ColdStartLoader:
+    """Epochs of ``batches`` batches whose first one takes ``first_ms``, the others ``ms``."""
+
+    def __init__(self, clock: FakeClock, first_ms: float, ms: float, batches: int = 5) -> None:
+        self.clock, self.first_ms, self.ms, self.batches = clock, first_ms, ms, batches
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for k in range(self.batches):
+            self.clock.advance(self.first_ms if k == 0 else self.ms)
+            yield torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.int64)
+
+
+def test_the_first_batch_of_each_epoch_is_reported_apart_from_the_hand_over() -> None:
+    clock = FakeClock()
+    run = measure(ColdStartLoader(clock, first_ms=50, ms=2), lambda images, labels: clock.advance(10),
+                  steps=12, warmup=2, device=CPU, clock=clock)
+    # epochs begin at batches 0, 5 and 10; batch 0 is warm-up
+    assert run.epoch_start_wait_ms == pytest.approx([50, 50])
+    assert run.handover_median_ms == pytest.approx(2) and run.wait_p95_ms == pytest.approx(50)
+    steady = measure(ColdStartLoader(clock, first_ms=2, ms=2), lambda images, labels: clock.advance(10),
+                     steps=12, warmup=2, device=CPU, clock=clock)
+    assert steady.epoch_start_wait_ms == pytest.approx([2, 2])
+
+
 def test_emulated_step_sleeps_about_its_length() -> None:
     run = measure(DelayedLoader(1), EmulatedStep(20, CPU), steps=6, warmup=1, device=CPU)
     assert run.step_median_ms >= 19  # a sleep never ends early; how late depends on the machine

@@ -53,6 +53,16 @@ def test_creating_and_closing_hundreds_of_loaders_keeps_rss_flat(small_store: Pa
     assert per_loader_kb < BOUND_KB_PER_LOADER, f"{per_loader_kb:.1f} KB per Loader"
 
 
+def test_counts_are_judged_by_their_floor_not_a_late_peak() -> None:
+    from tilefeed.bench.soak import _floor_flat
+
+    jitter = (18,) * 20 + (19,) + (18,) * 9  # a thread still ending when one sample was taken
+    assert _floor_flat(jitter)
+    slow_leak = tuple(18 + n // 10 for n in range(30))  # one thread left behind every 10 units
+    assert not _floor_flat(slow_leak)
+    assert not _floor_flat((18,) * 15 + (19,) * 15)  # one that stayed
+
+
 @pytest.mark.slow
 def test_soak_command_passes_every_pattern_in_a_fresh_process(small_store: Path) -> None:
     r = run_cli("bench", "soak", str(small_store), "--seconds", "10", "--workers", "1", timeout=300)

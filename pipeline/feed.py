@@ -1,0 +1,215 @@
+"""The hand-over: batches made ready ahead, epoch after epoch, so ``next()`` only takes one.
+
+A DALI pipeline runs on a thread of its own (``Feed``): it turns each output into torch tensors
+the caller owns and queues them. On the CPU those are DALI's output buffers themselves, which
+DALI's executor never writes again while a reference to them lives (a pass-through check makes
+sure none is a ring slot the batch source reuses); on a GPU, a copy on a side stream. The
+consumer's ``next()`` is a queue hand-over. The stream of batches does not stop at the end of an
+epoch: the epochs expected next follow in the same stream (``BatchSource``), so the first batch
+of an epoch is as ready as any other. Arming an epoch the stream does not continue into (another
+number, a resumed position, a different order) starts a new generation, and whatever was
+prepared for the old one is dropped by its tag.
+
+Without a DALI pipeline (stored tiles on the CPU), the reader threads' fresh arrays are the
+batches and the consumer takes them straight from the source.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tilefeed.pipeline.source import BatchSource, Epoch, Tag
+
+Outputs = dict[str, torch.Tensor]
+NAMES = ("images", "labels", "indices")
+_running: weakref.WeakSet[Feed] = weakref.WeakSet()
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+class SupersededError(RuntimeError):
+    """An iterator of an epoch the Loader has since left for another ``iter()``."""
+
+
+class Feed:
+    """Arms epochs on a graph and hands its batches over ready (see the module's docstring)."""
+
+    def __init__(self, source: BatchSource, pipe: Any, device_id: int | None) -> None:
+        self.source, self.pipe = source, pipe
+        self.device = torch.device("cuda", device_id) if device_id is not None else None
+        self.cast: torch.dtype | None = None  # images converted to this dtype before hand-over
+        self.generation = 0
+        self.broken = False
+        self._position: tuple[int, int] | None = None  # (epoch, batch) the consumer gets next
+        self._epochs: dict[int, Epoch] = {}  # the current stream's epochs, by number
+        self._queue: queue.Queue[tuple[Tag, Outputs, Any] | _Failure] = queue.Queue(maxsize=1)
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._side: Any = None  # a GPU's side stream for the copies out of DALI
+
+    def arm(self, epoch: Epoch, first_batch: int, following: Sequence[Epoch],
+            cast: torch.dtype | None = None) -> int:
+        """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
+        whose batches ``next`` hands over. A stream that already continues into exactly this
+        is kept (its first batches may be ready); anything else starts a new generation."""
+        known = self._epochs.get(epoch.number)
+        keep = (self._position == (epoch.number, first_batch) and known is not None
+                and known.same(epoch) and cast == self.cast and not self.broken)
+        if keep:
+            self._epochs = {n: e for n, e in self._epochs.items() if n >= epoch.number}
+            self.source.extend(following)
+        else:
+            self.cast = cast
+            self._epochs = {}
+            self.generation = self.source.restart(epoch, first_batch, following)
+            self._position = (epoch.number, first_batch)
+            self._clear()
+        self._epochs.update({e.number: e for e in (epoch, *following)})
+        if self.pipe is not None and (self._thread is None or not self._thread.is_alive()):
+            self._closing = False
+            self._thread = threading.Thread(target=self._drive, name="tilefeed-feed", daemon=True)
+            self._thread.start()
+            _running.add(self)
+        return self.generation
+
+    def next(self, generation: int) -> tuple[Tag, Outputs]:
+        """The next batch of ``generation`` and its tag, on the consumer's thread."""
+        if generation != self.generation:
+            raise SupersededError("this iterator's epoch was left: the Loader was iterated again "
+                                  "(iter()) before it ended; use one iterator at a time")
+        if self.pipe is None:
+            tag, (images, labels, indices, *_) = self.source.take()
+            out = {"images": torch.from_numpy(images), "labels": torch.from_numpy(labels),
+                   "indices": torch.from_numpy(indices.copy())}
+        else:
+            tag, out, ready = self._take()
+            if ready is not None:  # a GPU batch: the consumer's stream starts after its copy
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(ready)
+                for tensor in out.values():
+                    tensor.record_stream(stream)
+        self._position = (tag.epoch + 1, 0) if tag.last else (tag.epoch, tag.batch + 1)
+        return tag, out
+
+    def _take(self) -> tuple[Tag, Outputs, Any]:
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if self._thread is None or not self._thread.is_alive():
+                    raise RuntimeError("the Loader's feeding thread ended") from None
+                continue
+            if isinstance(item, _Failure):
+                raise item.error
+            if item[0].generation == self.generation:
+                return item
+
+    def _clear(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Failure):  # not to be lost: the next take raises it
+                self._queue.put_nowait(item)
+                return
+
+    # -- the feeding thread --------------------------------------------------------------------
+    def _drive(self) -> None:
+        pipe, source = self.pipe, self.source
+        try:
+            if self.device is not None:
+                torch.cuda.set_device(self.device)
+                self._side = torch.cuda.Stream(self.device)
+            while True:
+                with source.lock:
+                    while not (source.has_work or self._closing):
+                        source.lock.wait()
+                if self._closing:
+                    return
+                try:
+                    outputs = pipe.run(self._side) if self._side is not None else pipe.run()
+                except StopIteration:  # the stream ran out: ready for the next one
+                    pipe.reset()
+                    continue
+                tag = source.fed.popleft()
+                if tag.generation == source.generation:
+                    self._put((tag, *self._hand_over(outputs)))
+                del outputs
+                source.release(tag)  # its pixels were read in place until now
+        except BaseException as error:  # noqa: BLE001 - every failure reaches the consumer
+            self.broken = True
+            self._put(_Failure(error))
+
+    def _put(self, item: tuple[Tag, Outputs, Any] | _Failure) -> None:
+        while not self._closing:
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _hand_over(self, outputs: Sequence[Any]) -> tuple[Outputs, Any]:
+        if self._side is None:
+            out = {name: self._host_tensor(tl) for name, tl in zip(NAMES, outputs, strict=True)}
+            if self.cast is not None:
+                out["images"] = out["images"].to(self.cast)
+            return out, None
+        from nvidia.dali.plugin.pytorch.torch_utils import feed_ndarray, to_torch_type
+
+        with torch.cuda.stream(self._side):
+            out = {}
+            for name, tl in zip(NAMES, outputs, strict=True):
+                dense = tl.as_tensor()
+                tensor = torch.empty(dense.shape(), dtype=to_torch_type[tl.dtype], device=self.device)
+                out[name] = feed_ndarray(dense, tensor, cuda_stream=self._side)
+            if self.cast is not None:
+                out["images"] = out["images"].to(self.cast)
+            ready = self._side.record_event()
+        ready.synchronize()  # DALI may reuse its buffers once they are dropped, here
+        return out, ready
+
+    def _host_tensor(self, tl: Any) -> torch.Tensor:
+        if tl.is_dense_tensor():
+            array = np.asarray(tl.as_tensor())  # holds DALI's buffer for as long as it lives
+            if array.size == 0 or not self.source.owns(array.ctypes.data):
+                return torch.from_numpy(array)
+        return torch.from_numpy(np.stack([np.array(tl[i]) for i in range(len(tl))]))
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def park(self) -> bool:
+        """End the stream and the feeding thread; True when the graph can serve again."""
+        self.source.stop()
+        thread, self._thread = self._thread, None
+        self._position, self._epochs = None, {}
+        if thread is not None:
+            if thread is threading.current_thread():  # finalised on its own thread: cannot wait
+                self._closing = True
+                return False
+            with self.source.lock:
+                self._closing = True
+                self.source.lock.notify_all()
+            thread.join(timeout=60)
+            if thread.is_alive():
+                return False
+        self._clear()
+        return not self.broken
+
+
+@atexit.register
+def _stop_all() -> None:
+    """A Loader never closed leaves its thread inside DALI at exit otherwise."""
+    for feed in list(_running):
+        feed.park()
