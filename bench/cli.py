@@ -98,6 +98,9 @@ def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefe
     p.add_argument("--workers", type=int, default=2, help="workers/threads for every loader")
     p.add_argument("--size", type=int, default=224, help="output image side")
     p.add_argument("--eval", action="store_true", help="eval augmentation instead of train")
+    p.add_argument("--output", choices=("float32", "channels_last", "uint8"), default="float32",
+                   help="batches as float32 NCHW (every loader), or tilefeed alone as float32 "
+                        "channels_last or uint8 NHWC")
     p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
     p.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")
 
@@ -125,7 +128,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
         store = demo_store(images, args.size, args.codec)
     settings = LoaderSettings(images=images, store=store, batch_size=args.batch_size,
                               workers=args.workers, size=args.size, train=not args.eval,
-                              device=device)
+                              device=device, output=args.output)
     if args.step == "model":
         width = args.model_width or (64 if device.type == "cuda" else 16)
         step: Any = ModelStep(device, width=width, accumulate=args.accumulate)

@@ -18,6 +18,9 @@ from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.preprocess.errors import ConfigError
 
 LOADERS = ("baseline", "dali-files", "tiles-dataloader", "tilefeed")
+# what the batches are: every loader gives float32 NCHW; the others are tilefeed's alone
+OUTPUTS = {"float32": (torch.float32, "NCHW"), "channels_last": (torch.float32, "channels_last"),
+           "uint8": (torch.uint8, "NHWC")}
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class LoaderSettings:
     size: int = 224
     train: bool = True  # random-resized crop + flip + normalise; else centre/resize + normalise
     device: torch.device = torch.device("cpu")
+    output: str = "float32"  # a key of OUTPUTS
 
     @property
     def augmentation(self) -> str:
@@ -37,9 +41,13 @@ class LoaderSettings:
 
 
 def build_loader(name: str, s: LoaderSettings) -> Iterable[Any]:
-    """The named loader, yielding (float32 NCHW images, int64 labels) batches."""
+    """The named loader, yielding (images, int64 labels) batches: float32 NCHW, or for
+    tilefeed the ``output`` asked for."""
     if name not in LOADERS:
         raise ConfigError(f"unknown loader {name!r}; choose from {', '.join(LOADERS)}")
+    if s.output != "float32" and name != "tilefeed":
+        raise ConfigError(f"--output {s.output} is tilefeed's alone: loader {name!r} gives float32 "
+                          "NCHW, and a comparison needs the same output on every side")
     needs = "images" if name in ("baseline", "dali-files") else "store"
     path = getattr(s, needs)
     if path is None:
@@ -48,8 +56,9 @@ def build_loader(name: str, s: LoaderSettings) -> Iterable[Any]:
         return jpeg_dataloader(path, s.batch_size, workers=s.workers, train=s.train, size=s.size,
                                pin_memory=s.device.type == "cuda")
     if name == "tilefeed":
+        dtype, layout = OUTPUTS[s.output]
         return Loader(path, s.batch_size, train=s.train, size=s.size, workers=s.workers,
-                      device=s.device)
+                      device=s.device, dtype=dtype, layout=layout)
     if name == "tiles-dataloader":
         return DataLoader(TileDataset(path, transform=TileTransform(s.size, s.train)),
                           batch_size=s.batch_size, shuffle=True, num_workers=s.workers,

@@ -4,7 +4,7 @@ A DALI pipeline runs on a thread of its own (``Feed``): it turns each output int
 the caller owns and queues them. On the CPU those are DALI's output buffers themselves, which
 DALI's executor never writes again while a reference to them lives (a pass-through check makes
 sure none is a ring slot the batch source reuses); on a GPU, a copy on a side stream. The
-consumer's ``next()`` is a queue hand-over. The stream of batches does not stop at the end of an
+consumer's ``next()`` takes the batch waiting there. The stream of batches does not stop at the end of an
 epoch: the epochs expected next follow in the same stream (``BatchSource``), so the first batch
 of an epoch is as ready as any other. Arming an epoch the stream does not continue into (another
 number, a resumed position, a different order) starts a new generation, and whatever was
@@ -17,9 +17,9 @@ batches and the consumer takes them straight from the source.
 from __future__ import annotations
 
 import atexit
-import queue
 import threading
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +54,10 @@ class Feed:
         self.broken = False
         self._position: tuple[int, int] | None = None  # (epoch, batch) the consumer gets next
         self._epochs: dict[int, Epoch] = {}  # the current stream's epochs, by number
-        self._queue: queue.Queue[tuple[Tag, Outputs, Any] | _Failure] = queue.Queue(maxsize=1)
+        # the hand-over: at most one batch waits here; the thread asks DALI for the next only
+        # once it is taken, so no finished batch sits in the thread's hands besides DALI's queue
+        self._ready: deque[tuple[Tag, Outputs, Any] | _Failure] = deque()
+        self._handed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closing = False
         self._side: Any = None  # a GPU's side stream for the copies out of DALI
@@ -105,26 +108,23 @@ class Feed:
 
     def _take(self) -> tuple[Tag, Outputs, Any]:
         while True:
-            try:
-                item = self._queue.get(timeout=1.0)
-            except queue.Empty:
-                if self._thread is None or not self._thread.is_alive():
-                    raise RuntimeError("the Loader's feeding thread ended") from None
-                continue
+            with self._handed:
+                while not self._ready:
+                    if self._thread is None or not self._thread.is_alive():
+                        raise RuntimeError("the Loader's feeding thread ended")
+                    self._handed.wait(1.0)
+                item = self._ready.popleft()
+                self._handed.notify_all()
             if isinstance(item, _Failure):
                 raise item.error
             if item[0].generation == self.generation:
                 return item
 
     def _clear(self) -> None:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, _Failure):  # not to be lost: the next take raises it
-                self._queue.put_nowait(item)
-                return
+        with self._handed:  # a failure stays: the next take raises it
+            kept = [item for item in self._ready if isinstance(item, _Failure)]
+            self._ready = deque(kept[:1])
+            self._handed.notify_all()
 
     # -- the feeding thread --------------------------------------------------------------------
     def _drive(self) -> None:
@@ -137,6 +137,9 @@ class Feed:
                 with source.lock:
                     while not (source.has_work or self._closing):
                         source.lock.wait()
+                with self._handed:
+                    while self._ready and not self._closing:
+                        self._handed.wait(0.1)
                 if self._closing:
                     return
                 try:
@@ -154,12 +157,9 @@ class Feed:
             self._put(_Failure(error))
 
     def _put(self, item: tuple[Tag, Outputs, Any] | _Failure) -> None:
-        while not self._closing:
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        with self._handed:
+            self._ready.append(item)
+            self._handed.notify_all()
 
     def _hand_over(self, outputs: Sequence[Any]) -> tuple[Outputs, Any]:
         if self._side is None:
@@ -201,6 +201,8 @@ class Feed:
             with self.source.lock:
                 self._closing = True
                 self.source.lock.notify_all()
+            with self._handed:
+                self._handed.notify_all()
             thread.join(timeout=60)
             if thread.is_alive():
                 return False

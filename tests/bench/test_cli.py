@@ -79,6 +79,24 @@ def test_bench_rejects_unknown_loader(data: tuple[Path, Path]) -> None:
     assert r.returncode == 1 and "unknown loader 'magic'" in r.stderr
 
 
+def test_other_outputs_are_tilefeed_alone_and_report_epoch_starts(tmp_path: Path,
+                                                                  data: tuple[Path, Path]) -> None:
+    images, store = data
+    common = ["bench", "--images", str(images), "--store", str(store), "--batch-size", "8",
+              "--steps", "6", "--warmup", "1", "--step-ms", "1", "--size", "24"]
+    refused = tilefeed(*common, "--loaders", "baseline,tilefeed", "--output", "uint8")
+    assert refused.returncode != 0 and "tilefeed's alone" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    out = tmp_path / "u8.json"
+    r = tilefeed(*common, "--loaders", "tilefeed", "--output", "uint8", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["output"]["dtype"] == "uint8" and run["output"]["shape"] == [24, 24, 3]
+    # 24 samples in batches of 8: epochs begin at batches 0, 3 and 6; batch 0 is warm-up
+    assert len(run["epoch_start_wait_ms"]) == 2 and run["handover_median_ms"] >= 0
+    assert "epoch start ms" in r.stdout
+
+
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     r = tilefeed("demo", "--count", "32", "--steps", "3", "--step-ms", "5", "--out",
                  str(tmp_path / "demo"), env={"TILEFEED_CACHE": str(tmp_path / "cache")})
