@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from typing import Any
 from tilefeed.preprocess.format import CODECS, ceil_div
 
 SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report", "cloud",
-               "clients", "parts")
+               "clients", "parts", "stats")
 
 
 def cache_dir() -> Path:
@@ -39,7 +40,9 @@ def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pa
     from tilefeed.preprocess.progress import progress_bar
 
     shards = "" if shard_size == 1024 else f"-s{shard_size}"
-    store = cache_dir() / f"{images.name}-{size}-{codec}-{fit}{shards}"
+    # named by the folder's full path too: two folders of one name make two stores
+    where = hashlib.sha256(str(images.resolve()).encode()).hexdigest()[:8]
+    store = cache_dir() / f"{images.name}-{where}-{size}-{codec}-{fit}{shards}"
     s = preprocess(images, store, TileSettings(tile=size, fit=fit),
                    StoreSettings(codec=codec, shard_size=shard_size),
                    progress=progress_bar(sys.stderr.isatty()))
@@ -147,7 +150,7 @@ def bench_main(argv: Sequence[str]) -> int:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
                 "diagnose": _diagnose, "soak": _soak, "aspect": _aspect,
                 "gpu-report": _gpu_report, "cloud": _cloud, "clients": _clients,
-                "parts": _parts}[argv[0]](argv[1:])
+                "parts": _parts, "stats": _stats}[argv[0]](argv[1:])
     parser = _parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
@@ -273,6 +276,29 @@ def _parts(argv: list[str]) -> int:
     store = args.store or demo_store(args.images or demo_images(args.count), fit="crop")
     result = bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
     return _print(format_parts(result), result, args.json)
+
+
+def _stats(argv: list[str]) -> int:
+    p = _parser("tilefeed bench stats",
+                "What Loader.stats() costs (samples/s with its clocks on and off, interleaved "
+                "rounds) and whether its advice helps (a Loader made decode-bound on purpose: a "
+                "JPEG store, one worker, training on the CPU; its stats name the stage and the "
+                "change, which is then applied and the two stalls compared).")
+    _data_args(p, count=1600)
+    _loop_args(p, rounds=7)
+    p.add_argument("--step-ms", type=float, default=40.0, help="emulated step of the advice runs")
+    p.add_argument("--steps", type=int, default=40, help="measured steps of each advice run")
+    args = p.parse_args(argv)
+    from tilefeed.bench.stats_bench import advice, format_stats, overhead
+
+    images = args.images or demo_images(args.count)
+    store = args.store or demo_store(images)
+    jpeg = demo_store(images, codec="jpeg")
+    result = {"overhead": overhead(store, batch_size=args.batch_size, workers=args.workers,
+                                   rounds=args.rounds),
+              "advice": advice(jpeg, batch_size=args.batch_size, step_ms=args.step_ms,
+                               steps=args.steps)}
+    return _print(format_stats(result), result, args.json)
 
 
 def _soak(argv: list[str]) -> int:

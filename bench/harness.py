@@ -124,6 +124,9 @@ class Watch:
             self._t_end = self.clock()
         if self.report:
             print(format_table([self.result()]))
+            stages = loader_stats(self.iterable)
+            if stages is not None:
+                print(stages)
 
     def _end_step(self, now: float) -> None:
         """Close the step that began when the last batch was handed out, if one is open."""
@@ -200,7 +203,10 @@ class Watch:
             peak_rss_mb=peak, gpu_max_allocated_mb=gpu_alloc, gpu_max_reserved_mb=gpu_res,
             memory_growth=growth.steady, memory_note=growth.detail, output=dict(self.output),
             timeline={"wait_ms": [1000 * v for v in waits], "step_ms": [1000 * v for v in steps],
-                      "anon_mb": self.rss[w:n]},
+                      "anon_mb": self.rss[w:n],
+                      # the warm-up, left out of every figure but drawn: stalls hide there
+                      "warmup_wait_ms": [1000 * v for v in self.waits[:min(w, n)]],
+                      "warmup_step_ms": [1000 * v for v in self.steps[:min(w, n)]]},
         )
 
 
@@ -223,9 +229,27 @@ def measure(loader: Iterable[Any], step: Step, *, steps: int, warmup: int = 2,
         if k + 1 == warmup + steps:
             break
     result = watcher.result()
+    stages = loader_stats(loader)
+    if stages is not None:  # where a tilefeed Loader's time went, per stage
+        last = stages.last
+        result.extra["stages"] = {
+            "busy": last.busy, "wait": last.wait, "bottleneck": stages.bottleneck,
+            "advice": stages.advice,
+            "ms_per_batch": {k: 1000 * v / max(1, last.batches) for k, v in last.stage_seconds.items()}}
     if result.memory_growth:
         warnings.warn(f"{name}: {result.memory_note} (a leak or a retained graph?)", stacklevel=2)
     return result
+
+
+def loader_stats(iterable: Any) -> Any:
+    """A Loader's ``stats()`` of its last batches, when it is one and has figures; else None."""
+    stats = getattr(getattr(iterable, "loader", iterable), "stats", None)
+    if stats is None:
+        return None
+    try:
+        return stats()
+    except ValueError:  # no batch handed over, or stats=False
+        return None
 
 
 class _Forever:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -63,10 +64,12 @@ class Feed:
         self._side: Any = None  # a GPU's side stream for the copies out of DALI
 
     def arm(self, epoch: Epoch, first_batch: int, following: Sequence[Epoch],
-            cast: torch.dtype | None = None) -> int:
+            cast: torch.dtype | None = None, timed: bool = True) -> int:
         """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
         whose batches ``next`` hands over. A stream that already continues into exactly this
-        is kept (its first batches may be ready); anything else starts a new generation."""
+        is kept (its first batches may be ready); anything else starts a new generation.
+        ``timed``: batches carry their stage times (``pipeline.stats``)."""
+        self.source.timed = timed
         known = self._epochs.get(epoch.number)
         keep = (self._position == (epoch.number, first_batch) and known is not None
                 and known.same(epoch) and cast == self.cast and not self.broken)
@@ -93,7 +96,11 @@ class Feed:
             raise SupersededError("this iterator's epoch was left: the Loader was iterated again "
                                   "(iter()) before it ended; use one iterator at a time")
         if self.pipe is None:
-            tag, (images, labels, indices, *_) = self.source.take()
+            try:
+                tag, (images, labels, indices, *_) = self.source.take()
+            except BaseException:
+                self._fail()
+                raise
             out = {"images": torch.from_numpy(images), "labels": torch.from_numpy(labels),
                    "indices": torch.from_numpy(indices.copy())}
         else:
@@ -105,6 +112,10 @@ class Feed:
                     tensor.record_stream(stream)
         self._position = (tag.epoch + 1, 0) if tag.last else (tag.epoch, tag.batch + 1)
         return tag, out
+
+    def ready(self) -> int:
+        """Batches ready beyond the one being handed over (the graph's own queue aside)."""
+        return len(self._ready) + self.source.ready()
 
     def _take(self) -> tuple[Tag, Outputs, Any]:
         while True:
@@ -142,19 +153,31 @@ class Feed:
                         self._handed.wait(0.1)
                 if self._closing:
                     return
+                called, began = source.callback_seconds, time.perf_counter()
                 try:
                     outputs = pipe.run(self._side) if self._side is not None else pipe.run()
                 except StopIteration:  # the stream ran out: ready for the next one
                     pipe.reset()
                     continue
+                ran = time.perf_counter()
                 tag = source.fed.popleft()
                 if tag.generation == source.generation:
-                    self._put((tag, *self._hand_over(outputs)))
+                    item = (tag, *self._hand_over(outputs))
+                    if tag.timing is not None:  # the graph: DALI's time beyond the reads'
+                        tag.timing.graph += ran - began - (source.callback_seconds - called)
+                        tag.timing.copy += time.perf_counter() - ran
+                    self._put(item)
                 del outputs
                 source.release(tag)  # its pixels were read in place until now
         except BaseException as error:  # noqa: BLE001 - every failure reaches the consumer
-            self.broken = True
+            self._fail()
             self._put(_Failure(error))
+
+    def _fail(self) -> None:
+        """A read or the graph failed: nothing more is read (reads under way end first, so no
+        thread still reads a store its caller may be about to mend or remove)."""
+        self.broken = True
+        self.source.stop()
 
     def _put(self, item: tuple[Tag, Outputs, Any] | _Failure) -> None:
         with self._handed:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tilefeed.preprocess.atomic import atomic_write
+from tilefeed.preprocess.errors import LedgerError
 
 POPULATION = "population.npz"  # the samples an epoch covers (a subset's ids), written once
 
@@ -35,9 +36,32 @@ def _pack(ids: np.ndarray) -> bytes:
     return zlib.compress(deltas.tobytes(), 6) + deltas.dtype.char.encode()
 
 
-def _unpack(data: bytes) -> np.ndarray:
-    dtype = np.dtype(data[-1:].decode())
-    return np.cumsum(np.frombuffer(zlib.decompress(data[:-1]), dtype=dtype).astype(np.int64))
+MAX_IDS = 1 << 26  # sample ids one file may hold (768 MiB to unpack them); ImageNet-21k is 14 M
+MAX_HEAD = 1 << 16  # bytes of a record's JSON header
+_DELTAS: dict[str, np.dtype[Any]] = {np.dtype(t).char: np.dtype(t) for t in (np.uint32, np.uint64)}
+
+
+def _unpack(data: bytes, name: str = "ledger") -> np.ndarray:
+    """The sorted ids of ``_pack``; LedgerError (naming ``name``) for anything ``_pack`` cannot
+    have written. Nothing is sized by the file's word: the inflated size is capped as it
+    inflates, and the ids must ascend from 0 without wrapping."""
+    dtype = _DELTAS.get(data[-1:].decode("latin-1"))
+    if dtype is None:
+        raise LedgerError(f"{name}: not a tilefeed ledger (unknown id width {data[-1:]!r})")
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(data[:-1], MAX_IDS * dtype.itemsize)
+    except zlib.error as e:
+        raise LedgerError(f"{name}: damaged ({e})") from None
+    if inflate.unconsumed_tail:
+        raise LedgerError(f"{name}: holds more than {MAX_IDS} sample ids")
+    if not inflate.eof or len(raw) % dtype.itemsize:
+        raise LedgerError(f"{name}: damaged (cut short)")
+    deltas = np.frombuffer(raw, dtype=dtype)
+    # under 2**62 in all, so the running sum cannot wrap (uint32 deltas never could)
+    if dtype.itemsize == 8 and deltas.size and (deltas >= 2**62 // deltas.size).any():
+        raise LedgerError(f"{name}: sample ids overflow (damaged)")
+    return np.cumsum(deltas, dtype=np.uint64).view(np.int64)
 
 
 class Ledger:
@@ -65,10 +89,34 @@ class Ledger:
                       len(head).to_bytes(4, "little") + head + _pack(ids))
 
 
+_RECORD: dict[str, type] = {"epoch": int, "rank": int, "run": str, "world_size": int, "batch_size": int,
+                            "drop_last": bool, "complete": bool, "delivered": int}
+
+
 def read_record(path: Path) -> tuple[dict[str, Any], np.ndarray]:
+    """(settings, sorted ids) of one rank's file; LedgerError naming it when damaged."""
     data = path.read_bytes()
     n = int.from_bytes(data[:4], "little")
-    return json.loads(data[4 : 4 + n]), _unpack(data[4 + n :])
+    if len(data) < 5 or not 0 < n <= min(MAX_HEAD, len(data) - 5):
+        raise LedgerError(f"{path}: damaged (no header)")
+    try:
+        meta = json.loads(data[4 : 4 + n])
+    except (ValueError, RecursionError):
+        raise LedgerError(f"{path}: damaged (header is not JSON)") from None
+    if not isinstance(meta, dict):
+        raise LedgerError(f"{path}: damaged (header is not an object)")
+    for key, kind in _RECORD.items():
+        value = meta.get(key)
+        whole = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if not isinstance(value, kind) or kind is int and not whole:
+            raise LedgerError(f"{path}: header field {key!r} is missing or not a {kind.__name__}")
+    if meta["world_size"] < 1 or meta["batch_size"] < 1 or meta["rank"] >= meta["world_size"]:
+        raise LedgerError(f"{path}: header has rank {meta['rank']} of world size {meta['world_size']}, "
+                          f"batch size {meta['batch_size']}")
+    ids = _unpack(data[4 + n :], str(path))
+    if len(ids) != meta["delivered"]:
+        raise LedgerError(f"{path}: holds {len(ids)} ids, its header says {meta['delivered']}")
+    return meta, ids
 
 
 @dataclass
@@ -90,17 +138,27 @@ class EpochAudit:
 def audit(root: str | Path) -> list[EpochAudit]:
     """Per epoch: delivered once / twice / never, and whether the rules explain the rest."""
     root = Path(root)
-    population = _unpack((root / POPULATION).read_bytes())
-    index = np.full(int(population.max()) + 1 if population.size else 0, -1, dtype=np.int64)
-    index[population] = np.arange(len(population))
+    population = _unpack((root / POPULATION).read_bytes(), str(root / POPULATION))
+    if population.size > 1 and (np.diff(population) == 0).any():
+        raise LedgerError(f"{root / POPULATION}: lists a sample twice (damaged)")
     out = []
     for folder in sorted(root.glob("epoch-*")):
+        epoch = folder.name.split("-", 1)[1]
+        if not folder.is_dir() or not epoch.isdigit():
+            continue  # not one of the ledger's folders
         counts = np.zeros(len(population), dtype=np.int64)
         runs: set[str] = set()
         finished: dict[tuple[int, int, bool], set[int]] = {}  # settings -> ranks that ended the epoch
         for path in sorted(folder.glob("*.ledger")):
             meta, ids = read_record(path)
-            np.add.at(counts, index[ids], 1)
+            # positions in the sorted population, by search: no table sized by the largest id
+            at = np.searchsorted(population, ids)
+            known = at < len(population)
+            known[known] = population[at[known]] == ids[known]
+            if not known.all():
+                raise LedgerError(f"{path}: delivered sample {int(ids[~known][0])}, which is not in "
+                                  f"the population the ledger records")
+            np.add.at(counts, at, 1)
             runs.add(meta["run"])  # each rank's process is a run of its own
             if meta["complete"]:
                 key = (meta["world_size"], meta["batch_size"], meta["drop_last"])
@@ -108,7 +166,7 @@ def audit(root: str | Path) -> list[EpochAudit]:
         allowed_twice = allowed_never = 0
         complete = False
         for (world, batch, drop_last), ranks in finished.items():
-            if ranks == set(range(world)):  # every rank of a job with these settings ended the epoch
+            if len(ranks) == world:  # every rank of a job with these settings ended the epoch (rank < world)
                 complete = True
                 if drop_last:
                     allowed_never += world * batch - 1
@@ -119,7 +177,7 @@ def audit(root: str | Path) -> list[EpochAudit]:
         extra = int((counts[twice] - 1).sum())  # each repeat beyond the first delivery
         ok = extra <= allowed_twice and (not complete or len(never) <= allowed_never)
         out.append(EpochAudit(
-            epoch=int(folder.name.split("-")[1]), population=len(population),
+            epoch=int(epoch), population=len(population),
             once=int((counts == 1).sum()), twice=len(twice), never=len(never), complete=complete,
             allowed_twice=allowed_twice, allowed_never=allowed_never, runs=len(runs), ok=ok,
             examples_twice=population[twice[:5]].tolist(), examples_never=population[never[:5]].tolist(),

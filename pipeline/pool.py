@@ -51,11 +51,11 @@ class Graph:
         return self.source.ahead + (self.pipe.prefetch_queue_depth + 2 if self.pipe is not None else 0)
 
     def arm(self, reader: StoreReader, epoch: Epoch, first_batch: int, following: Sequence[Epoch],
-            cast: torch.dtype | None = None) -> int:
+            cast: torch.dtype | None = None, timed: bool = True) -> int:
         """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
         to ask ``feed.next`` for."""
         self.source.reader = reader
-        return self.feed.arm(epoch, first_batch, following, cast)
+        return self.feed.arm(epoch, first_batch, following, cast, timed)
 
     @property
     def alive(self) -> bool:

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from tilefeed.pipeline.stats import charge
 from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import ConfigError, CorruptChunkError
+from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, TileDecodeError
 from tilefeed.preprocess.remote import RemoteStore
 from tilefeed.preprocess.storage import is_url, local_path
-from tilefeed.preprocess.zarr_codecs import read_small_array
 
 
 class StoreReader:
@@ -47,27 +48,30 @@ class StoreReader:
             self.location = str(self.root)
         attrs = self.remote.attrs if self.remote is not None else fmt.load_attrs(self.root)
         self.attrs = attrs
-        self.samples: int = attrs["samples"]
-        self.tile: int = attrs["tile"][0]
-        self.shard_size: int = attrs["shard_size"]
-        self.classes: list[str] = list(attrs["classes"])
-        self.codec = fmt.TileCodec(attrs["codec"], self.tile, attrs["quality"] or 90)
+        meta = fmt.StoreAttrs.from_dict(attrs, f"store {self.location!r}")
+        self.samples: int = meta.samples
+        self.tile: int = meta.tile
+        self.shard_size: int = meta.shard_size
+        self.classes: list[str] = list(meta.classes)
+        self.codec = meta.tile_codec
         # Every array is checked against its recorded digests (the shards for presence and
         # size), each once, so a damaged store is refused here rather than deep inside an
-        # epoch: one read of the small arrays, none of the tiles.
-        for name in attrs["arrays"] if self.remote is None else ():  # a remote one checked them
-            if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
-                fmt.check_array(self.root, attrs, name)
-        self.labels = read_small_array(self.root, attrs, fmt.LABELS).astype(np.int64, copy=False)
-        if self.labels.shape != (self.samples,):
-            raise fmt.StoreFormatError(
-                f"store {str(self.root)!r}: labels hold {self.labels.shape[0]} entries, "
-                f"expected {self.samples}")
+        # epoch: one read of the small arrays, none of the tiles. The shards first: their sizes
+        # on disk are what the sample count, and so every other array, is checked against.
+        if self.remote is None:  # a remote one checked them
+            for name in (fmt.IMAGES, *meta.arrays):
+                if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
+                    fmt.check_array(self.root, meta, name)
+        self.labels = fmt.read_small_array(self.root, meta, fmt.LABELS).astype(np.int64, copy=False)
         # (N, 4) top, left, height, width of each tile's picture; crops and framing stay inside it
-        self.boxes = read_small_array(self.root, attrs, fmt.BOXES).astype(np.int64, copy=False)
+        self.boxes = fmt.read_small_array(self.root, meta, fmt.BOXES).astype(np.int64, copy=False)
+        for name, problem in ((fmt.LABELS, fmt.labels_problem(self.labels, len(self.classes))),
+                              (fmt.BOXES, fmt.boxes_problem(self.boxes, self.tile))):
+            if problem:
+                raise fmt.StoreFormatError(f"{self.location}/{name}: {problem}")
         full = np.array([0, 0, self.tile, self.tile])
         self.padded = bool((self.boxes != full).any())  # some tile holds padding (pad fit, grid edges)
-        self._shards: list[fmt.ShardFile | None] = [None] * attrs["shards"]
+        self._shards: list[fmt.ShardFile | None] = [None] * meta.shards
         self._mapped: OrderedDict[int, None] = OrderedDict()  # remote: maps kept, oldest first
         self._keep = self._maps_to_keep(window=1)
         self._lock = threading.Lock()
@@ -120,7 +124,9 @@ class StoreReader:
         f = self._shards[shard]
         if f is None:
             if self.remote is not None:
+                began = time.perf_counter()
                 self.remote.cache.fetch(shard)  # outside the lock: other threads keep reading
+                charge("download", time.perf_counter() - began)
             with self._lock:
                 f = self._shards[shard]
                 if f is None:
@@ -157,14 +163,34 @@ class StoreReader:
         if indices:
             self._check(min(indices), max(indices))
         if self.remote is not None:
-            return self._remote_payloads(indices)
-        per_shard, shard_of = self.shard_size, self._shard
-        return [shard_of(i // per_shard).chunk(i % per_shard) for i in indices]
+            found = self._remote_payloads(indices)
+        else:
+            per_shard, shard_of = self.shard_size, self._shard
+            found = [shard_of(i // per_shard).chunk(i % per_shard) for i in indices]
+        if self.codec.is_image_coded:
+            self._check_pictures(indices, found)
+        return found
+
+    def _check_pictures(self, indices: Sequence[int], payloads: list[memoryview]) -> None:
+        """Each JPEG's header must declare the tile's size: a decoder handed these bytes sizes
+        the picture by it (the check costs about a microsecond a tile)."""
+        tile = (self.tile, self.tile)
+        for index, payload in zip(indices, payloads, strict=True):
+            try:
+                size = fmt.jpeg_size(payload)
+            except TileDecodeError as e:
+                raise CorruptChunkError(self.location, index, e.detail) from None
+            if size != tile:
+                raise CorruptChunkError(self.location, index, f"the JPEG holds a {size[0]}x{size[1]} "
+                                        f"picture, the tile is {tile[0]}x{tile[1]}")
 
     def _remote_payloads(self, indices: Sequence[int]) -> list[memoryview]:
         assert self.remote is not None
-        if self.ranged:
-            return self.remote.ranges.payloads(indices)
+        if self.ranged:  # ranged requests: reading is downloading
+            began = time.perf_counter()
+            payloads = self.remote.ranges.payloads(indices)
+            charge("download", time.perf_counter() - began)
+            return payloads
         return [self._chunk(i) for i in indices]
 
     def _check(self, low: int, high: int) -> None:
@@ -192,8 +218,21 @@ class StoreReader:
             return out
         decode = self.codec.decode
         for k, payload in enumerate(self.payloads(indices)):
-            decode(payload, out[k], fast_idct)
+            try:
+                decode(payload, out[k], fast_idct)
+            except TileDecodeError as e:
+                raise CorruptChunkError(self.location, indices[k], e.detail) from None
         return out
+
+    def stored_nbytes(self, indices: np.ndarray) -> int:
+        """Bytes the samples ``indices`` occupy in their shards (a local store's shards are
+        mapped by the time this is asked; others count 0)."""
+        total = 0
+        for i in indices.tolist():
+            f = self._shards[i // self.shard_size]
+            if f is not None:
+                total += int(f.index.table[i % self.shard_size, 1])
+        return total
 
     def read(self, index: int) -> np.ndarray:
         return self.read_into(index, np.empty(self.codec.shape, dtype=np.uint8))

@@ -11,15 +11,17 @@ training windows (pillow-simd, ``resize_to``); how many threads each path gets i
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tilefeed.pipeline.reader import StoreReader
+from tilefeed.pipeline.stats import Reading, Timing
 from tilefeed.preprocess.format import ceil_div, decode_jpeg
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
@@ -48,6 +50,7 @@ class Tag:
     batch: int
     last: bool  # the epoch's last batch
     slot: int = -1  # the ring slot its pixels occupy (-1: none), free again once DALI is done
+    timing: Timing | None = field(default=None, compare=False)  # where its time went (stats)
 
 
 def _cancel(futures: deque[tuple[Tag, Future[Batch]]]) -> list[Tag]:
@@ -89,6 +92,8 @@ class BatchSource:
         self.threads = max(1, threads)
         self.handed_out = handed_out
         self.resize_to = resize_to
+        self.timed = True  # each batch carries a Timing (Loader(stats=False) turns it off)
+        self.callback_seconds = 0.0  # spent in __call__, DALI's callback (the feeding thread's)
         self.lock = threading.Condition()  # guards everything below; tells waiters of new work
         self.generation = 0
         self.fed: deque[Tag] = deque()  # batches handed to DALI whose outputs are not out yet
@@ -177,8 +182,9 @@ class BatchSource:
         assert self._pool is not None
         chunk = epoch.indices[batch * self.batch_size : (batch + 1) * self.batch_size]
         slot, images = self._buffer(len(chunk))
-        tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot)
-        return tag, self._pool.submit(self._read, chunk, images, epoch.extras)
+        timing = Timing() if self.timed else None
+        tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing)
+        return tag, self._pool.submit(self._read, chunk, images, epoch.extras, timing)
 
     def _buffer(self, n: int) -> tuple[int, np.ndarray | None]:
         if not self.decodes:
@@ -216,26 +222,44 @@ class BatchSource:
         return tag, fut.result()
 
     def __call__(self) -> Batch:
-        tag, batch = self.take()  # DALI calls this on one thread, in order: the tags follow
+        began = time.perf_counter()
+        try:
+            tag, batch = self.take()  # DALI calls this on one thread, in order: the tags follow
+        finally:
+            self.callback_seconds += time.perf_counter() - began
         self.fed.append(tag)
         return batch
 
-    def _read(self, indices: np.ndarray, images: Any, extras_of: Extras | None) -> Batch:
-        reader = self.reader
-        labels = reader.labels[indices]
-        extras = extras_of(indices) if extras_of is not None else ()
-        if images is None:
-            # bytes() copies out of the map: DALI may hold inputs past this call
-            images = [np.frombuffer(bytes(p), np.uint8) for p in reader.payloads(indices.tolist())]
-        elif self.resize_to:
-            self._cut_and_resize(indices, extras[0], extras[1], images)
-            extras = extras[2:]  # the flips: the graph has no window left to cut
-        else:
-            reader.read_batch_into(indices.tolist(), images, self.fast_idct)
+    def ready(self) -> int:
+        """Batches read and waiting to be taken."""
+        with self.lock:
+            return sum(fut.done() for _tag, fut in self._pending)
+
+    def _read(self, indices: np.ndarray, images: Any, extras_of: Extras | None,
+              timing: Timing | None) -> Batch:
+        with Reading(timing):
+            reader = self.reader
+            labels = reader.labels[indices]
+            extras = extras_of(indices) if extras_of is not None else ()
+            began = time.perf_counter()
+            if images is None:
+                # bytes() copies out of the map: DALI may hold inputs past this call
+                images = [np.frombuffer(bytes(p), np.uint8) for p in reader.payloads(indices.tolist())]
+                if timing is not None:
+                    timing.read += time.perf_counter() - began - timing.download
+                    timing.nbytes += sum(len(p) for p in images)
+            elif self.resize_to:
+                self._cut_and_resize(indices, extras[0], extras[1], images, timing)
+                extras = extras[2:]  # the flips: the graph has no window left to cut
+            else:
+                reader.read_batch_into(indices.tolist(), images, self.fast_idct)
+                if timing is not None:  # one pass reads, checks and decodes each tile
+                    timing.decode += time.perf_counter() - began - timing.download
+                    timing.nbytes += reader.stored_nbytes(indices)
         return (images, labels, indices, *extras)
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,
-                        out: np.ndarray) -> None:
+                        out: np.ndarray, timing: Timing | None = None) -> None:
         """Each tile's window (start, end: [y, x] in tile pixels) resized into ``out[k]``:
         bilinear, antialiased when shrinking, as torchvision's PIL path does (several times as
         fast as DALI's CPU resize: ``tilefeed bench parts``)."""
@@ -248,15 +272,30 @@ class BatchSource:
         tile = np.empty((*reader.codec.shape[:2], 4 if jpeg else 3), dtype=np.uint8)
         mode = "RGBX" if jpeg else "RGB"
         size = (tile.shape[1], tile.shape[0])
-        for k, payload in enumerate(reader.payloads(indices.tolist())):
+        clock = time.perf_counter
+        t0 = clock()
+        payloads = reader.payloads(indices.tolist())
+        t1 = clock()
+        decoding = resizing = 0.0
+        for k, payload in enumerate(payloads):
             if jpeg:
                 decode_jpeg(payload, tile, self.fast_idct, pixels="RGBX")
             else:
                 reader.codec.decode(payload, tile)
+            t2 = clock()
             picture = Image.frombuffer(mode, size, tile, "raw", mode, 0, 1)
             (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
             resized = picture.resize((side, side), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
             out[k] = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(out.shape[1:])
+            t3 = clock()
+            decoding += t2 - t1
+            resizing += t3 - t2
+            t1 = t3
+        if timing is not None:
+            timing.read += (t1 - t0) - decoding - resizing - timing.download
+            timing.decode += decoding
+            timing.resize += resizing
+            timing.nbytes += sum(len(p) for p in payloads)
 
     def _drop(self) -> None:
         for tag in _cancel(self._pending):

@@ -22,6 +22,7 @@ EPILOG = """examples:
   tilefeed preprocess ~/data/train s3://my-bucket/stores/train --codec jpeg
   tilefeed info store/train
   tilefeed verify store/train --deep
+  tilefeed show store/train --train --count 64 --out sheet.png
   tilefeed doctor
   tilefeed bench --images ~/data/train --store store/train --loaders baseline,tilefeed
 """
@@ -48,6 +49,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
+
+
+def _size(text: str) -> int:
+    from tilefeed.preprocess.settings import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _storage_option(p: argparse.ArgumentParser) -> None:
@@ -103,20 +113,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for --codec jpeg")
     p.add_argument("--shard-size", type=_positive, default=1024, help="tiles per shard file")
     p.add_argument("--workers", type=_positive, default=None,
-                   help="worker processes (default: all available cores)")
+                   help="worker processes (default: all available cores, fewer where the available "
+                   "memory holds fewer --worker-memory shares)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run the work on a Dask distributed cluster (e.g. tcp://host:8786) instead "
                    "of local processes; its workers must see SRC at the same path, and OUT too "
                    "unless OUT is a bucket (workers then upload the shards themselves)")
     p.add_argument("--max-pixels", type=_positive, default=DEFAULT_MAX_PIXELS,
-                   help="reject larger images (decompression-bomb limit)")
+                   help="reject larger images (decompression-bomb limit; Pillow's own limit follows it)")
+    p.add_argument("--worker-memory", type=_size, default="2G", metavar="SIZE",
+                   help="the most memory one worker may use to decode and convert one image (e.g. "
+                   "2G, 512M): an image that would need more is rejected, naming its size; the "
+                   "default --workers is lowered until every worker's share fits in the memory "
+                   "available")
     p.add_argument("--labels", choices=LABEL_RULES, default="auto",
                    help="manifest labels: auto keeps integers when every label is one and reads "
                    "names when none looks numeric (anything mixed is refused); int or names force it")
     p.add_argument("--allow-duplicates", action="store_true",
                    help="keep a path a manifest lists more than once (refused by default)")
     p.add_argument("--allow-outside", action="store_true",
-                   help="let a manifest name files outside its own folder (absolute or ../ paths)")
+                   help="let a manifest name files outside its own folder (absolute or ../ paths, "
+                   "or links that lead out of it)")
+    p.add_argument("--allow-bucket", action="append", default=[], metavar="BUCKET",
+                   help="let a manifest's URL rows read objects in BUCKET (s3://name, gs://name, "
+                   "az://name, or a bare name in any of them; '*' for every bucket); they are read "
+                   "with this machine's cloud credentials, so rows naming any other bucket are "
+                   "refused; repeat for more")
     p.add_argument("--allow-empty-classes", action="store_true",
                    help="keep a class folder with no files as a class with no samples (refused by "
                    "default: it would shift the ids of the classes after it)")
@@ -144,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False).add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("audit", help="from a Loader's ledger: samples delivered once, twice or never",
                    add_help=False).add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("show", help="a contact sheet (PNG) of samples as the model receives them",
+                   add_help=False).add_argument("args", nargs=argparse.REMAINDER)
 
     b = sub.add_parser("bench", help="benchmarks (see `tilefeed bench --help`)", add_help=False)
     b.add_argument("args", nargs=argparse.REMAINDER)
@@ -156,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("bench", "demo", "doctor", "audit"):
+    if argv and argv[0] in ("bench", "demo", "doctor", "audit", "show"):
         # their own parsers take every option that follows
         args = argparse.Namespace(command=argv[0], args=argv[1:])
     else:
@@ -176,13 +200,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tilefeed.pipeline.ledger import audit_main
 
             return audit_main(args.args)
+        if args.command == "show":  # prints its own one-line errors
+            from tilefeed.pipeline.show import main as show_main
+
+            return show_main(args.args)
         from tilefeed.bench import cli as bench_cli
 
         if args.command == "bench":
             return bench_cli.bench_main(args.args)
         return bench_cli.demo_main(args.args)
     except TilefeedError as e:
-        print(f"tilefeed: error: {printable(str(e))}", file=sys.stderr)
+        print(f"tilefeed: error: {shown(str(e), args)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # `tilefeed info | head`: the reader left; say nothing more, as other tools do
@@ -191,6 +219,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tilefeed: interrupted (rerun the same command to resume)", file=sys.stderr)
         return 130
+
+
+def shown(text: str, args: argparse.Namespace | None = None) -> str:
+    """``text`` as one printable line with no credential in it (those of the environment, of
+    any URL, and of the ``--storage-option`` values)."""
+    from tilefeed.preprocess.remote import redact
+
+    options: dict[str, str] = {}
+    for pair in getattr(args, "storage_option", None) or []:
+        key, _, value = str(pair).partition("=")
+        options[key.strip().lower()] = value
+    return printable(redact(str(text), options))
 
 
 def _preprocess(args: argparse.Namespace) -> int:
@@ -202,12 +242,13 @@ def _preprocess(args: argparse.Namespace) -> int:
     tiles = TileSettings(
         tile=args.size, mode=args.mode, fit=args.fit, stride=args.stride or 0,
         resample=args.resample, background=args.background, max_pixels=args.max_pixels,
-        icc=args.icc,
+        icc=args.icc, worker_memory=args.worker_memory,
     )
     store = StoreSettings(codec=args.codec, quality=args.quality, shard_size=args.shard_size)
     rules = SourceOptions(labels=args.labels, allow_duplicates=args.allow_duplicates,
                           allow_outside=args.allow_outside,
-                          allow_empty_classes=args.allow_empty_classes)
+                          allow_empty_classes=args.allow_empty_classes,
+                          buckets=tuple(args.allow_bucket))
     s = preprocess(
         args.src, args.out, tiles, store, workers=args.workers, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
@@ -216,28 +257,30 @@ def _preprocess(args: argparse.Namespace) -> int:
     if not args.quiet:
         state = "already complete, nothing to do" if s.up_to_date else f"{s.seconds:.1f} s"
         rate = f", {s.sources / s.seconds:.0f} img/s" if s.seconds and not s.up_to_date else ""
-        print(f"{printable(args.out)}: {state}{rate}")
+        print(f"{shown(args.out, args)}: {state}{rate}")
         print(f"  sources {s.sources}: accepted {s.accepted}, rejected {s.rejected}"
               + (f"; {s.hidden} hidden files and folders skipped" if s.hidden else ""))
         for reason, n in s.rejects_by_reason.items():
-            print(f"    {n:>6}  {printable(reason)}")
+            print(f"    {n:>6}  {shown(reason, args)}")
         for note in s.notes:
-            print(f"  note: {printable(note)}")
+            print(f"  note: {shown(note, args)}")
         print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
         if s.resumed_parts:
             print(f"  resumed: {s.resumed_parts} parts were already done")
     if args.strict and s.rejected:
         print(f"tilefeed: error: --strict: {s.rejected} inputs were rejected "
-              f"(see `tilefeed info {args.out}`)", file=sys.stderr)
+              f"(see `tilefeed info {shown(args.out, args)}`)", file=sys.stderr)
         return 1
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
     from tilefeed.preprocess.inspection import format_info, info
+    from tilefeed.preprocess.remote import redact
 
-    d = info(args.store, parse_options(args.storage_option))
-    print(json.dumps(d, indent=2) if args.json else format_info(d))
+    options = parse_options(args.storage_option)
+    d = info(args.store, options)
+    print(redact(json.dumps(d, indent=2) if args.json else format_info(d), options))
     return 0
 
 
@@ -251,12 +294,12 @@ def _verify(args: argparse.Namespace) -> int:
                           storage_options=parse_options(args.storage_option))
     shards = bar.n
     for line in problems:
-        print(printable(line))
+        print(shown(line, args))
     what = "decoded and checked" if args.deep else "checked"
     if problems:
-        print(f"tilefeed: error: {len(problems)} problems in {printable(args.store)}", file=sys.stderr)
+        print(f"tilefeed: error: {len(problems)} problems in {shown(args.store, args)}", file=sys.stderr)
         return 1
-    print(f"{printable(args.store)}: sound ({shards} shards {what})")
+    print(f"{shown(args.store, args)}: sound ({shards} shards {what})")
     return 0
 
 

@@ -49,3 +49,17 @@ class CorruptChunkError(TilefeedError, OSError):
 
 class DaliMissingError(TilefeedError, ImportError):
     """NVIDIA DALI, which the Loader runs on, is not installed."""
+
+
+class CacheError(TilefeedError, OSError):
+    """The local cache folder holds something tilefeed will not use (a symbolic link, a file
+    where a folder belongs); the message names it."""
+
+
+class TileDecodeError(CorruptChunkError, ValueError):
+    """A chunk decodes to other than exactly its tile's bytes (short, oversized, another picture
+    size); also a ValueError, as a decoder's own complaint would be."""
+
+
+class LedgerError(TilefeedError, ValueError):
+    """A ledger file (``Loader(ledger=DIR)``) is damaged or was not written by tilefeed."""

@@ -4,6 +4,18 @@ Everything a worker does per image lives here: open, size check, JPEG draft (DCT
 EXIF orientation, conversion of every PIL mode to RGB (colour-managed where asked), and the
 resize or grid cut. Any exception on the way makes the image a reject: Pillow's plugins raise
 dozens of types on malformed input, so no closed list of them can be complete.
+
+Memory is bounded per image: after the header is read (and a JPEG's DCT scale chosen), the
+most the decode and conversion would hold at once is estimated from the size and mode, and an
+image over ``TileSettings.worker_memory`` is a reject naming both. Greyscale stays one byte a
+pixel until the tile (widened to RGB there), 16-bit and float pictures are scaled to 8 bits in
+strips (no whole-image float copy), and each intermediate picture is let go as soon as the
+next exists. ``--max-pixels`` is the one pixel limit: Pillow's own bomb check follows it.
+
+Measured on a 13000 x 13000 16-bit PNG (169 M pixels, under the default --max-pixels): the
+decode adds 506 MiB to a worker (the 16-bit picture, 338 MB, and its 8-bit copy, 169 MB) and
+takes 2.6 s; a worker forked from the driver peaks at 666 MiB in all. Converting the whole
+picture through float64 copies, as a plain NumPy conversion would, peaks at 5.6 GiB.
 """
 
 from __future__ import annotations
@@ -12,16 +24,24 @@ import io
 import math
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tilefeed.preprocess.plugins import register_plugins
-from tilefeed.preprocess.settings import TileSettings
+from tilefeed.preprocess.remote import redact
+from tilefeed.preprocess.settings import TileSettings, size_text
 from tilefeed.preprocess.storage import is_url, read_object
 
 register_plugins()
+
+STRIP_BYTES = 8 << 20  # float64 working set of one strip of a 16-bit or float picture
+GREY_MODES = ("L", "1")  # widened to RGB tile by tile, not picture by picture
+WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 
 
 @dataclass(frozen=True)
@@ -48,19 +68,22 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except FileNotFoundError:
         raise Rejected("missing: file not found") from None
     except OSError as e:
-        raise Rejected(f"unreadable: {e.strerror or e}") from None
+        raise Rejected(redact(f"unreadable: {e.strerror or _one_line(e)}")) from None
     except Exception as e:  # noqa: BLE001 - anything reading one input fails with: this input only
-        raise Rejected(f"unreadable: {type(e).__name__}: {_one_line(e)}") from None
+        raise Rejected(redact(f"unreadable: {type(e).__name__}: {_one_line(e)}")) from None
     if size == 0:
         raise Rejected("empty file (0 bytes)")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _pillow_limit(settings.max_pixels):
             warnings.simplefilter("ignore")  # PIL's per-file warnings become reasons or are noise
-            with Image.open(source) as im:
-                rgb = _to_rgb(_open_checked(im, settings), settings)
+            # each step rebinds ``im``, so the picture before it is freed as soon as it is done
+            im: Image.Image = Image.open(source)
+            im = _open_checked(im, settings)
+            im = _to_rgb(im, settings)
             if settings.mode == "grid":
-                return _grid(rgb, settings)
-            tile, box = _fit(rgb, settings)
+                return _grid(im, settings)
+            tile, box = _fit(im, settings)
+            del im
     except Rejected:
         raise
     except UnidentifiedImageError:
@@ -68,7 +91,9 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except PermissionError as e:
         raise Rejected(f"unreadable: {e.strerror}") from None
     except Image.DecompressionBombError as e:
-        raise Rejected(f"too large: {_one_line(e)}") from None
+        raise Rejected(f"too large: over --max-pixels {settings.max_pixels} ({_one_line(e)})") from None
+    except MemoryError:
+        raise Rejected("too large: out of memory while decoding; lower --workers or --worker-memory") from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         # how PIL itself reports truncated and corrupt streams
         raise Rejected(f"corrupt or truncated: {_one_line(e)}") from None
@@ -78,9 +103,53 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32))
 
 
+@contextmanager
+def _pillow_limit(max_pixels: int) -> Iterator[None]:
+    """Pillow's decompression-bomb check set by --max-pixels (it refuses at twice its limit,
+    after this module's own check at the limit), whatever Pillow's default is."""
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     return text[:200]
+
+
+def _pixel_bytes(mode: str) -> int:
+    """Bytes a pixel of ``mode`` takes in Pillow's memory (2- to 4-band pictures take 4)."""
+    if mode in ("1", "L", "P"):
+        return 1
+    return 2 if mode.startswith("I;16") else 4
+
+
+def peak_bytes(width: int, height: int, mode: str, settings: TileSettings, *, turned: bool = True) -> int:
+    """About the most memory decoding and converting a ``width`` x ``height`` picture in
+    ``mode`` holds at once: the decoded picture, a turned copy (EXIF orientation, when
+    ``turned``), what the conversion to RGB holds beside it, and the tiles of grid mode."""
+    px = width * height
+    decoded = px * _pixel_bytes(mode)
+    if mode in ("RGB", "L"):
+        conversion = 0
+    elif mode == "1":
+        conversion = px
+    elif mode in WIDE_MODES:
+        conversion = px + 2 * STRIP_BYTES
+    elif mode in ALPHA_MODES or mode == "P":  # RGBA copy, RGB canvas and the alpha band
+        conversion = 9 * px
+    else:
+        conversion = 4 * px
+    if settings.icc == "srgb":
+        conversion += 8 * px  # the profile's output, and an RGB copy of an RGBA picture
+    tiles = 0
+    if settings.mode == "grid":
+        t, stride = settings.tile, settings.stride
+        tiles = len(grid_positions(height, t, stride)) * len(grid_positions(width, t, stride)) * t * t * 3
+    return decoded * (2 if turned else 1) + conversion + tiles
 
 
 def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
@@ -98,6 +167,17 @@ def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
         # DCT scaling: libjpeg decodes at 1/2, 1/4 or 1/8 scale while both sides stay >= T,
         # which is enough for every fit mode and far cheaper than a full decode.
         im.draft("RGB", (settings.tile, settings.tile))
+    oriented = "exif" in im.info or im.format == "TIFF"
+    need = peak_bytes(*im.size, im.mode, settings, turned=oriented)
+    if need > settings.worker_memory and oriented:
+        # the orientation may be the plain one, which needs no turned copy
+        oriented = im.getexif().get(0x0112, 1) not in (0, 1)
+        need = peak_bytes(*im.size, im.mode, settings, turned=oriented)
+    if need > settings.worker_memory:
+        raise Rejected(
+            f"too large: {width}x{height} pixels ({im.mode}) need about {size_text(need)} to decode "
+            f"and convert, over --worker-memory {size_text(settings.worker_memory)}"
+        )
     im.load()
     if "exif" not in im.info and im.format != "TIFF":
         return im  # no orientation to apply; parsing EXIF costs ~5% of a small JPEG's decode
@@ -105,18 +185,21 @@ def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
 
 
 def _to_rgb(im: Image.Image, settings: TileSettings) -> Image.Image:
+    """RGB, or L for a greyscale picture (``_fit`` and ``_grid`` widen its tiles to RGB)."""
     mode = im.mode
     if settings.icc == "srgb" and im.info.get("icc_profile") and mode in ("RGB", "RGBA", "CMYK", "L"):
         im = _profile_to_srgb(im)
         mode = im.mode
-    if mode == "RGB":
+    if mode in ("RGB", "L"):
         return im
-    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info):
+    if mode in ALPHA_MODES or (mode == "P" and "transparency" in im.info):
         return _composite(im.convert("RGBA"), settings.background)
-    if mode in ("L", "1", "P", "CMYK", "YCbCr", "HSV"):
+    if mode == "1":
+        return im.convert("L")
+    if mode in ("P", "CMYK", "YCbCr", "HSV"):
         return im.convert("RGB")
     if mode.startswith("I") or mode == "F":
-        return _wide_to_rgb(im)
+        return _wide_to_grey(im)
     if mode == "LAB":
         return _lab_to_rgb(im)
     raise Rejected(f"unsupported: PIL mode {mode}")
@@ -156,27 +239,59 @@ def _composite(rgba: Image.Image, background: tuple[int, int, int]) -> Image.Ima
     return canvas
 
 
-def _wide_to_rgb(im: Image.Image) -> Image.Image:
-    """16/32-bit integer and float greyscale -> 8-bit RGB without clipping.
+def _strips(im: Image.Image) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, pixels) of horizontal strips of a one-band picture, a few MB each."""
+    width, height = im.size
+    rows = max(1, STRIP_BYTES // (8 * width))
+    for y in range(0, height, rows):
+        a = np.asarray(im.crop((0, y, width, min(height, y + rows))))
+        yield y, (a[..., 0] if a.ndim == 3 else a)
+
+
+def _wide_to_grey(im: Image.Image) -> Image.Image:
+    """16/32-bit integer and float greyscale -> 8-bit greyscale without clipping, strip by strip.
 
     Integer data is taken as 16-bit (scaled by 255/65535) when it fits in 16 bits, which is what
     16-bit PNG and TIFF hold; floats in [0, 1] are scaled by 255; anything else is min-max scaled.
+    NaN and infinities count as 0.
     """
-    a = np.asarray(im)
-    if a.ndim == 3:
-        a = a[..., 0]
-    a = a.astype(np.float64)
-    if not np.isfinite(a).all():
-        a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
-    lo, hi = float(a.min()), float(a.max())
-    if im.mode == "F" and lo >= 0.0 and hi <= 1.0:
-        scaled = a * 255.0
-    elif im.mode != "F" and lo >= 0 and hi <= 65535:
-        scaled = a * (255.0 / 65535.0)
+    is_float = im.mode == "F"
+    lo, hi, odd = math.inf, -math.inf, False
+    for _, a in _strips(im):  # the value range first: it decides the scale
+        if is_float:
+            finite = np.isfinite(a)
+            if not finite.all():
+                odd = True
+                a = a[finite]
+        if a.size:
+            lo, hi = min(lo, float(a.min())), max(hi, float(a.max()))
+    if odd:
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if is_float and lo >= 0.0 and hi <= 1.0:
+        offset, scale = 0.0, 255.0
+    elif not is_float and lo >= 0 and hi <= 65535:
+        offset, scale = 0.0, 255.0 / 65535.0
+    elif hi > lo:
+        offset, scale = lo, 255.0 / (hi - lo)
     else:
-        scaled = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
-    grey = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
-    return Image.fromarray(np.repeat(grey[..., None], 3, axis=2), "RGB")
+        offset, scale = 0.0, 0.0
+    width, height = im.size
+    grey = np.empty((height, width), dtype=np.uint8)
+    for y, a in _strips(im):
+        f = a.astype(np.float64)
+        if odd:
+            np.nan_to_num(f, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        if offset:
+            f -= offset
+        f *= scale
+        np.rint(f, out=f)
+        np.clip(f, 0, 255, out=f)
+        grey[y : y + len(f)] = f
+    return Image.fromarray(grey, "L")
+
+
+def _rgb(im: Image.Image) -> Image.Image:
+    return im if im.mode == "RGB" else im.convert("RGB")
 
 
 def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[int, int, int, int]]:
@@ -185,18 +300,18 @@ def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[in
     w, h = im.size
     resample = settings.resample_filter
     if settings.fit == "stretch":
-        return im.resize((t, t), resample), (0, 0, t, t)
+        return _rgb(im.resize((t, t), resample)), (0, 0, t, t)
     if settings.fit == "crop":
         # Scale the short side to T and take the centre, in one resize over the source box.
         side = min(w, h)
         left, top = (w - side) / 2, (h - side) / 2
-        return im.resize((t, t), resample, box=(left, top, left + side, top + side)), (0, 0, t, t)
+        return _rgb(im.resize((t, t), resample, box=(left, top, left + side, top + side))), (0, 0, t, t)
     # pad: the whole picture, its longer side T, centred on the background
     scale = t / max(w, h)
     nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
     canvas = Image.new("RGB", (t, t), settings.background)
     top, left = (t - nh) // 2, (t - nw) // 2
-    canvas.paste(im.resize((nw, nh), resample), (left, top))
+    canvas.paste(_rgb(im.resize((nw, nh), resample)), (left, top))
     return canvas, (top, left, nh, nw)
 
 
@@ -207,9 +322,9 @@ def grid_positions(length: int, tile: int, stride: int) -> list[int]:
 
 
 def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
+    """Every tile of the grid, read from the picture one row of tiles at a time."""
     t = settings.tile
-    a = np.asarray(im, dtype=np.uint8)
-    h, w = a.shape[:2]
+    w, h = im.size
     ys, xs = grid_positions(h, t, settings.stride), grid_positions(w, t, settings.stride)
     n = len(ys) * len(xs)
     tiles = np.empty((n, t, t, 3), dtype=np.uint8)
@@ -217,8 +332,13 @@ def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
     rows = np.repeat(np.arange(len(ys), dtype=np.int32), len(xs))
     cols = np.tile(np.arange(len(xs), dtype=np.int32), len(ys))
     boxes = np.zeros((n, 4), dtype=np.int32)
-    for k, (r, c) in enumerate(zip(rows, cols, strict=True)):
-        patch = a[ys[r] : ys[r] + t, xs[c] : xs[c] + t]
-        tiles[k, : patch.shape[0], : patch.shape[1]] = patch
-        boxes[k] = (0, 0, patch.shape[0], patch.shape[1])  # edge tiles: the rest is padding
+    for r, y in enumerate(ys):
+        strip = np.asarray(im.crop((0, y, w, min(h, y + t))), dtype=np.uint8)
+        if strip.ndim == 2:  # greyscale: widened here, a tile row at a time
+            strip = strip[..., None]
+        for c, x in enumerate(xs):
+            k = r * len(xs) + c
+            patch = strip[:, x : x + t]
+            tiles[k, : patch.shape[0], : patch.shape[1]] = patch
+            boxes[k] = (0, 0, patch.shape[0], patch.shape[1])  # edge tiles: the rest is padding
     return Tiles(tiles, rows, cols, boxes)

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.remote import RemoteStore
 from tilefeed.preprocess.storage import is_url, local_path, open_storage
-from tilefeed.preprocess.zarr_codecs import read_small_array
 from tilefeed.preprocess.errors import CorruptChunkError
 
 
@@ -27,7 +27,7 @@ def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> di
     root, name, remote = _open(store, storage_options)
     attrs = fmt.load_attrs(root)
     on_disk = (remote.bytes if remote is not None
-               else sum(f.stat().st_size for f in root.rglob("*") if f.is_file()))
+               else sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink()))
     return {
         "path": name,
         "format": f"{attrs['format']} v{attrs['version']}",
@@ -85,30 +85,40 @@ def verify(
     bucket store's shards are checked as they download into the cache folder.
     """
     root, _, remote = _open(store, storage_options)
-    attrs = fmt.load_attrs(root)
-    samples, per_shard, tile = attrs["samples"], attrs["shard_size"], attrs["tile"][0]
-    codec = fmt.TileCodec(attrs["codec"], tile, attrs["quality"] or 90)
+    meta = fmt.StoreAttrs.from_dict(fmt.load_attrs(root), f"store {str(store)!r}")
+    names = [fmt.IMAGES, *meta.arrays]  # the shards first: their sizes bound every other count
     problems: list[str] = []
     if remote is not None:
         problems += [f"{path}: {detail}" for path, detail in remote.problems()]
-    for name in attrs["arrays"] if remote is None else ():
-        problems += [f"{path}: {detail}" for path, detail in fmt.array_problems(root, attrs, name)]
-    problems += _zarr_problems(root, list(attrs["arrays"]))
+    for name in names if remote is None else ():
+        problems += [f"{path}: {detail}" for path, detail in fmt.array_problems(root, meta, name)]
+    if not problems:  # zarr-python parses the documents only once they are known to be sound
+        problems += _zarr_problems(root, names)
     if not problems:
-        labels = read_small_array(root, attrs, fmt.LABELS)
-        if labels.shape != (samples,) or labels.min() < 0 or labels.max() >= len(attrs["classes"]):
-            problems.append(f"{root / fmt.LABELS}: labels fall outside 0..{len(attrs['classes']) - 1}"
-                            f" or do not number {samples}")
-    for shard in range(attrs["shards"]):
+        problems += _small_array_problems(root, meta)
+    codec = meta.tile_codec
+    for shard in range(meta.shards):
         if remote is not None:
             if remote.shard_sizes[shard] is not None:  # a missing one is reported above
                 problems += [remote.where(p)  # mirror paths named by URL
-                             for p in _fetch_and_verify(remote, shard, per_shard, samples, codec, deep)]
+                             for p in _fetch_and_verify(remote, shard, meta, codec, deep)]
         elif fmt.shard_path(root, shard).is_file():  # a missing one is reported above
-            problems += _verify_shard(root, shard, per_shard, samples, codec, deep)
+            problems += _verify_shard(root, shard, meta, codec, deep)
         if on_shard:
             on_shard()
     return problems
+
+
+def _small_array_problems(root: Path, meta: fmt.StoreAttrs) -> list[str]:
+    """Labels that name no class, boxes outside their tile."""
+    try:
+        labels = fmt.read_small_array(root, meta, fmt.LABELS)
+        boxes = fmt.read_small_array(root, meta, fmt.BOXES)
+    except CorruptChunkError as e:
+        return [str(e)]
+    found = [(fmt.LABELS, fmt.labels_problem(labels, len(meta.classes))),
+             (fmt.BOXES, fmt.boxes_problem(boxes, meta.tile))]
+    return [f"{root / name}: {problem}" for name, problem in found if problem]
 
 
 def _zarr_problems(root: Path, names: list[str]) -> list[str]:
@@ -128,36 +138,36 @@ def _zarr_problems(root: Path, names: list[str]) -> list[str]:
     return problems
 
 
-def _fetch_and_verify(remote: RemoteStore, shard: int, per_shard: int, samples: int,
-                      codec: fmt.TileCodec, deep: bool) -> list[str]:
+def _fetch_and_verify(remote: RemoteStore, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileCodec,
+                      deep: bool) -> list[str]:
     try:
         remote.cache.fetch(shard)
     except Exception as e:  # noqa: BLE001 - a shard that cannot be fetched whole is a finding
         return [str(e)]
-    return _verify_shard(remote.mirror, shard, per_shard, samples, codec, deep)
+    return _verify_shard(remote.mirror, shard, meta, codec, deep)
 
 
-def _verify_shard(
-    root: Path, shard: int, per_shard: int, samples: int, codec: fmt.TileCodec, deep: bool
-) -> list[str]:
+def _verify_shard(root: Path, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileCodec, deep: bool) -> list[str]:
     try:
-        f = fmt.ShardFile(root, shard, per_shard)
+        f = fmt.ShardFile(root, shard, meta.shard_size)
     except CorruptChunkError as e:
         return [str(e)]
     except Exception as e:  # noqa: BLE001 - a damaged store is a finding, never a traceback
         return [f"{fmt.shard_path(root, shard)}: cannot read: {type(e).__name__}: {e}"]
     problems = []
-    held = min(per_shard, samples - shard * per_shard)
+    held = meta.held(shard)
     if len(f) != held:
         problems.append(f"{f.path}: index lists {len(f)} chunks, expected {held}")
+    tile = np.empty(codec.shape, dtype=np.uint8)
     for local in range(held):
         try:
-            payload = f.chunk(local)
-            if deep:
-                codec.decode(payload)
+            if deep:  # decoded to exactly the tile's bytes, as the reader decodes it
+                f.read_into(local, codec, tile)
+            else:
+                f.chunk(local)
         except CorruptChunkError as e:
             problems.append(str(e))
         except Exception as e:  # noqa: BLE001 - any decoder failure is a finding, not a crash
-            problems.append(f"{f.path}: sample {shard * per_shard + local}: does not decode: {e}")
+            problems.append(f"{f.path}: sample {f.first + local}: does not decode: {e}")
     f.close()
     return problems

@@ -44,10 +44,10 @@ def write_metadata(
         columns[fmt.COLS] = np.array([v for r in records for v in r["cols"]], dtype=np.int32)
     columns[fmt.BOXES] = np.array([v for r in records for v in r["boxes"]], dtype=np.int32).reshape(-1, 4)
     for name, values in columns.items():
-        group.create_array(name, data=values, chunks=(min(samples, 1 << 18), *values.shape[1:]),
+        group.create_array(name, data=values, chunks=(min(samples, fmt.SMALL_CHUNK), *values.shape[1:]),
                            overwrite=True, **zarr_codecs.small_array_codecs())
     paths = np.array(sources.paths, dtype=np.dtypes.StringDType())
-    group.create_array(fmt.SOURCE_PATHS, data=paths, chunks=(min(len(paths), 1 << 16),),
+    group.create_array(fmt.SOURCE_PATHS, data=paths, chunks=(min(len(paths), fmt.PATHS_CHUNK),),
                        overwrite=True, **zarr_codecs.small_array_codecs())
     attrs = {
         "format": fmt.FORMAT_NAME,

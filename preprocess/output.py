@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from tilefeed.preprocess import format as fmt
+from tilefeed.preprocess.atomic import open_lock_file
 from tilefeed.preprocess.errors import SourceError, StoreAccessError, StoreExistsError, StoreWriteError
 from tilefeed.preprocess.storage import Storage
 
 PLAN_FILE = "plan.json"
+PID_FIELD = 24  # bytes of the lock file that hold the writer's pid
 
 
 def out_inside(src: Path, out: Path) -> Path | None:
@@ -44,21 +46,21 @@ def writer_lock(out: Storage) -> Iterator[None]:
     lock_path = root.parent / f".{root.name}.tilefeed-lock"
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(lock_path, 0o644)
     except OSError as e:
         raise StoreWriteError(f"cannot write to OUT {str(root)!r}: {e.strerror or e}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            holder = os.pread(fd, PID_FIELD, 0).decode(errors="replace").strip() or "another process"
             raise StoreExistsError(
                 f"OUT {str(root)!r} is being written right now by `tilefeed preprocess` (pid "
                 f"{holder}); wait for it to finish, then rerun to use the store; do not start a "
                 "second writer on the same OUT"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        # a fixed-width field, so that a shorter pid needs no truncation to read back whole
+        os.pwrite(fd, f"{os.getpid():<{PID_FIELD - 1}}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock; the file stays, empty of meaning, for the next writer

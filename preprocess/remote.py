@@ -2,7 +2,12 @@
 
 Opening lists the prefix once and copies the small objects (metadata, labels, boxes) into a
 *mirror* folder laid out as the store itself, so the checks and readers of local stores serve
-unchanged. Shards then come two ways:
+unchanged. Only the objects the store's attributes declare are fetched, each streamed to disk
+and cut off at the most bytes it can hold; anything else under the prefix stays in the bucket.
+The cache folder is made private to the user, and nothing there is created, locked, evicted or
+deleted through a symbolic link: folders are entered with ``O_NOFOLLOW`` relative to their
+parent, files are created afresh under temporary names, lock files are never truncated.
+Shards then come two ways:
 
 - ``ShardCache``: whole shards, fetched into the mirror ahead of need in the order an epoch
   reads them, on a few download threads, under a byte limit with least-recently-used eviction.
@@ -19,25 +24,38 @@ short or damaged download is fetched again, never yielded.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
+import re
+import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.atomic import atomic_write, temporary_name
-from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
-from tilefeed.preprocess.storage import ATTEMPTS, ObjectStorage
+from tilefeed.preprocess.atomic import CLOEXEC, NOFOLLOW, create_new, open_lock_file, temporary_name
+from tilefeed.preprocess.errors import (CacheError, ConfigError, CorruptChunkError, StoreFormatError,
+                                        TilefeedError)
+from tilefeed.preprocess.storage import ATTEMPTS, DOWNLOAD_CHUNK, ObjectStorage
 
 DOWNLOAD_THREADS = 8  # concurrent requests: enough to hide per-request latency on object stores
+# The most bytes the mirror takes for an object whose size the store does not record: the
+# group document (it lists every reject), an array's document, a small array's chunk per row.
+GROUP_BYTES = 256 << 20
+ARRAY_DOC_BYTES = 1 << 20
+ROW_BYTES = 64  # labels, sources, rows, cols, boxes: at most four 8-byte numbers a row, compressed
+PATH_ROW_BYTES = 8 << 10  # source_paths: a path or URL (4096 bytes at most on Linux), compressed
+CHUNK_SLACK = 4096  # a compressed chunk's headers and checksum
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW | CLOEXEC
 
 
 def default_cache_dir() -> Path:
@@ -52,6 +70,13 @@ class RemoteStore:
     def __init__(self, url: str, options: dict[str, Any] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
                  *, check: bool = True) -> None:
+        try:
+            self._open(url, options, cache_dir, cache_limit, check)
+        except TilefeedError as e:  # a message carries no credential, whoever wrote it
+            raise redacted(e, options) from None
+
+    def _open(self, url: str, options: dict[str, Any] | None, cache_dir: str | os.PathLike[str] | None,
+              cache_limit: int | None, check: bool) -> None:
         self.storage = ObjectStorage(url, options)
         listing = self.storage.sizes("")  # bad credentials or no bucket: a one-line error here
         if "zarr.json" not in listing:
@@ -59,22 +84,30 @@ class RemoteStore:
                 raise StoreFormatError(f"store {url!r} is incomplete: preprocessing did not finish; "
                                        "rerun the same `tilefeed preprocess` command to resume it")
             raise StoreFormatError(f"{url!r} is not a tilefeed store (no tilefeed group metadata)")
-        group = self.storage.read("zarr.json")
+        if listing["zarr.json"] > GROUP_BYTES:
+            raise CorruptChunkError(self.storage.where("zarr.json"), None,
+                                    f"{listing['zarr.json']} bytes, more than the {GROUP_BYTES} a store's "
+                                    "group metadata may hold")
+        group = _read_capped(self.storage, "zarr.json", GROUP_BYTES)
         attrs = fmt.parse_attrs(group)
         digest = (attrs or {}).get("digest", "")
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         key = hashlib.sha256(f"{self.storage.url}\0{digest}".encode()).hexdigest()[:20]
         self.mirror = self.cache_dir / key
-        self._small = {k: n for k, n in listing.items()
-                       if not k.startswith((f"{fmt.IMAGES}/c/", f"{fmt.WORK_DIR}/"))}
-        self._mirror(group, fresh=False)
+        make_cache_dir(self.cache_dir)
+        os.close(_open_dir(self.cache_dir, [key], create=True))  # a link planted there: refused
+        _put(self.mirror, "zarr.json", lambda f: f.write(group))
         self.attrs = fmt.load_attrs(self.mirror)
+        # only what the store declares, each no larger than it can be: anything else under the
+        # prefix is neither fetched nor kept
+        self._small = _declared(self.attrs, listing, self.storage)
+        self._mirror(listing, fresh=False)
         self.shard_sizes = [listing.get(fmt.shard_relpath(s)) for s in range(self.attrs["shards"])]
         self.bytes = sum(listing.values())
         if check:
             problems = self.problems()
             if problems:  # perhaps a stale copy in the mirror: fetch the small objects again
-                self._mirror(group, fresh=True)
+                self._mirror(listing, fresh=True)
                 problems = self.problems()
             if problems:
                 raise CorruptChunkError(problems[0][0], None, problems[0][1])
@@ -87,17 +120,19 @@ class RemoteStore:
         self.cache.close()
         self.ranges.close()
 
-    def _mirror(self, group: bytes, fresh: bool) -> None:
-        """Copy the small objects missing from the mirror (digests are checked after), all at
-        once: each is one round trip, and there are a dozen or so."""
-        self.mirror.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.mirror / "zarr.json", group)
-        missing = [k for k, size in self._small.items() if k != "zarr.json" and (
-            fresh or not _present(self.mirror / k, size))]
+    def _mirror(self, listing: dict[str, int], fresh: bool) -> None:
+        """Copy the declared small objects missing from the mirror (digests are checked after),
+        all at once: each is one round trip, and there are a dozen or so. One absent from the
+        bucket is left for ``problems`` to name."""
+        missing = [k for k in self._small if k in listing and (
+            fresh or not _present(self.mirror / k, listing[k]))]
+
+        def fetch(k: str) -> None:
+            _put(self.mirror, k, lambda f: _download(self.storage, k, f, self._small[k]))
+
         with ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="tilefeed-mirror") as pool:
-            for k, data in zip(missing, pool.map(self.storage.read, missing), strict=True):
-                (self.mirror / k).parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(self.mirror / k, data)
+            for _ in pool.map(fetch, missing):
+                pass
 
     def problems(self) -> list[tuple[str, str]]:
         """What ``fmt.array_problems`` finds, for every array, named by URL rather than mirror path."""
@@ -115,9 +150,22 @@ class RemoteStore:
 
 
 @contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def _flock(path: Path, root: Path | None = None) -> Iterator[None]:
+    """An exclusive lock on the file ``path``, created if absent and never truncated. The
+    folders from ``root`` (default: ``path``'s own folder) down to it are made private, and
+    neither they nor the file may be symbolic links."""
+    base = path.parent if root is None else root
+    parts = path.parent.relative_to(base).parts
+    if root is None:
+        make_cache_dir(base)
+    dfd = _open_dir(base, parts, create=True)
+    try:
+        try:
+            fd = open_lock_file(path.name, 0o600, dir_fd=dfd)
+        except OSError as e:
+            raise CacheError(f"cannot lock {str(path)!r}: {e.strerror or e}") from None
+    finally:
+        os.close(dfd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -209,7 +257,7 @@ class ShardCache:
         self.used(shard)
         path = self.path(shard)
         if _present(path, self.shard_bytes[shard]):
-            os.utime(path)  # least recently used goes first
+            os.utime(path, follow_symlinks=False)  # least recently used goes first
             return path
         with self._lock:
             self.pinned.add(shard)
@@ -218,60 +266,68 @@ class ShardCache:
 
     def refetch(self, shard: int) -> None:
         """Drop a cached copy that failed a tile's check and download it again."""
-        self.path(shard).unlink(missing_ok=True)
+        _unlink(self.mirror, fmt.shard_relpath(shard))
         self.fetch(shard)
 
     def _fetch(self, shard: int) -> Path:
         path, expected = self.path(shard), self.shard_bytes[shard]
-        with _flock(self.mirror / ".locks" / str(shard)):  # one download per shard, all processes
+        key = fmt.shard_relpath(shard)
+        *folders, name = key.split("/")
+        # one download per shard, all processes
+        with _flock(self.mirror / ".locks" / str(shard), root=self.mirror):
             if _present(path, expected):
                 return path
-            for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed download
-                stale.unlink(missing_ok=True)
-            key = fmt.shard_relpath(shard)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = temporary_name(path)
+            dfd = _open_dir(self.mirror, folders, create=True)
             try:
-                problem = ""
-                for _ in range(ATTEMPTS):
-                    self.storage.download(key, tmp)
-                    problem = _shard_problem(tmp, expected, self.tiles_per_shard, self.storage.where(key))
-                    if not problem:
-                        break
-                else:
-                    raise CorruptChunkError(self.storage.where(key), None,
-                                            f"{problem} (after {ATTEMPTS} downloads)")
-                if self.limit is None:
-                    os.replace(tmp, path)
-                else:
-                    with _flock(self.cache_dir / ".lock"):  # room made and taken in one step
-                        self._make_room(expected)
-                        os.replace(tmp, path)
+                for stale in os.listdir(dfd):  # left by a killed download
+                    if stale.startswith(f".{name}.tmp-"):
+                        _unlink_at(dfd, stale)
+                tmp = temporary_name(Path(name)).name
+                try:
+                    with os.fdopen(create_new(tmp, 0o600, dir_fd=dfd), "w+b") as f:
+                        self._download_shard(key, f, expected)
+                    if self.limit is None:
+                        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                    else:
+                        with _flock(self.cache_dir / ".lock"):  # room made and taken in one step
+                            self._make_room(expected)
+                            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                finally:
+                    _unlink_at(dfd, tmp)
             finally:
-                tmp.unlink(missing_ok=True)
+                os.close(dfd)
         return path
+
+    def _download_shard(self, key: str, f: IO[bytes], expected: int) -> None:
+        """The shard into ``f``, checked; at most ``expected`` bytes (what the store records) are
+        taken from the server, however large the object there is."""
+        problem = ""
+        for _ in range(ATTEMPTS):
+            size = _download(self.storage, key, f, expected)
+            if size > expected:  # the object is not the store's shard: no retry makes it one
+                raise CorruptChunkError(self.storage.where(key), None,
+                                        f"larger than the {expected} bytes the store records")
+            problem = _shard_problem(f, size, expected, self.tiles_per_shard, self.storage.where(key))
+            if not problem:
+                return
+        raise CorruptChunkError(self.storage.where(key), None, f"{problem} (after {ATTEMPTS} downloads)")
 
     def _make_room(self, need: int) -> None:
         """Evict least recently used shards (of any store in the cache folder) until ``need``
-        fits; the caller holds the cache folder's lock."""
+        fits; the caller holds the cache folder's lock. Only real folders and files count: a
+        link in the cache folder is neither followed nor removed."""
         assert self.limit is not None
         if need > self.limit:
             raise ConfigError(f"cache_limit {self.limit} bytes is smaller than one shard ({need} bytes)")
-        files = []
-        for path in self.cache_dir.glob(f"*/{fmt.IMAGES}/c/*/0/0/0"):
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue
-            files.append((st.st_mtime, st.st_size, path))
+        files = _cached_shards(self.cache_dir)
         total = sum(size for _, size, _ in files)
-        mine = {self.path(s) for s in self.pinned}
-        for _, size, path in sorted(files, key=lambda f: f[0]):
+        mine = {f"{self.mirror.name}/{fmt.shard_relpath(s)}" for s in self.pinned}
+        for _, size, rel in sorted(files, key=lambda f: f[0]):
             if total + need <= self.limit:
                 break
-            if path in mine:
+            if rel in mine:
                 continue
-            path.unlink(missing_ok=True)
+            _unlink(self.cache_dir, rel)
             total -= size
 
     def close(self) -> None:
@@ -281,25 +337,273 @@ class ShardCache:
 
 
 def _present(path: Path, size: int) -> bool:
+    """True when ``path`` is a regular file (not a link) of ``size`` bytes."""
     try:
-        return path.stat().st_size == size
-    except FileNotFoundError:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == size
 
 
-def _shard_problem(path: Path, expected: int, tiles_per_shard: int, name: str) -> str:
+def _shard_problem(f: IO[bytes], size: int, expected: int, tiles_per_shard: int, name: str) -> str:
     """What is wrong with a downloaded shard, or '' when its size and index are sound."""
-    size = path.stat().st_size
     if size != expected:
         return f"downloaded {size} bytes, expected {expected}"
     tail = fmt.index_nbytes(tiles_per_shard)
-    with open(path, "rb") as f:
-        index = os.pread(f.fileno(), tail, size - tail)
+    f.flush()
+    index = os.pread(f.fileno(), tail, size - tail)
     try:
         fmt.ShardIndex.decode(index, tiles_per_shard, name)
     except CorruptChunkError as e:
         return e.detail
     return ""
+
+
+# -- the cache folder: made private, entered and changed without following a link -------------
+def make_cache_dir(path: Path) -> None:
+    """The cache folder, created readable by this user only."""
+    try:
+        os.makedirs(path, 0o700, exist_ok=True)
+    except FileExistsError:
+        raise CacheError(f"the cache folder {str(path)!r} is a file; remove it or choose another") from None
+    except OSError as e:
+        raise CacheError(f"cannot make the cache folder {str(path)!r}: {e.strerror or e}") from None
+
+
+def _enter(fd: int, parts: Sequence[str], create: bool, where: Path) -> int:
+    """A descriptor of the folder ``parts`` below the folder ``fd`` (which stays open), each
+    entered without following a link and, with ``create``, made private where absent."""
+    current = fd
+    try:
+        for k, part in enumerate(parts):
+            if part in ("", ".", "..") or "/" in part:
+                raise CacheError(f"{str(where)!r}: {part!r} is no name of a cache entry")
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=current)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o700, dir_fd=current)
+                except FileExistsError:
+                    pass  # another process made it just now
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=current)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                at = where.joinpath(*parts[: k + 1])
+                raise CacheError(f"{str(at)!r} in the cache is a symbolic link or a file where a "
+                                 "folder belongs; tilefeed never follows one there: remove it") from None
+            if current != fd:
+                os.close(current)
+            current = nxt
+    except BaseException:
+        if current != fd:
+            os.close(current)
+        raise
+    return current if current != fd else os.dup(fd)
+
+
+def _open_dir(root: Path, parts: Sequence[str], *, create: bool) -> int:
+    """A descriptor of ``root/parts...``; ``root`` is the folder the user named (or made
+    here), everything below it is entered as ``_enter`` does."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
+    try:
+        return _enter(fd, parts, create, root)
+    finally:
+        os.close(fd)
+
+
+def _unlink_at(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+
+
+def _unlink(root: Path, rel: str) -> None:
+    """Remove the file ``root/rel`` (the entry itself, never a link's target); nothing when a
+    folder on the way is absent or is a link."""
+    *folders, name = rel.split("/")
+    try:
+        dfd = _open_dir(root, folders, create=False)
+    except (FileNotFoundError, CacheError):
+        return
+    try:
+        _unlink_at(dfd, name)
+    finally:
+        os.close(dfd)
+
+
+def _put(root: Path, rel: str, fill: Any) -> None:
+    """The file ``root/rel`` written whole by ``fill(file)``: under a temporary name created
+    afresh in a folder entered without following links, then renamed."""
+    *folders, name = rel.split("/")
+    dfd = _open_dir(root, folders, create=True)
+    tmp = temporary_name(Path(name)).name
+    try:
+        with os.fdopen(create_new(tmp, 0o600, dir_fd=dfd), "w+b") as f:
+            fill(f)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        _unlink_at(dfd, tmp)
+        os.close(dfd)
+
+
+def _cached_shards(cache_dir: Path) -> list[tuple[float, int, str]]:
+    """(mtime, size, path under the cache folder) of every shard file there: real folders and
+    regular files only, so a link planted in the cache folder leads nowhere."""
+    found: list[tuple[float, int, str]] = []
+    try:
+        top = os.open(cache_dir, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
+    except FileNotFoundError:
+        return found
+    try:
+        with os.scandir(top) as mirrors:
+            names = [e.name for e in mirrors if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+        for mirror in names:
+            try:
+                shards_fd = _enter(top, [mirror, fmt.IMAGES, "c"], False, cache_dir)
+            except (OSError, CacheError):
+                continue
+            try:
+                with os.scandir(shards_fd) as entries:
+                    numbers = [e.name for e in entries if e.name.isdigit() and e.is_dir(follow_symlinks=False)]
+                for n in numbers:
+                    try:
+                        fd = _enter(shards_fd, [n, "0", "0"], False, cache_dir)
+                    except (OSError, CacheError):
+                        continue
+                    try:
+                        st = os.stat("0", dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    finally:
+                        os.close(fd)
+                    if stat.S_ISREG(st.st_mode):
+                        found.append((st.st_mtime, st.st_size, f"{mirror}/{fmt.IMAGES}/c/{n}/0/0/0"))
+            finally:
+                os.close(shards_fd)
+    finally:
+        os.close(top)
+    return found
+
+
+# -- bounded downloads ------------------------------------------------------------------------
+def _download(storage: ObjectStorage, key: str, f: IO[bytes], cap: int) -> int:
+    """The object ``key`` streamed into ``f`` (emptied first), but never more than ``cap`` + 1
+    bytes of it: the bytes written, ``cap`` + 1 meaning the object is larger than ``cap``."""
+    import obstore
+
+    def get() -> int:
+        f.seek(0)
+        f.truncate()
+        written = 0
+        for piece in obstore.get(storage.store, key).stream(min_chunk_size=DOWNLOAD_CHUNK):
+            view = memoryview(piece)[: cap + 1 - written]
+            f.write(view)
+            written += len(view)
+            if written > cap:
+                break  # dropping the stream closes the connection: nothing more is read
+        f.flush()
+        return written
+
+    return storage._call("reading", key, get)
+
+
+def _read_capped(storage: ObjectStorage, key: str, cap: int) -> bytes:
+    """The object ``key``, which must hold at most ``cap`` bytes, read in pieces."""
+    import obstore
+
+    def get() -> bytes:
+        data = bytearray()
+        for piece in obstore.get(storage.store, key).stream(min_chunk_size=DOWNLOAD_CHUNK):
+            data += memoryview(piece)[: cap + 1 - len(data)]
+            if len(data) > cap:
+                break
+        return bytes(data)
+
+    data = storage._call("reading", key, get)
+    if len(data) > cap:
+        raise CorruptChunkError(storage.where(key), None, f"larger than {cap} bytes")
+    return data
+
+
+def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: ObjectStorage) -> dict[str, int]:
+    """Every small object the store's attributes declare (array documents, small arrays'
+    chunks) with the most bytes each may hold; one larger in the listing is refused here."""
+    arrays = attrs.get("arrays")
+    if not isinstance(arrays, dict) or fmt.IMAGES not in arrays:
+        raise StoreFormatError(f"{storage.url}: the store's attributes list no arrays")
+    keys: dict[str, int] = {}
+    for name, rec in arrays.items():
+        if name not in (fmt.IMAGES, *fmt.SMALL_ARRAYS):
+            raise StoreFormatError(f"{storage.url}: the store's attributes list an unknown array {name!r}")
+        keys[f"{name}/zarr.json"] = ARRAY_DOC_BYTES
+        if name == fmt.IMAGES:
+            continue
+        try:
+            length, chunk, ndim = int(rec["length"]), int(rec["chunk"]), int(rec.get("ndim", 1))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise StoreFormatError(f"{storage.url}: array {name!r} has no valid length and chunk") from None
+        count = fmt.ceil_div(length, chunk) if chunk > 0 and length >= 0 else -1
+        if count < 0 or count > len(listing) or not 1 <= ndim <= 8:
+            raise StoreFormatError(f"{storage.url}: array {name!r} declares {length} rows in chunks of "
+                                   f"{chunk} ({ndim} dimensions), which this store cannot hold")
+        per_row = PATH_ROW_BYTES if name == fmt.SOURCE_PATHS else ROW_BYTES
+        rest = "/0" * (ndim - 1)
+        for i in range(count):
+            rows = min(chunk, length - i * chunk)
+            keys[f"{name}/c/{i}{rest}"] = rows * per_row + CHUNK_SLACK
+    for key, cap in keys.items():
+        size = listing.get(key)
+        if size is not None and size > cap:
+            raise CorruptChunkError(storage.where(key), None,
+                                    f"{size} bytes, more than the {cap} the store's metadata allows")
+    return keys
+
+
+# -- messages without credentials ---------------------------------------------------------------
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_SECRET_WORDS = frozenset(("SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS", "KEY", "CREDENTIAL",
+                           "CREDENTIALS", "SAS", "SIGNATURE", "AUTH", "AUTHORIZATION"))
+
+
+def _secrets(options: Mapping[str, Any] | None) -> set[str]:
+    """Values that must never be shown: those of secret-looking environment variables and
+    storage options, and the user and password of any URL among the options."""
+    found = set()
+    named = [*os.environ.items(), *((str(k), v) for k, v in (options or {}).items())]
+    for name, value in named:
+        if not isinstance(value, str):
+            continue
+        words = set(re.split(r"[^A-Z0-9]+", name.upper()))
+        if words & _SECRET_WORDS and len(value) >= 6:
+            found.add(value)
+        if "://" in value:
+            try:
+                parts = urlsplit(value)
+                found.update(p for p in (parts.username, parts.password) if p and len(p) >= 3)
+            except ValueError:
+                continue
+    return found
+
+
+def redact(text: str, options: Mapping[str, Any] | None = None) -> str:
+    """``text`` with credentials cut out: the user and password of any URL, and the values of
+    secret-looking environment variables and storage ``options``."""
+    text = _USERINFO.sub(r"\1***@", text)
+    for secret in sorted(_secrets(options), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def redacted(error: BaseException, options: Mapping[str, Any] | None = None) -> BaseException:
+    """``error`` with every text argument passed through ``redact`` (its type kept)."""
+    error.args = tuple(redact(a, options) if isinstance(a, str) else a for a in error.args)
+    if isinstance(error, CorruptChunkError):
+        error.shard, error.detail = redact(error.shard, options), redact(error.detail, options)
+    return error
 
 
 class RangedTiles:

@@ -20,11 +20,19 @@ RESAMPLERS: Final = {
     "lanczos": Image.Resampling.LANCZOS,
 }
 DEFAULT_MAX_PIXELS: Final = 178_956_970  # PIL's own decompression-bomb error threshold
+# What one worker may hold to decode and convert one image: a 16-bit 13000 x 13000 PNG needs
+# about 0.5 GB, an RGBA picture at the default --max-pixels about 1.6 GB.
+DEFAULT_WORKER_MEMORY: Final = 2 << 30
+MIN_WORKER_MEMORY: Final = 16 << 20
+_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 @dataclass(frozen=True)
 class TileSettings:
-    """How each source image becomes tiles. Part of the store's identity: a resume must match."""
+    """How each source image becomes tiles. Part of the store's identity (a resume must match),
+    except ``worker_memory``, which like the worker count says what the machine gives: the most
+    memory one worker may hold to decode and convert one image (bytes); a larger image is a
+    reject naming its size."""
 
     tile: int = 256  # the tile side T, in pixels
     mode: str = "resize"
@@ -34,6 +42,7 @@ class TileSettings:
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = DEFAULT_MAX_PIXELS
     icc: str = "ignore"  # embedded colour profiles: ignore (as Image.convert) or convert to sRGB
+    worker_memory: int = DEFAULT_WORKER_MEMORY
 
     def __post_init__(self) -> None:
         if not 8 <= self.tile <= 8192:
@@ -57,6 +66,15 @@ class TileSettings:
             raise ConfigError(f"--icc must be one of {', '.join(ICC)}, got {self.icc!r}")
         if self.max_pixels < 1:
             raise ConfigError(f"--max-pixels must be positive, got {self.max_pixels}")
+        if self.worker_memory < MIN_WORKER_MEMORY:
+            raise ConfigError(f"--worker-memory must be at least {size_text(MIN_WORKER_MEMORY)}, "
+                              f"got {self.worker_memory} bytes")
+
+    def identity(self) -> dict[str, Any]:
+        """The fields a resumed run must match."""
+        d = asdict(self)
+        del d["worker_memory"]
+        return d
 
     @property
     def resample_filter(self) -> Image.Resampling:
@@ -85,8 +103,56 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take (the kernel's MemAvailable, lowered to what
+    a cgroup v2 limit leaves), or None where neither can be read."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def default_workers(worker_memory: int) -> int:
+    """Worker processes for a run: every usable core, but no more than the available memory
+    holds at ``worker_memory`` each (at least one)."""
+    cores = usable_cores()
+    free = available_memory()
+    return cores if free is None else max(1, min(cores, free // worker_memory))
+
+
+def parse_size(text: str) -> int:
+    """'2G', '512M', '1.5G' or a number of bytes -> bytes (K, M, G, T are powers of 1024)."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1:] if value[-1:] in _UNITS and value[-1:] else ""
+    try:
+        return int(float(value[: len(value) - len(unit)]) * _UNITS[unit])
+    except ValueError:
+        raise ConfigError(f"expected a size such as 2G, 512M or a number of bytes, got {text!r}") from None
+
+
+def size_text(nbytes: int) -> str:
+    """Bytes as a short size: '2.0 GiB', '512 MiB'."""
+    if nbytes >= 1 << 30:
+        return f"{nbytes / (1 << 30):.1f} GiB"
+    return f"{nbytes / (1 << 20):.0f} MiB"
+
+
 def describe(tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:
-    d = {**asdict(tiles), **asdict(store)}
+    d = {**tiles.identity(), **asdict(store)}
     d["background"] = list(tiles.background)
     if tiles.mode == "resize":
         del d["stride"]

@@ -1,5 +1,10 @@
 """Find the source images and their labels: a class-per-folder tree or a CSV / JSON Lines manifest.
 
+Every path and name is untrusted. A manifest row is a path inside the manifest's folder (after
+resolving links) unless ``allow_outside``; a row that is a URL names an object store (s3, gs,
+az) and is read only from the buckets the user allows; any other ``scheme://`` text is refused.
+A file whose name is not UTF-8 (which the store's text cannot hold) is a reject, not an error.
+
 Labels are read by rules, never guessed: a manifest whose labels are all integers keeps them as
 they are; one whose labels are all names (none looks like a number) gets sorted class names;
 anything in between is refused naming the line. Class folders are read as torchvision's
@@ -16,9 +21,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TextIO
+from urllib.parse import urlsplit
 
 from tilefeed.preprocess.errors import ConfigError, SourceError
-from tilefeed.preprocess.storage import ObjectStorage, is_url
+from tilefeed.preprocess.storage import OBJECT_SCHEMES, ObjectStorage, is_url
 
 MANIFEST_SUFFIXES: Final = (".csv", ".jsonl", ".ndjson")
 LABEL_RULES: Final = ("auto", "int", "names")
@@ -30,16 +36,37 @@ _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 @dataclass(frozen=True)
 class SourceOptions:
     """How SRC is read. ``labels``: auto (integers if all are, names if none looks numeric),
-    int or names; the ``allow_*`` switches relax the rules that catch mistakes."""
+    int or names; the ``allow_*`` switches relax the rules that catch mistakes. ``buckets``:
+    the buckets a manifest's URL rows may name (``s3://name``, or a bare ``name`` in any object
+    store, or ``*`` for any); rows in other buckets are refused, as they would be read with
+    this machine's cloud credentials."""
 
     labels: str = "auto"
     allow_duplicates: bool = False
     allow_outside: bool = False
     allow_empty_classes: bool = False
+    buckets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.labels not in LABEL_RULES:
             raise ConfigError(f"--labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
+        allowed = []
+        for bucket in self.buckets:
+            text = bucket.strip().rstrip("/")
+            if "://" in text:
+                parts = urlsplit(text)
+                if parts.scheme not in OBJECT_SCHEMES or not parts.hostname or "@" in parts.netloc:
+                    raise ConfigError(f"--allow-bucket takes a bucket name or {OBJECT_SCHEMES[0]}://BUCKET "
+                                      f"({', '.join(OBJECT_SCHEMES)}), got {bucket.split('@')[-1]!r}")
+            elif not text or "/" in text:
+                raise ConfigError(f"--allow-bucket takes a bucket name or s3://BUCKET, got {bucket!r}")
+            allowed.append(text)
+        object.__setattr__(self, "buckets", tuple(allowed))
+
+    def bucket_allowed(self, url: str) -> bool:
+        parts = urlsplit(url)
+        here = f"{parts.scheme}://{parts.netloc}"
+        return any(b == "*" or b == parts.netloc or b == here or url.startswith(b + "/") for b in self.buckets)
 
 
 @dataclass(frozen=True)
@@ -64,6 +91,9 @@ def find_sources(src: str | os.PathLike[str], options: SourceOptions | None = No
     if is_url(src):
         return _scan_bucket(str(src), options)
     root = Path(src)
+    if not utf8(str(root)):
+        raise SourceError(f"SRC {shown(str(root))!r}: its path is not valid UTF-8, which the store's "
+                          "text cannot hold; rename it or link to it under a UTF-8 name")
     if not root.exists():
         raise SourceError(f"SRC {str(root)!r} does not exist")
     if root.is_dir():
@@ -78,6 +108,34 @@ def find_sources(src: str | os.PathLike[str], options: SourceOptions | None = No
     if not found.paths and not found.skipped:
         raise SourceError(f"SRC {str(root)!r} holds no images")
     return found
+
+
+def utf8(text: str) -> bool:
+    """True when ``text`` is valid Unicode: no lone surrogates, which a name read from the
+    file system holds where its bytes are not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(path: str) -> str:
+    """``path`` as text the store can hold: bytes that are not UTF-8 written as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace") if not utf8(path) else path
+
+
+NOT_UTF8: Final = ("unusable name: not valid UTF-8 (its bytes are shown as \\xNN), which the store's "
+                   "text cannot hold; rename the file")
+
+
+def _named(paths: list[str], labels: list[int]) -> tuple[list[str], list[int], list[tuple[str, str]]]:
+    """The inputs whose names are UTF-8, and the others as rejects."""
+    good = [k for k, p in enumerate(paths) if utf8(p)]
+    if len(good) == len(paths):
+        return paths, labels, []
+    bad = sorted(set(range(len(paths))) - set(good))
+    return [paths[k] for k in good], [labels[k] for k in good], [(shown(paths[k]), NOT_UTF8) for k in bad]
 
 
 # -- class folders ------------------------------------------------------------------------------
@@ -141,6 +199,10 @@ def _scan_tree(root: Path, options: SourceOptions, exclude: Path | None) -> Sour
     notes = []
     if exclude is not None:
         notes.append(f"OUT {exclude.name!r} inside SRC was not scanned")
+    for name in classes:
+        if not utf8(name):
+            raise SourceError(f"SRC {str(root)!r}: the class folder {shown(name)!r} has a name that is "
+                              "not valid UTF-8, which the store's class names cannot hold; rename it")
     if not classes:
         raise SourceError(
             f"SRC {str(root)!r} has no class subfolders: put each class's images in a subfolder, "
@@ -152,14 +214,15 @@ def _scan_tree(root: Path, options: SourceOptions, exclude: Path | None) -> Sour
     empty: list[str] = []
     for label, name in enumerate(classes):
         walk = _walk(root / name, exclude)
-        paths += [str(f) for f in walk.files]
-        labels += [label] * len(walk.files)
-        skipped += walk.skipped
+        files, _, unnamed = _named([str(f) for f in walk.files], [label] * len(walk.files))
+        paths += files
+        labels += [label] * len(files)
+        skipped += unnamed + [(shown(p), reason) for p, reason in walk.skipped]
         hidden += walk.hidden
         if not walk.files:
             empty.append(name)
     skipped += [
-        (e.path, "outside any class folder") for e in entries
+        (shown(e.path), "outside any class folder") for e in entries
         if not e.name.startswith(".") and e.is_file()
     ]
     if empty and paths:
@@ -229,16 +292,20 @@ def _where(manifest: Path, row: _Row) -> str:
 
 def _resolve_paths(rows: list[_Row], manifest: Path, options: SourceOptions) -> list[str]:
     base = os.path.abspath(manifest.parent)
+    real_base = os.path.realpath(base)
     paths: list[str] = []
     first: dict[str, _Row] = {}
     for row in rows:
         if _URL.match(row.path):
-            path = row.path  # an object-store URL: not a path, nothing to escape from
+            path = _checked_url(row, manifest, options)
         else:
             path = os.path.normpath(os.path.join(base, row.path))
-            if not options.allow_outside and os.path.commonpath([base, path]) != base:
+            # the file it names in the end, links resolved: a link inside the folder may lead out
+            real = os.path.realpath(path)
+            if not options.allow_outside and os.path.commonpath([real_base, real]) != real_base:
+                via = f" (a link to {real!r})" if os.path.commonpath([base, path]) == base else ""
                 raise SourceError(
-                    f"{_where(manifest, row)}: path {row.path!r} is outside the manifest's folder "
+                    f"{_where(manifest, row)}: path {row.path!r}{via} is outside the manifest's folder "
                     f"{base!r}; pass --allow-outside to read files elsewhere"
                 )
         if path in first and not options.allow_duplicates:
@@ -251,6 +318,34 @@ def _resolve_paths(rows: list[_Row], manifest: Path, options: SourceOptions) -> 
         first.setdefault(path, row)
         paths.append(path)
     return paths
+
+
+def _checked_url(row: _Row, manifest: Path, options: SourceOptions) -> str:
+    """A URL row: an object in a bucket the user allows, or a one-line refusal naming the line."""
+    where = _where(manifest, row)
+    scheme = row.path.split("://", 1)[0]
+    if not is_url(row.path):
+        raise SourceError(
+            f"{where}: {scheme}:// is not an object store ({', '.join(s + '://' for s in OBJECT_SCHEMES)}) "
+            "and a path is no URL: write the file's path, relative to the manifest's folder"
+        )
+    try:
+        parts = urlsplit(row.path)
+        bucket = parts.hostname
+    except ValueError:
+        bucket = None
+    if "@" in row.path.split("://", 1)[1].split("/", 1)[0]:
+        raise SourceError(f"{where}: the URL carries credentials (user@ or user:password@): remove them; "
+                          "buckets are read with the cloud's standard configuration")
+    if not bucket:
+        raise SourceError(f"{where}: {row.path!r} names no bucket")
+    if not options.bucket_allowed(row.path):
+        raise SourceError(
+            f"{where}: {row.path!r} is in the bucket {scheme}://{bucket}, which would be read with this "
+            f"machine's cloud credentials; pass --allow-bucket {scheme}://{bucket} to read it "
+            "(or --allow-bucket '*' for any bucket)"
+        )
+    return row.path
 
 
 def _labels(rows: list[_Row], manifest: Path, rule: str) -> tuple[list[int], list[str]]:
@@ -324,6 +419,9 @@ def _jsonl_rows(f: TextIO, manifest: Path) -> list[_Row]:
 def _checked(manifest: Path, line: int, path: str, label: str | int | float) -> _Row:
     if not path:
         raise SourceError(f"{manifest}:{line}: empty path")
+    if not utf8(path) or (isinstance(label, str) and not utf8(label)) or "\0" in path:
+        raise SourceError(f"{manifest}:{line}: the path or label holds an escaped lone surrogate or NUL, "
+                          "which no file name or class name can hold")
     if label == "":
         raise SourceError(f"{manifest}:{line}: empty label for {path!r}")
     return _Row(line, path, label)

@@ -38,12 +38,13 @@ import numpy as np
 
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess import tasks
-from tilefeed.preprocess.errors import SourceError, StoreWriteError
+from tilefeed.preprocess.errors import SourceError, StoreWriteError, TilefeedError
 from tilefeed.preprocess.metadata import write_metadata
 from tilefeed.preprocess.output import out_inside, prepare_output, writer_lock
-from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe, usable_cores
+from tilefeed.preprocess.remote import redacted
+from tilefeed.preprocess.settings import StoreSettings, TileSettings, default_workers, describe
 from tilefeed.preprocess.sources import SourceOptions, Sources, find_sources
-from tilefeed.preprocess.storage import Storage, client_started, open_storage
+from tilefeed.preprocess.storage import Storage, client_started, is_url, open_storage
 
 PART_SOURCES = 64
 PHASES = ("decode", "encode", "write", "copy", "sync")  # where the workers' time goes
@@ -95,9 +96,20 @@ def preprocess(
     shards and metadata then go to the bucket, each object put whole and the group metadata
     last; ``storage_options`` add to the cloud's standard configuration (see ``storage``).
     """
+    try:
+        return _preprocess(src, out, tiles, store, workers, overwrite, progress, scheduler,
+                           source_options, storage_options)
+    except TilefeedError as e:  # no message carries a credential, whoever wrote it
+        raise redacted(e, storage_options) from None
+
+
+def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles: TileSettings | None,
+                store: StoreSettings | None, workers: int | None, overwrite: bool,
+                progress: Callable[[int], ProgressFn] | None, scheduler: str | None,
+                source_options: SourceOptions | None, storage_options: dict[str, Any] | None) -> Summary:
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
-    workers = usable_cores() if workers is None else workers
+    workers = default_workers(tiles.worker_memory) if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     started = time.perf_counter()
@@ -141,13 +153,13 @@ def _build(out: Storage, sources: Sources, tiles: TileSettings, store: StoreSett
 
 def _plan(sources: Sources, tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:
     h = hashlib.sha256()
-    h.update(json.dumps([fmt.FORMAT_VERSION, asdict(tiles), asdict(store), sources.classes]).encode())
+    h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), asdict(store), sources.classes]).encode())
     for path, label in zip(sources.paths, sources.labels, strict=True):
         try:
-            size = os.stat(path).st_size
-        except OSError:
+            size = os.stat(path).st_size if not is_url(path) else -1
+        except (OSError, ValueError):
             size = -1
-        h.update(f"{path}\0{label}\0{size}\n".encode())
+        h.update(f"{path}\0{label}\0{size}\n".encode("utf-8", "surrogateescape"))
     return {"fingerprint": h.hexdigest(), "sources": len(sources), "settings": describe(tiles, store)}
 
 

@@ -10,24 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zarr
 from zarr.abc.codec import ArrayBytesCodec
 from zarr.core.buffer import Buffer, NDBuffer
 
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
-from tilefeed.preprocess.errors import CorruptChunkError
 from tilefeed.preprocess.format import (
     JPEG_CODEC_ID,
     LZ4_LEVEL,
     ZSTD_LEVEL,
-    check_array,
+    StoreAttrs,
     decode_jpeg,
     encode_jpeg,
 )
+from tilefeed.preprocess.format import read_small_array as _read_small_array
 
 if TYPE_CHECKING:
     from typing import Self
@@ -44,7 +44,10 @@ class JpegCodec(ArrayBytesCodec):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         config = data.get("configuration") or {}
-        return cls(quality=int(config.get("quality", 90)))
+        quality = config.get("quality", 90) if isinstance(config, dict) else None
+        if not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 100:
+            raise ValueError(f"{JPEG_CODEC_ID}: quality must be a whole number in 1..100, got {quality!r}")
+        return cls(quality=quality)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": JPEG_CODEC_ID, "configuration": {"quality": self.quality}}
@@ -55,9 +58,12 @@ class JpegCodec(ArrayBytesCodec):
         return tuple(spec.shape)
 
     async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        """Exactly one tile of the chunk's shape: the picture is decoded into a buffer of that
+        shape, never sized by its own header (which a damaged or hostile chunk sets)."""
         shape = self._tile_shape(chunk_spec)
-        pixels = decode_jpeg(chunk_bytes.as_numpy_array().tobytes()).reshape(shape)
-        return chunk_spec.prototype.nd_buffer.from_ndarray_like(pixels)  # type: ignore[arg-type]
+        pixels = np.empty(shape[1:], dtype=np.uint8)
+        decode_jpeg(chunk_bytes.as_numpy_array().data, pixels)  # TileDecodeError unless it fills them
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(pixels.reshape(shape))  # type: ignore[arg-type]
 
     async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
         shape = self._tile_shape(chunk_spec)
@@ -90,10 +96,7 @@ def small_array_codecs() -> dict[str, Any]:
             "config": {"write_empty_chunks": True}}
 
 
-def read_small_array(root: Path, attrs: dict[str, Any], name: str) -> np.ndarray:
-    """A whole array beside the tiles, after checking every chunk: CorruptChunkError on damage."""
-    check_array(root, attrs, name)
-    try:
-        return np.asarray(zarr.open_array(str(root / name), mode="r")[:])
-    except Exception as e:  # noqa: BLE001 - checked above; any codec error is still damage
-        raise CorruptChunkError(str(root / name), None, f"does not decode: {type(e).__name__}: {e}") from None
+def read_small_array(root: Path, attrs: Mapping[str, Any] | StoreAttrs, name: str) -> np.ndarray:
+    """A whole numeric array beside the tiles, after checking every chunk: CorruptChunkError on
+    damage (see ``format.read_small_array``)."""
+    return _read_small_array(root, attrs, name)

@@ -309,3 +309,17 @@ def test_a_source_object_that_cannot_be_read_is_a_reject(s3: str) -> None:
         load_tiles("s3://tilefeed/sources/gone/c0/x.jpg", TILES)
     with pytest.raises(Rejected, match="unreadable"):
         load_tiles("s3://no-such-bucket/c0/x.jpg", TILES)
+
+
+def test_stats_name_the_download_when_the_bucket_is_slow(
+        stores: tuple[Path, str, Path], s3: str, tmp_path: Path) -> None:
+    _, url, _ = stores
+    with Proxy(s3, latency=0.25) as proxy:  # every request waits: shards arrive late
+        slow = Loader(url, 5, shuffle="shard", workers=2, train=True, size=24,
+                      storage_options=s3_options(proxy.endpoint), cache_dir=tmp_path)
+        with slow:
+            for _batch in slow:
+                pass
+            stats = slow.stats()
+    assert stats.bottleneck == "download", str(stats)
+    assert stats.epoch.stage_seconds["download"] > 0.25 and stats.last.wait > 0.2

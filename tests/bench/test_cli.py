@@ -44,7 +44,10 @@ def test_bench_cli_json_contract_and_plots(tmp_path: Path, data: tuple[Path, Pat
     for run in doc["runs"]:
         assert RUN_KEYS <= run.keys()
         assert run["output"] == {"shape": [3, 32, 32], "dtype": "float32", "device": "cpu"}
-    for name in ("stall.png", "timeline.png"):
+    stages = doc["runs"][1]["extra"]["stages"]  # tilefeed's own figures, per stage
+    assert stages["bottleneck"] in ("step", "read", "decode", "resize", "download", "graph", "copy")
+    assert set(stages["ms_per_batch"]) >= {"read", "decode", "resize", "graph"}
+    for name in ("stall.png", "timeline.png", "stages.png"):
         with Image.open(tmp_path / "plots" / name) as im:
             assert im.size[0] > 300
 
@@ -95,6 +98,21 @@ def test_other_outputs_are_tilefeed_alone_and_report_epoch_starts(tmp_path: Path
     # 24 samples in batches of 8: epochs begin at batches 0, 3 and 6; batch 0 is warm-up
     assert len(run["epoch_start_wait_ms"]) == 2 and run["handover_median_ms"] >= 0
     assert "epoch start ms" in r.stdout
+
+
+def test_bench_stats_measures_its_cost_and_applies_its_advice(tmp_path: Path,
+                                                             data: tuple[Path, Path]) -> None:
+    images, store = data
+    out = tmp_path / "stats.json"
+    r = tilefeed("bench", "stats", "--images", str(images), "--store", str(store), "--batch-size",
+                 "8", "--rounds", "2", "--step-ms", "1", "--steps", "4", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert len(doc["overhead"]["on"]) == len(doc["overhead"]["off"]) == 2
+    before = doc["advice"]["before"]
+    assert before["workers"] == 1 and before["bottleneck"] in ("step", "read", "decode", "resize",
+                                                               "download", "graph", "copy")
+    assert "stats overhead" in r.stdout and "bottleneck:" in r.stdout
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:

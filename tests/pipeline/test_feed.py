@@ -81,3 +81,24 @@ def test_an_iterator_left_for_a_new_epoch_says_so(store: Path) -> None:
         assert len(list(loader)) == len(loader)  # a new epoch, started while old was mid-way
         with pytest.raises(SupersededError, match="one iterator at a time"):
             next(old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
+@pytest.mark.parametrize("codec_store", ["store", "jpeg_store"])
+def test_device_batches_kept_over_epochs_stay_intact_at_every_prefetch_depth(
+        request: pytest.FixtureRequest, codec_store: str, prefetch: int) -> None:
+    """The side-stream copies out of DALI, and the ring slots DALI reads in place, at several
+    queue depths: batches held across three epochs equal a fresh Loader's, one at a time."""
+    store: Path = request.getfixturevalue(codec_store)
+    opts: dict[str, Any] = dict(train=True, size=24, seed=6, with_index=True, prefetch=prefetch)
+    with Loader(store, 8, **opts) as loader:
+        assert loader.device.type == "cuda"
+        kept = _epochs(loader, 3)
+        assert _generation(loader) == 1
+    with Loader(store, 8, **opts) as fresh:
+        for epoch in kept:
+            for (images, labels, idx), (again, labels2, idx2) in zip(epoch, list(fresh), strict=True):
+                assert images.device.type == "cuda"
+                assert torch.equal(idx.cpu(), idx2.cpu()) and torch.equal(labels.cpu(), labels2.cpu())
+                assert torch.equal(images.cpu(), again.cpu())

@@ -206,7 +206,7 @@ def test_break_and_close_leave_no_thread_or_process(store: Path) -> None:
     for _ in range(3):
         for n, _batch in enumerate(loader):
             if n == 2:
-                break  # the batches in flight are drained; the next epoch reuses the graph
+                break  # what was prepared for the rest is dropped; the next epoch reuses the graph
     assert len(indices_of(loader)) == 50  # a whole epoch after three abandoned ones
     assert set(me.children(recursive=True)) <= before_children
     with pytest.raises(RuntimeError, match="boom"):

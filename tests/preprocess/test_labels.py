@@ -121,7 +121,10 @@ def test_paths_outside_the_manifest_folder_need_allow_outside(tmp_path: Path, im
     found = find_sources(sub / "m.csv", SourceOptions(allow_outside=True))
     assert found.paths == [str(images[0]), str(images[1])]
     (sub / "m.csv").write_text("s3://bucket/a.jpg,0\n")
-    assert find_sources(sub / "m.csv").paths == ["s3://bucket/a.jpg"]  # a URL is not a path
+    with pytest.raises(SourceError, match=r"m\.csv:1: .* --allow-bucket s3://bucket"):
+        find_sources(sub / "m.csv")  # read with this machine's credentials: only when allowed
+    allowed = SourceOptions(buckets=("s3://bucket",))
+    assert find_sources(sub / "m.csv", allowed).paths == ["s3://bucket/a.jpg"]  # a URL is not a path
 
 
 # -- class folders ------------------------------------------------------------------------------

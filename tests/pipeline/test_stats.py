@@ -1,0 +1,67 @@
+"""``Loader.stats()``: the stage that binds is named from its measurements."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tilefeed.pipeline import Loader
+from tilefeed.pipeline.stats import STAGES, Figures, name_bottleneck
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tests.helpers import write_folder
+
+
+@pytest.fixture(scope="module")
+def big_jpeg_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """96 JPEG tiles of 192 px: decoding them is most of a training batch's work."""
+    root = tmp_path_factory.mktemp("jpeg192")
+    src = write_folder(root / "src", classes=4, per_class=24, size=(256, 192))
+    out = root / "store"
+    preprocess(src, out, TileSettings(tile=192), StoreSettings(codec="jpeg", shard_size=32), workers=2)
+    return out
+
+
+def test_a_decode_bound_loader_names_the_decode_and_asks_for_workers(big_jpeg_store: Path) -> None:
+    # one worker, nothing between batches: the consumer waits on the reader thread's decoding
+    with Loader(big_jpeg_store, 16, train=True, size=32, num_workers=1) as loader:
+        for _ in range(2):
+            for _batch in loader:
+                pass
+        stats = loader.stats()
+    assert stats.last.wait > 0.5
+    assert stats.bottleneck == "decode", str(stats)
+    assert stats.last.busy["decode"] == max(stats.last.busy.values())
+    assert "num_workers=" in stats.advice or "a GPU" in stats.advice
+    assert stats.last.bytes_read > 0 and stats.epoch.batches == 6
+
+
+def test_a_step_bound_loop_is_not_input_bound(store: Path) -> None:
+    with Loader(store, 10, train=True, size=24, num_workers=2) as loader:
+        for _ in range(3):
+            for _batch in loader:
+                time.sleep(0.15)  # a long step: every batch is ready before it is asked for
+        stats = loader.stats(last=10)
+    assert stats.bottleneck == "step" and "not input-bound" in stats.advice, str(stats)
+    assert stats.last.batches == 10 and "bottleneck: step" in str(stats)
+
+
+def test_stats_off_keeps_every_clock_out(store: Path) -> None:
+    with Loader(store, 10, train=True, size=24, stats=False) as loader:
+        batches = list(loader)
+        with pytest.raises(ValueError, match="stats=True"):
+            loader.stats()
+    assert len(batches) == 5
+
+
+def test_the_bottleneck_is_the_busiest_stage_measured_never_a_fixed_rule() -> None:
+    def figures(wait: float, **busy: float) -> Figures:
+        shares = {s: busy.get(s, 0.0) for s in STAGES}
+        return Figures(batches=10, seconds=1.0, wait=wait, busy=shares, stage_seconds=shares,
+                       bytes_read=0, ready_ahead=0)
+
+    for stage in STAGES:
+        assert name_bottleneck(figures(0.4, **{stage: 0.9, "resize": 0.5} if stage != "resize"
+                                       else {stage: 0.9, "read": 0.5})) == stage
+    assert name_bottleneck(figures(0.01, decode=0.99)) == "step"
