@@ -63,3 +63,8 @@ class TileDecodeError(CorruptChunkError, ValueError):
 
 class LedgerError(TilefeedError, ValueError):
     """A ledger file (``Loader(ledger=DIR)``) is damaged or was not written by tilefeed."""
+
+
+class UncheckedCacheWarning(UserWarning):
+    """A store in object storage records no sha256 of its shards (written by an older tilefeed):
+    the copies of its shards in the cache folder cannot be checked against the bucket."""

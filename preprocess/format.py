@@ -5,6 +5,9 @@ tile per chunk, packed S tiles to a shard by the ``sharding_indexed`` codec. Eac
 the concatenation of its encoded chunks followed by the shard index: S pairs of little-endian
 uint64 (offset, nbytes) and a crc32c of those bytes. Every encoded chunk ends with its own crc32c
 (the ``crc32c`` codec is the last of the inner codecs), so a reader can check any tile alone.
+The attributes also record each shard file's sha256: a crc32c tells a damaged chunk, not a
+sound one moved to another place, so a copy of a shard made elsewhere (a bucket store's cache
+folder, a download) is used only once its sha256 matches.
 
 Both sides use the functions here; neither re-derives offsets, names or codec settings. One
 module on purpose, longer than most: the whole contract (names, layout, checksums, digests,
@@ -331,6 +334,31 @@ WORK_DIR: Final = ".tilefeed-partial"  # present while a store is being written
 WRITTEN: Final = ("zarr.json", IMAGES, *SMALL_ARRAYS, WORK_DIR)  # every entry a writer makes
 
 
+def sha256_fd(fd: int) -> str:
+    """sha256 of the whole file open as ``fd``, read from its start (the file position is not
+    used, so other readers of the descriptor are not disturbed)."""
+    h, offset = hashlib.sha256(), 0
+    while block := os.pread(fd, 1 << 20, offset):
+        h.update(block)
+        offset += len(block)
+    return h.hexdigest()
+
+
+def shard_digest_problem(path: Path, store: StoreAttrs, shard: int) -> str:
+    """'' when the shard file ``path`` has the sha256 the store records (or records none): what
+    no file of the right size with its chunks moved about, each crc32c intact, passes."""
+    if store.shard_sha256 is None:
+        return ""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        actual = sha256_fd(fd)
+    finally:
+        os.close(fd)
+    if actual != store.shard_sha256[shard]:
+        return "differs from what was written (shard sha256 mismatch)"
+    return ""
+
+
 def sha256_files(paths: Iterable[Path]) -> str:
     h = hashlib.sha256()
     for path in paths:
@@ -355,10 +383,13 @@ def small_chunk_paths(root: Path, name: str, length: int, chunk: int, ndim: int 
     return [small_chunk_path(root, name, i, ndim) for i in range(shard_count(length, chunk))]
 
 
-def describe_arrays(root: Path, names: list[str], shard_bytes: list[int]) -> dict[str, Any]:
-    """What the attributes record of each array, for readers and ``verify`` to check against."""
+def describe_arrays(root: Path, names: list[str], shard_bytes: list[int],
+                    shard_sha256: list[str]) -> dict[str, Any]:
+    """What the attributes record of each array, for readers and ``verify`` to check against.
+    ``shard_sha256``: the sha256 of each shard file, which a copy of a shard (a cache folder's,
+    a download) must match before it is used."""
     out: dict[str, Any] = {
-        IMAGES: {"chunks": len(shard_bytes), "shard_bytes": shard_bytes,
+        IMAGES: {"chunks": len(shard_bytes), "shard_bytes": shard_bytes, "shard_sha256": shard_sha256,
                  "metadata_sha256": sha256_files([root / IMAGES / "zarr.json"])},
     }
     for name in names:
@@ -470,6 +501,14 @@ class _Fields:
             raise self.fail(key, f"must be {expected} ({why})")
         return int(value)
 
+    def digests(self, key: str, count: int) -> tuple[str, ...]:
+        """A list of exactly ``count`` sha256 digests in hex."""
+        value = self.get(key)
+        if (not isinstance(value, list) or len(value) != count
+                or not all(isinstance(v, str) and _is_sha256(v) for v in value)):
+            raise self.fail(key, f"must list {count} sha256 digests in hex (one per shard)")
+        return tuple(value)
+
     def text(self, key: str, hex64: bool = False) -> str:
         value = self.get(key)
         if not isinstance(value, str) or hex64 and not _is_sha256(value):
@@ -570,6 +609,9 @@ class StoreAttrs:
     fingerprint: str
     arrays: dict[str, ArrayRecord]  # the arrays beside the tiles, by name
     digest: str
+    # sha256 of each shard file; None in stores written before shards had digests, whose copies
+    # (a bucket store's cache) cannot be checked against the original
+    shard_sha256: tuple[str, ...] | None = None
 
     @property
     def tile_codec(self) -> TileCodec:
@@ -614,6 +656,7 @@ class StoreAttrs:
             fingerprint=f.text("fingerprint"), digest=f.text("digest", hex64=True),
             arrays={name: ArrayRecord.from_dict(name, arrays.child(name), samples, sources)
                     for name in arrays.d if name != IMAGES},
+            shard_sha256=images.digests("shard_sha256", shards) if "shard_sha256" in images.d else None,
         )
         store._check_shard_bytes(images)
         return store

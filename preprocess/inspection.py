@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,15 +11,18 @@ from typing import Any
 import numpy as np
 
 from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.remote import RemoteStore
+from tilefeed.preprocess.remote import RemoteStore, default_cache_dir, make_cache_dir
 from tilefeed.preprocess.storage import is_url, local_path, open_storage
 from tilefeed.preprocess.errors import CorruptChunkError
 
 
-def _open(store: str | Path, storage_options: dict[str, Any] | None) -> tuple[Path, str, RemoteStore | None]:
-    """(folder with the metadata, name for messages, the remote side of a bucket store)."""
+def _open(store: str | Path, storage_options: dict[str, Any] | None,
+          cache_dir: Path | None = None) -> tuple[Path, str, RemoteStore | None]:
+    """(folder with the metadata, name for messages, the remote side of a bucket store). Neither
+    ``info`` nor ``verify`` reads a cached shard, so a store without shard digests is not warned
+    about here."""
     if is_url(store):
-        remote = RemoteStore(str(store), storage_options, check=False)
+        remote = RemoteStore(str(store), storage_options, cache_dir, check=False, warn=False)
         return remote.mirror, remote.storage.url, remote
     open_storage(store, storage_options)  # refuses options given for a folder
     return local_path(store), str(local_path(store)), None
@@ -81,10 +86,35 @@ def verify(
     """Every problem found, one line each naming the file (and sample); empty when sound.
 
     Every array is checked against what the attributes record (metadata digest, each chunk
-    present and crc32c-checked, the whole array's digest; shard sizes), then every tile. A
-    bucket store's shards are checked as they download into the cache folder.
+    present and crc32c-checked, the whole array's digest; shard sizes), then every tile, and
+    each shard's sha256 where the store records them. A bucket store is checked as the bucket
+    holds it: every object is downloaded afresh into a scratch folder (never read from the cache
+    folder, whose copies are not the bucket's objects), each shard checked as it downloads and
+    removed once its tiles are.
     """
-    root, _, remote = _open(store, storage_options)
+    if not is_url(store):
+        return _verify(store, deep, on_shard, storage_options, None)
+    cache = default_cache_dir()
+    make_cache_dir(cache)  # the scratch folder goes beside the cache: the disk meant for shards
+    scratch = Path(tempfile.mkdtemp(prefix=".verify-", dir=cache))  # a dot: no cache evicts it
+    try:
+        return _verify(store, deep, on_shard, storage_options, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _verify(store: str | Path, deep: bool, on_shard: Callable[[], None] | None,
+            storage_options: dict[str, Any] | None, scratch: Path | None) -> list[str]:
+    root, _, remote = _open(store, storage_options, scratch)
+    try:
+        return _problems(store, root, remote, deep, on_shard)
+    finally:
+        if remote is not None:
+            remote.close()
+
+
+def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: bool,
+              on_shard: Callable[[], None] | None) -> list[str]:
     meta = fmt.StoreAttrs.from_dict(fmt.load_attrs(root), f"store {str(store)!r}")
     names = [fmt.IMAGES, *meta.arrays]  # the shards first: their sizes bound every other count
     problems: list[str] = []
@@ -96,6 +126,8 @@ def verify(
         problems += _zarr_problems(root, names)
     if not problems:
         problems += _small_array_problems(root, meta)
+    if remote is not None:  # the scratch folder's paths named by URL
+        problems = [remote.where(p) for p in problems]
     codec = meta.tile_codec
     for shard in range(meta.shards):
         if remote is not None:
@@ -140,14 +172,20 @@ def _zarr_problems(root: Path, names: list[str]) -> list[str]:
 
 def _fetch_and_verify(remote: RemoteStore, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileCodec,
                       deep: bool) -> list[str]:
+    """The shard downloaded from the bucket into the scratch folder (its size, index and sha256
+    checked on the way), its tiles checked, then the copy removed."""
     try:
         remote.cache.fetch(shard)
     except Exception as e:  # noqa: BLE001 - a shard that cannot be fetched whole is a finding
         return [str(e)]
-    return _verify_shard(remote.mirror, shard, meta, codec, deep)
+    try:
+        return _verify_shard(remote.mirror, shard, meta, codec, deep, digest=False)  # checked above
+    finally:
+        fmt.shard_path(remote.mirror, shard).unlink(missing_ok=True)
 
 
-def _verify_shard(root: Path, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileCodec, deep: bool) -> list[str]:
+def _verify_shard(root: Path, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileCodec, deep: bool,
+                  digest: bool = True) -> list[str]:
     try:
         f = fmt.ShardFile(root, shard, meta.shard_size)
     except CorruptChunkError as e:
@@ -170,4 +208,11 @@ def _verify_shard(root: Path, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileC
         except Exception as e:  # noqa: BLE001 - any decoder failure is a finding, not a crash
             problems.append(f"{f.path}: sample {f.first + local}: does not decode: {e}")
     f.close()
+    if digest:  # after the tiles: a damaged tile is named first, by its sample
+        try:
+            problem = fmt.shard_digest_problem(f.path, meta, shard)
+        except OSError as e:
+            problem = f"cannot read: {e.strerror or e}"
+        if problem:
+            problems.append(f"{f.path}: {problem}")
     return problems

@@ -17,7 +17,7 @@ from tilefeed.preprocess.sources import Sources
 def write_metadata(
     root: Path, sources: Sources, tiles: TileSettings, store: StoreSettings, fingerprint: str,
     records: list[dict[str, Any]], owners: np.ndarray, rejects: list[tuple[str, str]],
-    accepted: int, shard_bytes: list[int],
+    accepted: int, shard_bytes: list[int], shard_sha256: list[str],
 ) -> None:
     import zarr
 
@@ -65,7 +65,8 @@ def write_metadata(
         "made": describe(tiles, store),
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
         "fingerprint": fingerprint,
-        "arrays": fmt.describe_arrays(root, [*columns, fmt.SOURCE_PATHS], shard_bytes),
+        "arrays": fmt.describe_arrays(root, [*columns, fmt.SOURCE_PATHS], shard_bytes,
+                                      shard_sha256),
     }
     attrs["digest"] = fmt.attrs_digest(attrs)
     group.update_attributes({fmt.ATTRS_KEY: attrs})  # last: this write marks the store complete

@@ -18,8 +18,15 @@ Shards then come two ways:
   ranged requests (each shard's index once, then a batch's tiles of one shard in one coalesced
   request), nothing kept on disk.
 
-Every download is checked before use: a shard's size and index crc32c, every tile's crc32c. A
-short or damaged download is fetched again, never yielded.
+Every download is checked before use: a shard's size and index crc32c, every tile's crc32c,
+and the shard's sha256 against the one the store's attributes record (read from the bucket on
+every open, never from the cache). A short or damaged download is fetched again, never yielded;
+one whose sha256 differs twice is refused. A shard another process put in the cache folder is
+used only once its sha256 matches, checked once per process and file (by device, inode, size
+and modification time: recency is kept in the access time, so reading never changes the key).
+The cache thus holds only what the bucket holds: a file of the right size with its chunks
+swapped, each crc32c intact, is downloaded again, not read. A store written before shards had
+digests is read with a warning (once per store and process) that its cache cannot be checked.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import os
 import re
 import stat
 import threading
+import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -44,7 +53,7 @@ import numpy as np
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.atomic import CLOEXEC, NOFOLLOW, create_new, open_lock_file, temporary_name
 from tilefeed.preprocess.errors import (CacheError, ConfigError, CorruptChunkError, StoreFormatError,
-                                        TilefeedError)
+                                        TilefeedError, UncheckedCacheWarning)
 from tilefeed.preprocess.storage import ATTEMPTS, DOWNLOAD_CHUNK, ObjectStorage
 
 DOWNLOAD_THREADS = 8  # concurrent requests: enough to hide per-request latency on object stores
@@ -56,6 +65,13 @@ ROW_BYTES = 64  # labels, sources, rows, cols, boxes: at most four 8-byte number
 PATH_ROW_BYTES = 8 << 10  # source_paths: a path or URL (4096 bytes at most on Linux), compressed
 CHUNK_SLACK = 4096  # a compressed chunk's headers and checksum
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW | CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a planted pipe never blocks
+DIGEST_DOWNLOADS = 2  # a shard whose sha256 differs this many times is not the store's: refused
+# Cached shard files whose sha256 this process has checked (or downloaded itself), by (device,
+# inode, size, modification time, the digest they matched): each is hashed once, not every epoch.
+_CHECKED: set[tuple[int, int, int, int, str]] = set()
+_CHECKED_LOCK = threading.Lock()
+_WARNED: set[str] = set()  # stores without shard digests already warned about in this process
 
 
 def default_cache_dir() -> Path:
@@ -69,14 +85,17 @@ class RemoteStore:
 
     def __init__(self, url: str, options: dict[str, Any] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None,
-                 *, check: bool = True) -> None:
+                 *, check: bool = True, warn: bool = True) -> None:
+        """``check``: the small objects against the attributes' digests before anything is read
+        (``verify`` reports them instead). ``warn``: the warning that a store which records no
+        shard digests has a cache that cannot be checked (``verify`` reads no cache)."""
         try:
-            self._open(url, options, cache_dir, cache_limit, check)
+            self._open(url, options, cache_dir, cache_limit, check, warn)
         except TilefeedError as e:  # a message carries no credential, whoever wrote it
             raise redacted(e, options) from None
 
     def _open(self, url: str, options: dict[str, Any] | None, cache_dir: str | os.PathLike[str] | None,
-              cache_limit: int | None, check: bool) -> None:
+              cache_limit: int | None, check: bool, warn: bool) -> None:
         self.storage = ObjectStorage(url, options)
         listing = self.storage.sizes("")  # bad credentials or no bucket: a one-line error here
         if "zarr.json" not in listing:
@@ -112,8 +131,16 @@ class RemoteStore:
             if problems:
                 raise CorruptChunkError(problems[0][0], None, problems[0][1])
         shard_bytes = self.attrs["arrays"][fmt.IMAGES]["shard_bytes"]
+        digests = self.attrs["arrays"][fmt.IMAGES].get("shard_sha256")  # checked by load_attrs
+        if digests is None and warn and self.storage.url not in _WARNED:
+            _WARNED.add(self.storage.url)
+            warnings.warn(redact(
+                f"{self.storage.url}: the store records no sha256 of its shards (it was written by an "
+                f"older tilefeed), so the copies in the cache folder {str(self.cache_dir)!r} cannot be "
+                "checked against the bucket; write it again with `tilefeed preprocess ... --overwrite` "
+                "to have them checked", options), UncheckedCacheWarning, stacklevel=4)
         self.cache = ShardCache(self.storage, self.mirror, self.cache_dir, shard_bytes,
-                                self.attrs["shard_size"], cache_limit)
+                                self.attrs["shard_size"], cache_limit, digests)
         self.ranges = RangedTiles(self.storage, shard_bytes, self.attrs["shard_size"])
 
     def close(self) -> None:
@@ -177,9 +204,12 @@ class ShardCache:
     """Whole shards in the mirror folder, at most ``limit`` bytes of shards in the cache folder."""
 
     def __init__(self, storage: ObjectStorage, mirror: Path, cache_dir: Path, shard_bytes: list[int],
-                 tiles_per_shard: int, limit: int | None) -> None:
+                 tiles_per_shard: int, limit: int | None, shard_sha256: list[str] | None = None) -> None:
+        """``shard_sha256``: each shard's digest as the store records it; None for a store
+        without, whose cached copies are used as found (size and crc32c checks only)."""
         self.storage, self.mirror, self.cache_dir = storage, mirror, cache_dir
         self.shard_bytes, self.tiles_per_shard = shard_bytes, tiles_per_shard
+        self.shard_sha256 = shard_sha256
         self.limit = limit
         self.pinned: set[int] = set()  # shards this process is about to read: never evicted by it
         self._pool: ThreadPoolExecutor | None = None
@@ -253,11 +283,12 @@ class ShardCache:
 
     # -- fetch ----------------------------------------------------------------------------------
     def fetch(self, shard: int) -> Path:
-        """The shard's local path, downloading it first if needed (waiting for one in flight)."""
+        """The shard's local path, downloading it first if needed (waiting for one in flight).
+        A copy already in the cache folder is used once it is known to match the store's digest
+        (checked by ``_fetch``, once per process and file)."""
         self.used(shard)
         path = self.path(shard)
-        if _present(path, self.shard_bytes[shard]):
-            os.utime(path, follow_symlinks=False)  # least recently used goes first
+        if self._cached(shard, hash_it=False):
             return path
         with self._lock:
             self.pinned.add(shard)
@@ -275,7 +306,7 @@ class ShardCache:
         *folders, name = key.split("/")
         # one download per shard, all processes
         with _flock(self.mirror / ".locks" / str(shard), root=self.mirror):
-            if _present(path, expected):
+            if self._cached(shard, hash_it=True):  # another process fetched it, or an earlier run
                 return path
             dfd = _open_dir(self.mirror, folders, create=True)
             try:
@@ -285,7 +316,10 @@ class ShardCache:
                 tmp = temporary_name(Path(name)).name
                 try:
                     with os.fdopen(create_new(tmp, 0o600, dir_fd=dfd), "w+b") as f:
-                        self._download_shard(key, f, expected)
+                        digest = self._download_shard(key, f, expected, shard)
+                        f.flush()
+                        if digest:  # checked as it came: this process needs no second look
+                            _remember(os.fstat(f.fileno()), digest)
                     if self.limit is None:
                         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                     else:
@@ -298,19 +332,62 @@ class ShardCache:
                 os.close(dfd)
         return path
 
-    def _download_shard(self, key: str, f: IO[bytes], expected: int) -> None:
-        """The shard into ``f``, checked; at most ``expected`` bytes (what the store records) are
-        taken from the server, however large the object there is."""
-        problem = ""
-        for _ in range(ATTEMPTS):
-            size = _download(self.storage, key, f, expected)
+    def _download_shard(self, key: str, f: IO[bytes], expected: int, shard: int) -> str:
+        """The shard into ``f``, checked (size, index, and sha256 when the store records one);
+        the sha256 it was checked against, or ''. At most ``expected`` bytes (what the store
+        records) are taken from the server, however large the object there is."""
+        problem, attempts, mismatches = "", 0, 0
+        digest = self.shard_sha256[shard] if self.shard_sha256 is not None else ""
+        while attempts < ATTEMPTS and mismatches < DIGEST_DOWNLOADS:
+            attempts += 1
+            size, actual = _download_hashed(self.storage, key, f, expected)
             if size > expected:  # the object is not the store's shard: no retry makes it one
                 raise CorruptChunkError(self.storage.where(key), None,
                                         f"larger than the {expected} bytes the store records")
             problem = _shard_problem(f, size, expected, self.tiles_per_shard, self.storage.where(key))
+            if not problem and digest and actual != digest:
+                problem = "differs from what the store records (shard sha256 mismatch)"
+                mismatches += 1
             if not problem:
-                return
-        raise CorruptChunkError(self.storage.where(key), None, f"{problem} (after {ATTEMPTS} downloads)")
+                return digest
+        raise CorruptChunkError(self.storage.where(key), None, f"{problem} (after {attempts} downloads)")
+
+    def _cached(self, shard: int, *, hash_it: bool) -> bool:
+        """True when the cache folder holds shard ``shard`` as the store records it: a regular
+        file (never a link) of its size and, when the store records digests, of its sha256,
+        known to this process already or (``hash_it``) hashed now. A file of the right size that
+        fails the digest is removed (``hash_it`` is passed under the shard's lock). Marks the
+        file recently used: its access time, so that the modification time stays the key."""
+        key = fmt.shard_relpath(shard)
+        *folders, name = key.split("/")
+        try:
+            dfd = _open_dir(self.mirror, folders, create=False)
+        except (OSError, CacheError):
+            return False
+        try:
+            try:
+                fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+            except OSError:  # absent, or a link planted there
+                return False
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != self.shard_bytes[shard]:
+                    return False
+                if self.shard_sha256 is not None:
+                    digest = self.shard_sha256[shard]
+                    if not _checked(st, digest):
+                        if not hash_it:
+                            return False
+                        if fmt.sha256_fd(fd) != digest:
+                            _unlink_at(dfd, name)  # not what the bucket holds: downloaded again
+                            return False
+                        _remember(st, digest)
+                os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))  # least recently used goes first
+                return True
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
 
     def _make_room(self, need: int) -> None:
         """Evict least recently used shards (of any store in the cache folder) until ``need``
@@ -334,6 +411,16 @@ class ShardCache:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _checked(st: os.stat_result, digest: str) -> bool:
+    with _CHECKED_LOCK:
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, digest) in _CHECKED
+
+
+def _remember(st: os.stat_result, digest: str) -> None:
+    with _CHECKED_LOCK:
+        _CHECKED.add((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, digest))
 
 
 def _present(path: Path, size: int) -> bool:
@@ -451,8 +538,9 @@ def _put(root: Path, rel: str, fill: Any) -> None:
 
 
 def _cached_shards(cache_dir: Path) -> list[tuple[float, int, str]]:
-    """(mtime, size, path under the cache folder) of every shard file there: real folders and
-    regular files only, so a link planted in the cache folder leads nowhere."""
+    """(last use, size, path under the cache folder) of every shard file there: real folders and
+    regular files only, so a link planted in the cache folder leads nowhere. A shard's last use
+    is its access time, which ``ShardCache`` sets as it hands the shard out."""
     found: list[tuple[float, int, str]] = []
     try:
         top = os.open(cache_dir, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
@@ -481,7 +569,7 @@ def _cached_shards(cache_dir: Path) -> list[tuple[float, int, str]]:
                     finally:
                         os.close(fd)
                     if stat.S_ISREG(st.st_mode):
-                        found.append((st.st_mtime, st.st_size, f"{mirror}/{fmt.IMAGES}/c/{n}/0/0/0"))
+                        found.append((st.st_atime, st.st_size, f"{mirror}/{fmt.IMAGES}/c/{n}/0/0/0"))
             finally:
                 os.close(shards_fd)
     finally:
@@ -493,20 +581,26 @@ def _cached_shards(cache_dir: Path) -> list[tuple[float, int, str]]:
 def _download(storage: ObjectStorage, key: str, f: IO[bytes], cap: int) -> int:
     """The object ``key`` streamed into ``f`` (emptied first), but never more than ``cap`` + 1
     bytes of it: the bytes written, ``cap`` + 1 meaning the object is larger than ``cap``."""
+    return _download_hashed(storage, key, f, cap)[0]
+
+
+def _download_hashed(storage: ObjectStorage, key: str, f: IO[bytes], cap: int) -> tuple[int, str]:
+    """``_download``, and the sha256 (hex) of the bytes written, taken as they stream."""
     import obstore
 
-    def get() -> int:
+    def get() -> tuple[int, str]:
         f.seek(0)
         f.truncate()
-        written = 0
+        written, h = 0, hashlib.sha256()
         for piece in obstore.get(storage.store, key).stream(min_chunk_size=DOWNLOAD_CHUNK):
             view = memoryview(piece)[: cap + 1 - written]
             f.write(view)
+            h.update(view)
             written += len(view)
             if written > cap:
                 break  # dropping the stream closes the connection: nothing more is read
         f.flush()
-        return written
+        return written, h.hexdigest()
 
     return storage._call("reading", key, get)
 

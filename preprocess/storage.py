@@ -13,6 +13,7 @@ the object key only.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -103,6 +104,10 @@ class Storage:
     def read_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         raise NotImplementedError
 
+    def sha256(self, key: str) -> str:
+        """sha256 (hex) of the whole object, read as it is stored now (streamed, never held whole)."""
+        raise NotImplementedError
+
     def write(self, key: str, data: bytes, *, sync: bool = False) -> None:
         with self.writer(key, sync=sync) as f:
             f.write(data)
@@ -158,6 +163,13 @@ class LocalStorage(Storage):
     def read_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[bytes]:
         with open(self.root / key, "rb") as f:
             return [os.pread(f.fileno(), end - start, start) for start, end in zip(starts, ends, strict=True)]
+
+    def sha256(self, key: str) -> str:
+        h = hashlib.sha256()
+        with open(self.root / key, "rb") as f:
+            while block := f.read(DOWNLOAD_CHUNK):
+                h.update(block)
+        return h.hexdigest()
 
     @contextmanager
     def writer(self, key: str, *, sync: bool = False) -> Iterator[IO[bytes]]:
@@ -272,6 +284,17 @@ class ObjectStorage(Storage):
                 for piece in obstore.get(self.store, key).stream(min_chunk_size=DOWNLOAD_CHUNK):
                     f.write(piece)
                 return f.tell()
+
+        return self._call("reading", key, get)
+
+    def sha256(self, key: str) -> str:
+        import obstore
+
+        def get() -> str:
+            h = hashlib.sha256()  # afresh on each attempt: a retry reads the object from its start
+            for piece in obstore.get(self.store, key).stream(min_chunk_size=DOWNLOAD_CHUNK):
+                h.update(piece)
+            return h.hexdigest()
 
         return self._call("reading", key, get)
 

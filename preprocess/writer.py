@@ -5,8 +5,11 @@ A worker decodes its part's images and writes their encoded chunks to the work f
 (``OUT/.tilefeed-partial``), bytes first and a small JSON record last, each under a temporary
 name then renamed. As soon as the parts a shard needs are recorded, a worker copies their chunk
 bytes into the shard file (temporary name, then rename) and the consumed part files go; the
-driver fsyncs each shard on a background thread, so the disk write overlaps decoding. When
-every shard is in place and synced the driver writes the small arrays and the array metadata, and the
+driver fsyncs each shard on a background thread, so the disk write overlaps decoding, and
+takes each shard's sha256 there from the finished file (from the bucket, for a store in one;
+from the shared folder, for shards a cluster wrote; also for shards a resumed run finds in
+place), so the digest the store records is of the bytes that are there. When every shard is in
+place, synced and digested the driver writes the small arrays and the array metadata, and the
 group's tilefeed attributes last: that write marks the store complete. A rerun of the same
 command skips the parts and shards already there, so a killed run resumes and ends in the very
 bytes of an uninterrupted one.
@@ -48,6 +51,8 @@ from tilefeed.preprocess.storage import Storage, client_started, is_url, open_st
 
 PART_SOURCES = 64
 PHASES = ("decode", "encode", "write", "copy", "sync")  # where the workers' time goes
+# (sync: each finished shard's fsync and sha256, on the driver's threads)
+DIGEST_THREADS = 4  # shards digested at once where they are read back (a bucket, a cluster's folder)
 
 
 @dataclass
@@ -222,7 +227,8 @@ class _Build:
         self.resumed = 0  # parts found done on disk
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-fsync")
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="tilefeed-shards")
-        self._synced: list[Future[float]] = []
+        self._digester: ThreadPoolExecutor | None = None
+        self._finished: dict[int, Future[tuple[float, str]]] = {}  # shard -> (fsync seconds, sha256)
 
     def run(self, workers: int) -> None:
         done = self.out.sizes(self.work)  # one listing: parts recorded before an interruption
@@ -344,9 +350,15 @@ class _Build:
             pending[runner.submit(tasks.write_shard, *args)] = _Task("shard", shard, tasks.write_shard, args)
 
     def _sync(self, shard: int) -> None:
+        """The shard, written or found in place, synced (when this machine wrote it) and digested,
+        on a background thread."""
         if self.local:
             assert self.out.local is not None
-            self._synced.append(self._syncer.submit(tasks.fsync, fmt.shard_path(self.out.local, shard)))
+            self._finished[shard] = self._syncer.submit(_sync_and_digest, fmt.shard_path(self.out.local, shard))
+            return
+        if self._digester is None:
+            self._digester = ThreadPoolExecutor(DIGEST_THREADS, thread_name_prefix="tilefeed-digest")
+        self._finished[shard] = self._digester.submit(_digest, self.out, fmt.shard_relpath(shard))
 
     def _pieces(self, lo: int, hi: int) -> tuple[list[tuple[int, int, int]], list[int]]:
         pieces, sizes = [], []
@@ -378,6 +390,8 @@ class _Build:
     def close(self) -> None:
         self._copier.shutdown(wait=True)
         self._syncer.shutdown(wait=True)
+        if self._digester is not None:
+            self._digester.shutdown(wait=True, cancel_futures=True)
 
     def finish(self, fingerprint: str) -> Summary:
         records = [r for r in self.records if r is not None]
@@ -392,15 +406,18 @@ class _Build:
                 f"({', '.join(f'{n} {k}' for k, n in reasons.most_common())})"
             )
         accepted = inputs - len(rejects)
-        for synced in self._synced:
-            self.phases["sync"] += synced.result()  # every shard on disk before any metadata declares it
         for r in records:
             for phase, seconds in r.get("seconds", {}).items():
                 self.phases[phase] += seconds
         shards = fmt.shard_count(len(owners), self.per_shard)
         shard_bytes = [self.shard_bytes[s] for s in range(shards)]
+        shard_sha256 = []
+        for s in range(shards):  # every shard on disk and digested before any metadata declares it
+            seconds, digest = self._finished[s].result()
+            self.phases["sync"] += seconds
+            shard_sha256.append(digest)
         args = (self.sources, self.tiles, self.store, fingerprint, records, owners, rejects,
-                accepted, shard_bytes)
+                accepted, shard_bytes, shard_sha256)
         if self.out.local is not None:
             for stray in (self.out.local / fmt.IMAGES).rglob(".*.tmp-*"):
                 stray.unlink()  # a shard a killed worker was writing; written again since
@@ -416,6 +433,23 @@ class _Build:
             shards=shards, bytes=sum(shard_bytes), seconds=0.0,
             rejects_by_reason=dict(reasons.most_common()), phases=self.phases,
         )
+
+
+def _sync_and_digest(path: Path) -> tuple[float, str]:
+    """A shard this machine wrote: fsynced, then its sha256 (read back while in the page cache);
+    the seconds both took."""
+    start = time.perf_counter()
+    tasks.fsync(path)
+    with open(path, "rb") as f:
+        digest = fmt.sha256_fd(f.fileno())
+    return time.perf_counter() - start, digest
+
+
+def _digest(out: Storage, key: str) -> tuple[float, str]:
+    """A shard written elsewhere (in a bucket, by a cluster's worker): its sha256 read back."""
+    start = time.perf_counter()
+    digest = out.sha256(key)
+    return time.perf_counter() - start, digest
 
 
 def _reason_kind(reason: str) -> str:

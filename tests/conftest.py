@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_forkserver_per_module() -> Iterator[None]:
+    """A forkserver keeps the environment it started with, and its children inherit that one:
+    a module that points the environment at its own S3 server must not leave the next module's
+    workers with it (or without the next one's). Stopped after each module, started on demand."""
+    yield
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
 
 
 @pytest.fixture
