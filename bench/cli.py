@@ -286,7 +286,8 @@ def _stats(argv: list[str]) -> int:
                 "change, which is then applied and the two stalls compared).")
     _data_args(p, count=1600)
     _loop_args(p, rounds=7)
-    p.add_argument("--step-ms", type=float, default=40.0, help="emulated step of the advice runs")
+    p.add_argument("--step-ms", type=float, default=10.0,
+                   help="emulated step of the advice runs (shorter than one worker's batch)")
     p.add_argument("--steps", type=int, default=40, help="measured steps of each advice run")
     args = p.parse_args(argv)
     from tilefeed.bench.stats_bench import advice, format_stats, overhead

@@ -23,27 +23,39 @@ from tilefeed.bench.harness import measure
 from tilefeed.bench.steps import EmulatedStep
 from tilefeed.pipeline import Loader
 
+EPOCHS = 3  # timed per round, after a warm-up epoch: long enough to rise above the timer noise
 
-def _samples_per_s(store: Path, batch_size: int, workers: int, stats: bool) -> float:
+
+def _rates(store: Path, batch_size: int, workers: int, stats: bool) -> tuple[float, float]:
+    """(samples/s, CPU microseconds per sample over all the process's threads)."""
     with Loader(store, batch_size, train=True, num_workers=workers, stats=stats) as loader:
         for _batch in loader:  # warm-up epoch: the graph, the page cache, the allocator
             pass
-        began, samples = time.perf_counter(), 0
-        for images, _labels in loader:
-            samples += len(images)
-        return samples / (time.perf_counter() - began)
+        began, cpu, samples = time.perf_counter(), time.process_time(), 0
+        for _ in range(EPOCHS):
+            for images, _labels in loader:
+                samples += len(images)
+        return (samples / (time.perf_counter() - began),
+                1e6 * (time.process_time() - cpu) / samples)
 
 
 def overhead(store: Path, *, batch_size: int, workers: int, rounds: int) -> dict[str, Any]:
-    """samples/s with stats on and off, alternating round by round."""
-    on: list[float] = []
-    off: list[float] = []
+    """samples/s and CPU per sample with stats on and off, alternating round by round; the
+    CPU time is the steadier figure on a shared machine (other tenants slow the wall clock)."""
+    on: list[tuple[float, float]] = []
+    off: list[tuple[float, float]] = []
     for _ in range(rounds):
-        on.append(_samples_per_s(store, batch_size, workers, True))
-        off.append(_samples_per_s(store, batch_size, workers, False))
-    cost = 1 - statistics.median(on) / statistics.median(off)
-    return {"on": on, "off": off, "cost": cost,
-            "paired": [1 - a / b for a, b in zip(on, off, strict=True)]}
+        on.append(_rates(store, batch_size, workers, True))
+        off.append(_rates(store, batch_size, workers, False))
+
+    def median(runs: list[tuple[float, float]], k: int) -> float:
+        return statistics.median(r[k] for r in runs)
+
+    return {"on": [r[0] for r in on], "off": [r[0] for r in off],
+            "cpu_us_on": [r[1] for r in on], "cpu_us_off": [r[1] for r in off],
+            "cost": 1 - median(on, 0) / median(off, 0),
+            "cpu_cost": median(on, 1) / median(off, 1) - 1,
+            "paired": [1 - a[0] / b[0] for a, b in zip(on, off, strict=True)]}
 
 
 def advice(jpeg_store: Path, *, batch_size: int, step_ms: float, steps: int) -> dict[str, Any]:
@@ -69,14 +81,16 @@ def advice(jpeg_store: Path, *, batch_size: int, step_ms: float, steps: int) -> 
 
 def format_stats(result: dict[str, Any]) -> str:
     o = result["overhead"]
-    lines = ["stats overhead (training Loader, samples/s, medians of "
+    lines = ["stats overhead (training Loader, medians of "
              f"{len(o['on'])} interleaved rounds):",
-             "| stats | samples/s | range |", "| --- | ---: | ---: |"]
+             "| stats | samples/s | range | CPU us/sample | range |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     for name in ("on", "off"):
-        v = o[name]
-        lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} |")
-    lines.append(f"cost: {o['cost']:+.2%} (paired rounds {min(o['paired']):+.1%} to "
-                 f"{max(o['paired']):+.1%})")
+        v, c = o[name], o[f"cpu_us_{name}"]
+        lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} | "
+                     f"{statistics.median(c):.1f} | {min(c):.1f}-{max(c):.1f} |")
+    lines.append(f"cost: {o['cost']:+.2%} of samples/s (paired rounds {min(o['paired']):+.1%} to "
+                 f"{max(o['paired']):+.1%}), {o['cpu_cost']:+.2%} of CPU per sample")
     a = result["advice"]
     lines += ["", "decode-bound on purpose (JPEG store, one worker, train, CPU):",
               a["before"]["stats"], "", "| run | workers | stall | bottleneck |",
