@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,23 @@ from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop defaults
 FAULT_ARGS = ["--size", "32", "--shard-size", "50", "--workers", "2", "--quiet"]
+
+
+@contextmanager
+def s3_environment(cache: Path, buckets: tuple[str, ...] = ("tilefeed",)) -> Iterator[dict[str, str]]:
+    """A local S3 server with ``buckets``, and this process's environment pointing at it (its
+    endpoint, credentials and ``cache`` as the default shard cache) until the block ends."""
+    from tilefeed.bench.netem import CREDENTIALS, local_s3
+
+    saved = dict(os.environ)
+    with local_s3(buckets) as endpoint:
+        env = {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "TILEFEED_CACHE": str(cache)}
+        os.environ.update(env)
+        try:
+            yield env
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 def run_cli(*args: str, timeout: float = 120,

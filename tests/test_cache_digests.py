@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tilefeed.bench.netem import CREDENTIALS, local_s3
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess import format as fmt
@@ -25,7 +24,7 @@ from tilefeed.preprocess.errors import CorruptChunkError, StoreFormatError, Unch
 from tilefeed.preprocess.inspection import verify
 from tilefeed.preprocess.remote import RemoteStore
 from tilefeed.preprocess.storage import ObjectStorage
-from tests.helpers import run_cli, write_folder
+from tests.helpers import run_cli, s3_environment, write_folder
 
 PER_SHARD = 8
 SHARD = 0  # the shard the tests tamper with: samples 0..7, of two classes (6 per class)
@@ -35,15 +34,8 @@ SWAP = (0, 7)  # its first and last chunk: a c0 tile and a c1 tile
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The server's endpoint, with this process's environment pointing at it."""
-    saved = dict(os.environ)
-    with local_s3() as endpoint:
-        os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint,
-                          TILEFEED_CACHE=str(tmp_path_factory.mktemp("cache")))
-        try:
-            yield endpoint
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with s3_environment(tmp_path_factory.mktemp("cache")) as env:
+        yield env["AWS_ENDPOINT_URL"]
 
 
 @pytest.fixture(scope="module")

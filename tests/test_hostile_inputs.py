@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tilefeed.bench.netem import CREDENTIALS, local_s3
+from tilefeed.bench.netem import CREDENTIALS
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import CacheError
 from tilefeed.preprocess.remote import RemoteStore
 from tilefeed.preprocess.settings import default_workers
 from tilefeed.preprocess.storage import ObjectStorage
-from tests.helpers import photo, run_cli, write_folder
+from tests.helpers import photo, run_cli, s3_environment, write_folder
 from tests.hostile_inputs_helpers import Run, run_measured, snapshot, write_grey_png
 
 MIB = 1 << 20
@@ -42,16 +42,8 @@ def bounded(run: Run, worker_mib: float = BUDGET_MIB) -> Run:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The server's environment: endpoint and credentials (this process's too, while it runs)."""
-    saved = dict(os.environ)
-    with local_s3(("tilefeed", "another-bucket")) as endpoint:
-        env = {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint,
-               "TILEFEED_CACHE": str(tmp_path_factory.mktemp("default-cache"))}
-        os.environ.update(env)
-        try:
-            yield env
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with s3_environment(tmp_path_factory.mktemp("default-cache"), ("tilefeed", "another-bucket")) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import StoreAccessError, StoreFormatError
 from tilefeed.preprocess.remote import _flock
 from tilefeed.preprocess.storage import ObjectStorage
-from tests.helpers import run_cli, tree_bytes, write_folder
+from tests.helpers import run_cli, s3_environment, tree_bytes, write_folder
 
 TILES, STORE = TileSettings(tile=32), StoreSettings(shard_size=8)
 SECRET = CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
@@ -36,15 +36,8 @@ SECRET = CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The server's endpoint, with this process's environment pointing at it."""
-    saved = dict(os.environ)
-    with local_s3() as endpoint:
-        os.environ.update(CREDENTIALS, AWS_ENDPOINT_URL=endpoint,
-                          TILEFEED_CACHE=str(tmp_path_factory.mktemp("cache")))
-        try:
-            yield endpoint
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with s3_environment(tmp_path_factory.mktemp("cache")) as env:
+        yield env["AWS_ENDPOINT_URL"]
 
 
 @pytest.fixture(scope="module")
