@@ -1,5 +1,19 @@
-"""Measure data-loader wait against step time: ``bench.watch(loader)`` or ``bench.measure``."""
+"""Measure data-loader wait against step time: ``bench.watch(loader)`` or ``bench.measure``.
 
-from tilefeed.bench.harness import RunResult, measure, watch
+The harness (and torch with it) loads on first use of a name."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tilefeed.bench.harness import RunResult, measure, watch
 
 __all__ = ["RunResult", "measure", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'tilefeed.bench' has no attribute {name!r}")
+    return getattr(import_module("tilefeed.bench.harness"), name)

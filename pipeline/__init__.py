@@ -1,25 +1,28 @@
 """Feed a tilefeed store to training: a DALI ``Loader`` and a torch ``TileDataset``.
 
-``Loader`` loads on first use, so ``TileDataset`` and ``StoreReader`` never load DALI.
+Each name loads on first use: ``TileDataset`` and ``StoreReader`` never load DALI.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from tilefeed.pipeline.dataset import TileDataset
-from tilefeed.pipeline.reader import StoreReader
-from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
-
 if TYPE_CHECKING:
+    from tilefeed.pipeline.dataset import TileDataset
     from tilefeed.pipeline.loader import Loader
+    from tilefeed.pipeline.reader import StoreReader
+    from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
 
+_PUBLIC = {
+    "TileDataset": "tilefeed.pipeline.dataset", "Loader": "tilefeed.pipeline.loader",
+    "StoreReader": "tilefeed.pipeline.reader", "ConfigError": "tilefeed.preprocess.errors",
+    "CorruptChunkError": "tilefeed.preprocess.errors", "StoreFormatError": "tilefeed.preprocess.errors",
+}
 __all__ = ["ConfigError", "CorruptChunkError", "Loader", "StoreFormatError", "StoreReader", "TileDataset"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Loader":
-        from tilefeed.pipeline.loader import Loader
-
-        return Loader
-    raise AttributeError(f"module 'tilefeed.pipeline' has no attribute {name!r}")
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'tilefeed.pipeline' has no attribute {name!r}")
+    return getattr(import_module(_PUBLIC[name]), name)

@@ -237,10 +237,12 @@ class TileCodec:
 
 
 # Built once: the hot paths encode and decode a tile per call. Parallelism comes from worker
-# processes and DALI threads; blosc's own threads would only contend with them.
+# processes and reader threads; blosc's own threads would only contend with them. numcodecs
+# already keeps them out of any thread but a process's main one (the reader's threads); the
+# writer's worker processes turn them off for themselves (``tasks.write_part``), and importing
+# tilefeed changes no setting of the caller's process.
 _LZ4 = Blosc(cname="lz4", clevel=LZ4_LEVEL, shuffle=Blosc.NOSHUFFLE, blocksize=0)
 _ZSTD = Zstd(level=ZSTD_LEVEL)
-blosc.use_threads = False
 
 
 def encode_jpeg(tile: np.ndarray, quality: int) -> bytes:

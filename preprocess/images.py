@@ -36,7 +36,6 @@ from tilefeed.preprocess.remote import redact
 from tilefeed.preprocess.settings import TileSettings, size_text
 from tilefeed.preprocess.storage import is_url, read_object
 
-register_plugins()
 
 STRIP_BYTES = 8 << 20  # float64 working set of one strip of a 16-bit or float picture
 GREY_MODES = ("L", "1")  # widened to RGB tile by tile, not picture by picture
@@ -58,6 +57,7 @@ class Rejected(Exception):
 
 def load_tiles(path: str, settings: TileSettings) -> Tiles:
     """Decode ``path`` and cut it into tiles; raises Rejected with the reason on any bad input."""
+    register_plugins()  # once per process, on first use: importing changes nothing of PIL's
     source: str | io.BytesIO = path
     try:
         if is_url(path):

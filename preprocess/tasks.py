@@ -16,6 +16,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from numcodecs import blosc
+
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
@@ -36,6 +38,7 @@ def write_part(
     ``isolate`` decodes each image in a child process of its own: the retry of a part whose
     worker died, so that the image that kills a decoder is the only one lost.
     """
+    blosc.use_threads = False  # a worker process of the writer's: its parallelism is the pool's
     load = load_isolated if isolate else load_tiles
     codec = fmt.TileCodec(store.codec, tiles.tile, store.quality)
     record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],

@@ -1,36 +1,53 @@
 """tilefeed: pre-tiled Zarr v3 image shards, a DALI loader that feeds the GPU, and a stall bench.
 
 One import name for the three parts (``tilefeed.preprocess``, ``tilefeed.pipeline``,
-``tilefeed.bench``) and the public API below. ``Loader`` loads lazily, so ``import tilefeed``
-and the DALI-free parts (``TileDataset``, ``StoreReader``) never load DALI.
+``tilefeed.bench``) and the public API below, every name loaded on first use.
 """
 
 from __future__ import annotations
 
-from importlib import metadata
+from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
 
-from tilefeed.bench.harness import RunResult, measure, watch
-from tilefeed.pipeline.dataset import TileDataset
-from tilefeed.pipeline.reader import StoreReader
-from tilefeed.preprocess.errors import (
-    ConfigError,
-    CorruptChunkError,
-    DaliMissingError,
-    SourceError,
-    StoreExistsError,
-    StoreFormatError,
-    StoreWriteError,
-    TilefeedError,
-)
-from tilefeed.preprocess.settings import StoreSettings, TileSettings
-from tilefeed.preprocess.sources import SourceOptions
-
 if TYPE_CHECKING:
+    from tilefeed.bench.harness import RunResult, measure, watch
+    from tilefeed.pipeline.dataset import TileDataset
     from tilefeed.pipeline.loader import Loader
+    from tilefeed.pipeline.reader import StoreReader
+    from tilefeed.preprocess.errors import (
+        ConfigError,
+        CorruptChunkError,
+        DaliMissingError,
+        SourceError,
+        StoreExistsError,
+        StoreFormatError,
+        StoreWriteError,
+        TilefeedError,
+    )
+    from tilefeed.preprocess.settings import StoreSettings, TileSettings
+    from tilefeed.preprocess.sources import SourceOptions
     from tilefeed.preprocess.writer import Summary, preprocess as preprocess_images
 
 __version__ = metadata.version("tilefeed")
+
+# public name -> (module, attribute): each loads on first use, so ``import tilefeed`` (every
+# command, every spawned or Dask worker) costs no torch, zarr, DALI or numpy
+_PUBLIC = {
+    "RunResult": ("tilefeed.bench.harness", "RunResult"),
+    "measure": ("tilefeed.bench.harness", "measure"),
+    "watch": ("tilefeed.bench.harness", "watch"),
+    "TileDataset": ("tilefeed.pipeline.dataset", "TileDataset"),
+    "Loader": ("tilefeed.pipeline.loader", "Loader"),
+    "StoreReader": ("tilefeed.pipeline.reader", "StoreReader"),
+    "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
+    "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
+    "SourceOptions": ("tilefeed.preprocess.sources", "SourceOptions"),
+    "preprocess_images": ("tilefeed.preprocess.writer", "preprocess"),
+    "Summary": ("tilefeed.preprocess.writer", "Summary"),
+    **{name: ("tilefeed.preprocess.errors", name) for name in (
+        "ConfigError", "CorruptChunkError", "DaliMissingError", "SourceError", "StoreExistsError",
+        "StoreFormatError", "StoreWriteError", "TilefeedError")},
+}
 
 __all__ = [
     "ConfigError", "CorruptChunkError", "DaliMissingError", "Loader", "RunResult", "SourceError",
@@ -41,12 +58,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Loader":
-        from tilefeed.pipeline.loader import Loader
-
-        return Loader
-    if name in ("preprocess_images", "Summary"):
-        from tilefeed.preprocess import writer
-
-        return writer.preprocess if name == "preprocess_images" else writer.Summary
-    raise AttributeError(f"module 'tilefeed' has no attribute {name!r}")
+    where = _PUBLIC.get(name)
+    if where is None:
+        raise AttributeError(f"module 'tilefeed' has no attribute {name!r}")
+    return getattr(import_module(where[0]), where[1])
