@@ -255,7 +255,10 @@ class Loader:
         rank, world_size = _int("rank", rank, 0), _int("world_size", world_size, 1)
         if rank >= world_size:
             raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        self.device = torch.device(device) if device is not None else default_device()
+        try:
+            self.device = torch.device(device) if device is not None else default_device()
+        except (RuntimeError, TypeError) as e:  # torch's own words for a string it cannot parse
+            raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}") from e
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {self.device} was asked for, but CUDA is not available")
         if self.device.type not in ("cuda", "cpu"):

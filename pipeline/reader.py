@@ -198,10 +198,6 @@ class StoreReader:
             bad = low if low < 0 else high
             raise IndexError(f"sample {bad} is out of range for {self.samples} samples")
 
-    def payload(self, index: int) -> memoryview:
-        """The encoded chunk of sample ``index`` (a view into the map), checksum verified."""
-        return self.payloads([index])[0]
-
     def read_into(self, index: int, out: np.ndarray) -> np.ndarray:
         """Decode sample ``index`` into ``out`` (T, T, 3) uint8."""
         return self.read_batch_into([index], out[None])[0]

@@ -5,7 +5,7 @@ round trip where a flag could lie), DALI and whether it sees a GPU, torch and CU
 numcodecs, and the cores. Every problem comes with a one-line fix. A machine without a GPU is
 information, not a failure; anything the README promises that is missing is.
 
-``python -m preprocess.doctor --pil`` checks the PIL part only: ``make setup`` runs it after
+``python -m tilefeed.preprocess.doctor --pil`` checks the PIL part only: ``make setup`` runs it after
 compiling pillow-simd, so a PIL built without a codec never passes setup silently.
 """
 

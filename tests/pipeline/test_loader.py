@@ -237,8 +237,8 @@ def test_options_are_validated_up_front(store: Path) -> None:
     bad = [
         dict(batch_size=0), dict(shuffle="random"), dict(dtype=torch.int32), dict(layout="CHW"),
         dict(size=3), dict(workers=0), dict(prefetch=0), dict(rank=2, world_size=2),
-        dict(rank=0), dict(scale=(0.5, 0.1)), dict(device="cuda:0") if not torch.cuda.is_available()
-        else dict(device="tpu"),
+        dict(rank=0), dict(scale=(0.5, 0.1)), dict(device="tpu"), dict(device="gpu:0"),
+        *([dict(device="cuda:0")] if not torch.cuda.is_available() else []),
     ]
     for kwargs in bad:
         batch_size = kwargs.pop("batch_size", 4)
