@@ -30,7 +30,7 @@ from tilefeed.pipeline.order import epoch_order
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import ConfigError, StoreFormatError, TilefeedError
 from tilefeed.preprocess.inspection import printable
-from tilefeed.preprocess.remote import redact
+from tilefeed.preprocess.storage import redact
 from tilefeed.preprocess.storage import is_url, parse_options
 
 if TYPE_CHECKING:

@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def shown(text: str, args: argparse.Namespace | None = None) -> str:
     """``text`` as one printable line with no credential in it (those of the environment, of
     any URL, and of the ``--storage-option`` values)."""
-    from tilefeed.preprocess.remote import redact
+    from tilefeed.preprocess.storage import redact
 
     options: dict[str, str] = {}
     for pair in getattr(args, "storage_option", None) or []:
@@ -276,7 +276,7 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from tilefeed.preprocess.inspection import format_info, info
-    from tilefeed.preprocess.remote import redact
+    from tilefeed.preprocess.storage import redact
 
     options = parse_options(args.storage_option)
     d = info(args.store, options)

@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tilefeed.preprocess.plugins import register_plugins
-from tilefeed.preprocess.remote import redact
+from tilefeed.preprocess.storage import redact
 from tilefeed.preprocess.settings import TileSettings, size_text
 from tilefeed.preprocess.storage import is_url, read_object
 

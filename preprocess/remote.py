@@ -35,7 +35,6 @@ import errno
 import fcntl
 import hashlib
 import os
-import re
 import stat
 import threading
 import time
@@ -46,7 +45,6 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -54,7 +52,7 @@ from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.atomic import CLOEXEC, NOFOLLOW, create_new, open_lock_file, temporary_name
 from tilefeed.preprocess.errors import (CacheError, ConfigError, CorruptChunkError, StoreFormatError,
                                         TilefeedError, UncheckedCacheWarning)
-from tilefeed.preprocess.storage import ATTEMPTS, DOWNLOAD_CHUNK, ObjectStorage
+from tilefeed.preprocess.storage import ATTEMPTS, DOWNLOAD_CHUNK, ObjectStorage, redact, redacted
 
 DOWNLOAD_THREADS = 8  # concurrent requests: enough to hide per-request latency on object stores
 # The most bytes the mirror takes for an object whose size the store does not record: the
@@ -657,47 +655,6 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
     return keys
 
 
-# -- messages without credentials ---------------------------------------------------------------
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
-_SECRET_WORDS = frozenset(("SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS", "KEY", "CREDENTIAL",
-                           "CREDENTIALS", "SAS", "SIGNATURE", "AUTH", "AUTHORIZATION"))
-
-
-def _secrets(options: Mapping[str, Any] | None) -> set[str]:
-    """Values that must never be shown: those of secret-looking environment variables and
-    storage options, and the user and password of any URL among the options."""
-    found = set()
-    named = [*os.environ.items(), *((str(k), v) for k, v in (options or {}).items())]
-    for name, value in named:
-        if not isinstance(value, str):
-            continue
-        words = set(re.split(r"[^A-Z0-9]+", name.upper()))
-        if words & _SECRET_WORDS and len(value) >= 6:
-            found.add(value)
-        if "://" in value:
-            try:
-                parts = urlsplit(value)
-                found.update(p for p in (parts.username, parts.password) if p and len(p) >= 3)
-            except ValueError:
-                continue
-    return found
-
-
-def redact(text: str, options: Mapping[str, Any] | None = None) -> str:
-    """``text`` with credentials cut out: the user and password of any URL, and the values of
-    secret-looking environment variables and storage ``options``."""
-    text = _USERINFO.sub(r"\1***@", text)
-    for secret in sorted(_secrets(options), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
-
-
-def redacted(error: BaseException, options: Mapping[str, Any] | None = None) -> BaseException:
-    """``error`` with every text argument passed through ``redact`` (its type kept)."""
-    error.args = tuple(redact(a, options) if isinstance(a, str) else a for a in error.args)
-    if isinstance(error, CorruptChunkError):
-        error.shard, error.detail = redact(error.shard, options), redact(error.detail, options)
-    return error
 
 
 class RangedTiles:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit
 
 from tilefeed.preprocess.atomic import atomic_file
-from tilefeed.preprocess.errors import ConfigError, StoreAccessError, StoreWriteError
+from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreAccessError, StoreWriteError
 
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 # storage_options keys that configure the HTTP client or the retries rather than the cloud
@@ -254,6 +255,10 @@ class ObjectStorage(Storage):
             _CLIENT_PID = os.getpid()
         return self._store
 
+    def _failed(self, what: str, key: str, e: BaseException) -> StoreAccessError:
+        """One line, with no credential of the URL, the options or the environment in it."""
+        return StoreAccessError(redact(f"{what} {self.where(key)} failed: {_one_line(e)}", self.options))
+
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
         """``fn`` retried with backoff on transient failures (obstore retries 5xx and resets
         itself; this also covers a body cut short); permanent ones become one-line errors."""
@@ -262,11 +267,11 @@ class ObjectStorage(Storage):
                 return fn()
             except FileNotFoundError as e:
                 if "NoSuchBucket" in str(e):  # not an absent object: nothing here can be read
-                    raise StoreAccessError(f"{what} {self.where(key)} failed: {_one_line(e)}") from None
+                    raise self._failed(what, key, e) from None
                 raise
             except Exception as e:  # noqa: BLE001 - classified below; nothing passes silently
                 if _permanent(e) or attempt == ATTEMPTS - 1:
-                    raise StoreAccessError(f"{what} {self.where(key)} failed: {_one_line(e)}") from None
+                    raise self._failed(what, key, e) from None
                 time.sleep(min(4.0, 0.1 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
@@ -419,3 +424,46 @@ def _one_line(e: BaseException) -> str:
             text = f"{code} ({text.split(' - ')[0]})"
     cut = text.find("?")
     return (text[:cut] if cut >= 0 else text)[:300]
+
+
+# -- messages without credentials ---------------------------------------------------------------
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_SECRET_WORDS = frozenset(("SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS", "KEY", "CREDENTIAL",
+                           "CREDENTIALS", "SAS", "SIGNATURE", "AUTH", "AUTHORIZATION"))
+
+
+def _secrets(options: Mapping[str, Any] | None) -> set[str]:
+    """Values that must never be shown: those of secret-looking environment variables and
+    storage options, and the user and password of any URL among the options."""
+    found = set()
+    named = [*os.environ.items(), *((str(k), v) for k, v in (options or {}).items())]
+    for name, value in named:
+        if not isinstance(value, str):
+            continue
+        words = set(re.split(r"[^A-Z0-9]+", name.upper()))
+        if words & _SECRET_WORDS and len(value) >= 6:
+            found.add(value)
+        if "://" in value:
+            try:
+                parts = urlsplit(value)
+                found.update(p for p in (parts.username, parts.password) if p and len(p) >= 3)
+            except ValueError:
+                continue
+    return found
+
+
+def redact(text: str, options: Mapping[str, Any] | None = None) -> str:
+    """``text`` with credentials cut out: the user and password of any URL, and the values of
+    secret-looking environment variables and storage ``options``."""
+    text = _USERINFO.sub(r"\1***@", text)
+    for secret in sorted(_secrets(options), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def redacted(error: BaseException, options: Mapping[str, Any] | None = None) -> BaseException:
+    """``error`` with every text argument passed through ``redact`` (its type kept)."""
+    error.args = tuple(redact(a, options) if isinstance(a, str) else a for a in error.args)
+    if isinstance(error, CorruptChunkError):
+        error.shard, error.detail = redact(error.shard, options), redact(error.detail, options)
+    return error

@@ -44,7 +44,7 @@ from tilefeed.preprocess import tasks
 from tilefeed.preprocess.errors import SourceError, StoreWriteError, TilefeedError
 from tilefeed.preprocess.metadata import write_metadata
 from tilefeed.preprocess.output import out_inside, prepare_output, writer_lock
-from tilefeed.preprocess.remote import redacted
+from tilefeed.preprocess.storage import redacted
 from tilefeed.preprocess.settings import StoreSettings, TileSettings, default_workers, describe
 from tilefeed.preprocess.sources import SourceOptions, Sources, find_sources
 from tilefeed.preprocess.storage import Storage, client_started, is_url, open_storage

@@ -255,6 +255,20 @@ def test_a_password_in_a_storage_option_never_shows(
         assert CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in done.output
 
 
+def test_the_storage_layer_keeps_a_password_out_of_its_errors_for_python_callers(
+        s3: dict[str, str]) -> None:
+    from tilefeed.preprocess.errors import StoreAccessError
+    from tilefeed.preprocess.storage import ObjectStorage
+
+    host = s3["AWS_ENDPOINT_URL"].split("//", 1)[1]
+    storage = ObjectStorage("s3://no-such-bucket/x",
+                            {"endpoint": f"http://someone:PASSWORD-x1y2@{host}"})
+    with pytest.raises(StoreAccessError) as refused:
+        storage.sizes("")
+    text = str(refused.value)
+    assert "NoSuchBucket" in text and "PASSWORD-x1y2" not in text and len(text.splitlines()) == 1
+
+
 def test_an_unusable_image_in_a_bucket_keeps_credentials_out_of_the_rejects(
         s3: dict[str, str], tmp_path: Path) -> None:
     folder = tmp_path / "lists"
