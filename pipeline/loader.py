@@ -465,7 +465,8 @@ class Loader:
         advice = Advice(workers=self.workers, cores=usable_cores(), jpeg=self.reader.is_image_coded,
                         bucket=self.reader.remote is not None, shuffle=self.shuffle,
                         layout=self.layout, gpu=self.device.type == "cuda")
-        return self._stats.report(advice, window)
+        remote = self.reader.remote
+        return self._stats.report(advice, window, remote.cache.counts if remote is not None else None)
 
     def _following(self, epoch: int, lookahead: int) -> list[Epoch]:
         """The fresh epochs expected after ``epoch`` (set_epoch or a loaded state may still

@@ -79,6 +79,8 @@ class LoaderStats:
     epoch: Figures
     bottleneck: str  # a stage of STAGES, or "step" when the consumer hardly waited
     advice: str
+    cache: dict[str, int] | None = None  # a bucket store's shard cache, since the store opened:
+    # shards found there ("hits"), shards downloaded and their bytes
 
     def __str__(self) -> str:
         rows = ["| figure | last batches | epoch |", "| --- | ---: | ---: |",
@@ -88,6 +90,10 @@ class LoaderStats:
             rows.append(f"| {stage} busy | {self.last.busy[stage]:.0%} | {self.epoch.busy[stage]:.0%} |")
         rows += [f"| ready ahead (median) | {self.last.ready_ahead:g} | {self.epoch.ready_ahead:g} |",
                  f"| MB read | {self.last.bytes_read / 1e6:.1f} | {self.epoch.bytes_read / 1e6:.1f} |"]
+        if self.cache is not None:
+            c = self.cache
+            rows.append(f"| bucket shards: found in the cache / downloaded (MB) | "
+                        f"{c['hits']} / {c['downloads']} ({c['downloaded_bytes'] / 1e6:.1f}) | |")
         return "\n".join(rows) + f"\nbottleneck: {self.bottleneck}: {self.advice}"
 
 
@@ -133,13 +139,14 @@ class Recorder:
                        bytes_read=sum(e.timing.nbytes for e in entries),
                        ready_ahead=statistics.median(e.ready for e in entries) if entries else 0.0)
 
-    def report(self, advise: Advice, window: int) -> LoaderStats:
+    def report(self, advise: Advice, window: int, cache: dict[str, int] | None = None) -> LoaderStats:
         """The last ``window`` batches (at most ``KEPT``) and the epoch so far."""
         last = self.figures(list(self._last)[-window:])
         epoch = self.figures(self._epoch)
         basis = last if last.batches else epoch
         bottleneck = name_bottleneck(basis)
-        return LoaderStats(last, epoch, bottleneck, advise(bottleneck, basis))
+        return LoaderStats(last, epoch, bottleneck, advise(bottleneck, basis),
+                           None if cache is None else dict(cache))
 
 
 def name_bottleneck(f: Figures) -> str:

@@ -210,6 +210,8 @@ class ShardCache:
         self.shard_sha256 = shard_sha256
         self.limit = limit
         self.pinned: set[int] = set()  # shards this process is about to read: never evicted by it
+        # what this process found in the cache and what it downloaded (Loader.stats())
+        self.counts = {"hits": 0, "downloads": 0, "downloaded_bytes": 0}
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: dict[int, Future[Path]] = {}
         # reentrant: a download that ends at once runs its done-callback inside _submit
@@ -287,6 +289,8 @@ class ShardCache:
         self.used(shard)
         path = self.path(shard)
         if self._cached(shard, hash_it=False):
+            with self._lock:
+                self.counts["hits"] += 1
             return path
         with self._lock:
             self.pinned.add(shard)
@@ -347,6 +351,9 @@ class ShardCache:
                 problem = "differs from what the store records (shard sha256 mismatch)"
                 mismatches += 1
             if not problem:
+                with self._lock:
+                    self.counts["downloads"] += 1
+                    self.counts["downloaded_bytes"] += size
                 return digest
         raise CorruptChunkError(self.storage.where(key), None, f"{problem} (after {attempts} downloads)")
 
