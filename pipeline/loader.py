@@ -456,8 +456,8 @@ class Loader:
 
     def stats(self, last: int = 50) -> LoaderStats:
         """Where the time of the last ``last`` batches (at most 1,000) and of the epoch so far
-        went, per stage
-        (``pipeline.stats``), the stage that binds and the one change most likely to help."""
+        went, per stage (``pipeline.stats``); the stage that binds, and the one change most
+        likely to help."""
         if self._stats is None:
             raise ConfigError("no figures yet: stats() needs Loader(stats=True) and a batch "
                               "handed over")
