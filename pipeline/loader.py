@@ -451,7 +451,7 @@ class Loader:
                                      plan.batches, self._following(epoch, self._graph.lookahead), cast,
                                      self.timed)
         if self.timed and self._stats is None:
-            self._stats = Recorder(reader_threads=self._graph.source.threads)
+            self._stats = Recorder(self._graph.source.threads, self.reader.stored_nbytes)
         return self._graph.feed, generation
 
     def stats(self, last: int = 50) -> LoaderStats:

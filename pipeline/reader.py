@@ -223,12 +223,9 @@ class StoreReader:
     def stored_nbytes(self, indices: np.ndarray) -> int:
         """Bytes the samples ``indices`` occupy in their shards (a local store's shards are
         mapped by the time this is asked; others count 0)."""
-        total = 0
-        for i in indices.tolist():
-            f = self._shards[i // self.shard_size]
-            if f is not None:
-                total += int(f.index.table[i % self.shard_size, 1])
-        return total
+        shards, per_shard = self._shards, self.shard_size
+        return sum(f.nbytes(i % per_shard) for i in indices.tolist()
+                   if (f := shards[i // per_shard]) is not None)
 
     def read(self, index: int) -> np.ndarray:
         return self.read_into(index, np.empty(self.codec.shape, dtype=np.uint8))

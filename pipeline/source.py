@@ -255,7 +255,7 @@ class BatchSource:
                 reader.read_batch_into(indices.tolist(), images, self.fast_idct)
                 if timing is not None:  # one pass reads, checks and decodes each tile
                     timing.decode += time.perf_counter() - began - timing.download
-                    timing.nbytes += reader.stored_nbytes(indices)
+                    timing.stored = indices
         return (images, labels, indices, *extras)
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,

@@ -15,7 +15,10 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 HOST_STAGES = ("read", "decode", "resize", "download")  # on the reader threads
 FEED_STAGES = ("graph", "copy")  # on the feeding thread
@@ -35,6 +38,9 @@ class Timing:
     graph: float = 0.0
     copy: float = 0.0
     nbytes: int = 0
+    # samples read and decoded in one pass, whose stored bytes are counted when figures are
+    # asked for rather than on the reading thread (``Recorder.stored_nbytes``)
+    stored: np.ndarray | None = None
 
 
 def charge(stage: str, seconds: float) -> None:
@@ -113,6 +119,7 @@ class Recorder:
     """The Loader's side: one entry per batch handed over, the last ``KEPT`` and the epoch."""
 
     reader_threads: int
+    stored_nbytes: Callable[[np.ndarray], int]  # bytes samples occupy in the store
     _last: deque[_Handed] = field(default_factory=lambda: deque(maxlen=KEPT))
     _epoch: list[_Handed] = field(default_factory=list)
     _mark: float = 0.0
@@ -136,7 +143,9 @@ class Recorder:
                 for s in STAGES}
         return Figures(batches=len(entries), seconds=seconds,
                        wait=sum(e.wait for e in entries) / span, busy=busy, stage_seconds=totals,
-                       bytes_read=sum(e.timing.nbytes for e in entries),
+                       bytes_read=sum(e.timing.nbytes + (0 if e.timing.stored is None else
+                                                          self.stored_nbytes(e.timing.stored))
+                                      for e in entries),
                        ready_ahead=statistics.median(e.ready for e in entries) if entries else 0.0)
 
     def report(self, advise: Advice, window: int, cache: dict[str, int] | None = None) -> LoaderStats:

@@ -231,7 +231,7 @@ class TileCodec:
                 decode_jpeg(payload, out, fast_idct)
         except TileDecodeError:
             raise
-        except (ValueError, RuntimeError, TypeError) as e:  # the codec's own complaint
+        except Exception as e:  # noqa: BLE001 - whatever a codec raises on a bad chunk is its reason
             raise TileDecodeError(f"{name} chunk", None, f"does not decode: {_one_line(e)}") from None
         return out
 
@@ -280,7 +280,7 @@ def jpeg_size(payload: Buffer) -> tuple[int, int]:
 
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(payload)
-    except ValueError as e:
+    except Exception as e:  # noqa: BLE001 - any failure to read a header is the chunk's damage
         raise TileDecodeError("jpeg chunk", None, f"no readable JPEG header: {_one_line(e)}") from None
     return int(height), int(width)
 
@@ -923,7 +923,7 @@ def read_small_array(root: Path, attrs: Mapping[str, Any] | StoreAttrs, name: st
         out = np.empty(expected, dtype=np.uint8)
         try:
             _ZSTD.decode(payload, out=out)
-        except (ValueError, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever the codec raises on a bad chunk is its reason
             raise CorruptChunkError(str(path), None, f"does not decode: {_one_line(e)}") from None
         parts.append(out.view(np.dtype(rec.dtype).newbyteorder("<")))
     values = np.concatenate(parts)[: rec.length * rec.row]
@@ -958,9 +958,13 @@ def read_attrs(root: Path) -> dict[str, Any] | None:
 def parse_attrs(group_metadata: bytes) -> dict[str, Any] | None:
     """The tilefeed attributes in a group's ``zarr.json``, or None when they are not ours."""
     meta, problem = parse_document(group_metadata)
-    if problem:
-        return None
-    attrs = meta.get("attributes", {}).get(ATTRS_KEY) if isinstance(meta, dict) else None
+    return None if problem else _ours(meta)
+
+
+def _ours(meta: Any) -> dict[str, Any] | None:
+    """A group document's tilefeed attributes, whatever shape the document has; else None."""
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    attrs = attrs.get(ATTRS_KEY) if isinstance(attrs, dict) else None
     return attrs if isinstance(attrs, dict) and attrs.get("format") == FORMAT_NAME else None
 
 
@@ -979,9 +983,8 @@ def load_attrs(root: str | Path) -> dict[str, Any]:
         meta, problem = None, ""
     if problem:
         raise StoreFormatError(f"{path}: {problem}")
-    attrs = meta.get("attributes", {}) if isinstance(meta, dict) else None
-    attrs = attrs.get(ATTRS_KEY) if isinstance(attrs, dict) else None
-    if not isinstance(attrs, dict) or attrs.get("format") != FORMAT_NAME:
+    attrs = _ours(meta)
+    if attrs is None:
         if (root / WORK_DIR).exists():
             raise StoreFormatError(
                 f"store {str(root)!r} is incomplete: preprocessing did not finish; rerun the same "
@@ -1031,6 +1034,10 @@ class ShardFile:
 
     def __len__(self) -> int:
         return self.index.written()
+
+    def nbytes(self, local: int) -> int:
+        """Bytes the ``local``-th tile's chunk occupies in the shard, as its index says."""
+        return self._nbytes[local]
 
     def chunk(self, local: int, check: bool = True) -> memoryview:
         """The payload (crc32c stripped) of this shard's ``local``-th tile."""

@@ -56,8 +56,9 @@ from tilefeed.preprocess.storage import ATTEMPTS, DOWNLOAD_CHUNK, ObjectStorage,
 
 DOWNLOAD_THREADS = 8  # concurrent requests: enough to hide per-request latency on object stores
 # The most bytes the mirror takes for an object whose size the store does not record: the
-# group document (it lists every reject), an array's document, a small array's chunk per row.
-GROUP_BYTES = 256 << 20
+# group document (it lists every reject: as much as any reader accepts), an array's document, a
+# small array's chunk per row.
+GROUP_BYTES = fmt.MAX_METADATA_BYTES
 ARRAY_DOC_BYTES = 1 << 20
 ROW_BYTES = 64  # labels, sources, rows, cols, boxes: at most four 8-byte numbers a row, compressed
 PATH_ROW_BYTES = 8 << 10  # source_paths: a path or URL (4096 bytes at most on Linux), compressed
@@ -453,13 +454,18 @@ def _shard_problem(f: IO[bytes], size: int, expected: int, tiles_per_shard: int,
 
 # -- the cache folder: made private, entered and changed without following a link -------------
 def make_cache_dir(path: Path) -> None:
-    """The cache folder, created readable by this user only."""
+    """The cache folder, created readable by this user only; an existing one must be this
+    user's (another user could otherwise plant or swap what it holds)."""
     try:
         os.makedirs(path, 0o700, exist_ok=True)
+        owner = os.stat(path).st_uid
     except FileExistsError:
         raise CacheError(f"the cache folder {str(path)!r} is a file; remove it or choose another") from None
     except OSError as e:
         raise CacheError(f"cannot make the cache folder {str(path)!r}: {e.strerror or e}") from None
+    if owner != os.getuid():
+        raise CacheError(f"the cache folder {str(path)!r} belongs to another user (uid {owner}); "
+                         "choose a folder of your own (cache_dir=, or $TILEFEED_CACHE)")
 
 
 def _enter(fd: int, parts: Sequence[str], create: bool, where: Path) -> int:

@@ -297,7 +297,7 @@ def _resolve_paths(rows: list[_Row], manifest: Path, options: SourceOptions) -> 
     first: dict[str, _Row] = {}
     for row in rows:
         if _URL.match(row.path):
-            path = _checked_url(row, manifest, options)
+            path = real = _checked_url(row, manifest, options)
         else:
             path = os.path.normpath(os.path.join(base, row.path))
             # the file it names in the end, links resolved: a link inside the folder may lead out
@@ -308,14 +308,14 @@ def _resolve_paths(rows: list[_Row], manifest: Path, options: SourceOptions) -> 
                     f"{_where(manifest, row)}: path {row.path!r}{via} is outside the manifest's folder "
                     f"{base!r}; pass --allow-outside to read files elsewhere"
                 )
-        if path in first and not options.allow_duplicates:
-            earlier = first[path]
+        if real in first and not options.allow_duplicates:  # two names of one file repeat it
+            earlier = first[real]
             what = "with another label" if earlier.label != row.label else "again"
             raise SourceError(
                 f"{_where(manifest, row)}: {row.path!r} is listed {what} (first at line "
                 f"{earlier.line}); remove the repeat, or pass --allow-duplicates to keep it"
             )
-        first.setdefault(path, row)
+        first.setdefault(real, row)
         paths.append(path)
     return paths
 

@@ -9,8 +9,6 @@ stores as pixels; GPU readers hand the same bytes to nvJPEG instead. The contrac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,11 +21,9 @@ from tilefeed.preprocess.format import (
     JPEG_CODEC_ID,
     LZ4_LEVEL,
     ZSTD_LEVEL,
-    StoreAttrs,
     decode_jpeg,
     encode_jpeg,
 )
-from tilefeed.preprocess.format import read_small_array as _read_small_array
 
 if TYPE_CHECKING:
     from typing import Self
@@ -94,9 +90,3 @@ def small_array_codecs() -> dict[str, Any]:
     """
     return {"compressors": [ZstdCodec(level=ZSTD_LEVEL), Crc32cCodec()],
             "config": {"write_empty_chunks": True}}
-
-
-def read_small_array(root: Path, attrs: Mapping[str, Any] | StoreAttrs, name: str) -> np.ndarray:
-    """A whole numeric array beside the tiles, after checking every chunk: CorruptChunkError on
-    damage (see ``format.read_small_array``)."""
-    return _read_small_array(root, attrs, name)

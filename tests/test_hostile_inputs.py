@@ -125,6 +125,17 @@ def test_a_link_in_the_cache_folder_never_leads_eviction_or_writes_elsewhere(
     assert list(victim.iterdir()) == []
 
 
+def test_a_cache_folder_of_another_user_is_refused(bucket_store: str, tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1, -1)
+    with pytest.raises(CacheError, match="belongs to another user"):
+        RemoteStore(bucket_store, cache_dir=theirs)
+    assert list(theirs.iterdir()) == []
+
+
 def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
     src = write_folder(tmp_path / "src", classes=2, per_class=2)
     victim = tmp_path / "precious.txt"

@@ -15,18 +15,18 @@ from tests.helpers import write_folder
 
 @pytest.fixture(scope="module")
 def big_jpeg_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """96 JPEG tiles of 192 px: decoding them is most of a training batch's work."""
-    root = tmp_path_factory.mktemp("jpeg192")
-    src = write_folder(root / "src", classes=4, per_class=24, size=(256, 192))
+    """96 JPEG tiles of 256 px: decoding them is most of a training batch's work (at 16 px out)."""
+    root = tmp_path_factory.mktemp("jpeg256")
+    src = write_folder(root / "src", classes=4, per_class=24, size=(320, 256))
     out = root / "store"
-    preprocess(src, out, TileSettings(tile=192), StoreSettings(codec="jpeg", shard_size=32), workers=2)
+    preprocess(src, out, TileSettings(tile=256), StoreSettings(codec="jpeg", shard_size=32), workers=2)
     return out
 
 
 def test_a_decode_bound_loader_names_the_decode_and_asks_for_workers(big_jpeg_store: Path) -> None:
     # one worker, nothing between batches: the consumer waits on the reader thread's decoding
-    with Loader(big_jpeg_store, 16, train=True, size=32, num_workers=1) as loader:
-        for _ in range(2):
+    with Loader(big_jpeg_store, 16, train=True, size=16, num_workers=1) as loader:
+        for _ in range(3):
             for _batch in loader:
                 pass
         stats = loader.stats()
@@ -34,7 +34,7 @@ def test_a_decode_bound_loader_names_the_decode_and_asks_for_workers(big_jpeg_st
     assert stats.bottleneck == "decode", str(stats)
     assert stats.last.busy["decode"] == max(stats.last.busy.values())
     assert "num_workers=" in stats.advice or "a GPU" in stats.advice
-    assert stats.last.bytes_read > 0 and stats.epoch.batches == 6
+    assert stats.last.bytes_read > 0 and stats.epoch.batches == 6 and stats.last.batches == 18
 
 
 def test_a_step_bound_loop_is_not_input_bound(store: Path) -> None:
@@ -52,7 +52,19 @@ def test_stats_off_keeps_every_clock_out(store: Path) -> None:
         batches = list(loader)
         with pytest.raises(ValueError, match="stats=True"):
             loader.stats()
+        assert loader._graph is not None and not loader._graph.source.timed
     assert len(batches) == 5
+
+
+def test_bytes_read_are_the_stored_chunks_on_the_one_pass_path(store: Path) -> None:
+    import numpy as np
+    import torch
+
+    # stored tiles on the CPU: read, checked and decompressed in one pass per tile
+    with Loader(store, 10, dtype=torch.uint8, layout="NHWC", shuffle=False) as loader:
+        list(loader)
+        stats = loader.stats()
+        assert stats.epoch.bytes_read == loader.reader.stored_nbytes(np.arange(50)) > 0
 
 
 def test_the_bottleneck_is_the_busiest_stage_measured_never_a_fixed_rule() -> None:

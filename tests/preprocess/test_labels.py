@@ -110,6 +110,9 @@ def test_empty_labels_paths_and_duplicates_are_refused_with_the_line(
         find_sources(write([(a, "cat"), (a, "dog")]))
     kept = find_sources(write([(a, "cat"), (b, "dog"), (a, "cat")]), SourceOptions(allow_duplicates=True))
     assert len(kept) == 3
+    os.symlink(images[0].name, tmp_path / "img" / "alias.png")  # a second name of the same file
+    with pytest.raises(SourceError, match=r":2: .* is listed again \(first at line 1\)"):
+        find_sources(write([(a, "cat"), ("img/alias.png", "cat")]))
 
 
 def test_paths_outside_the_manifest_folder_need_allow_outside(tmp_path: Path, images: list[Path]) -> None:
