@@ -103,3 +103,10 @@ def test_the_summary_says_where_the_workers_time_went(image_folder: Path, tmp_pa
     assert phases["copy"] < summary.seconds and phases["sync"] < summary.seconds
     again = preprocess(image_folder, tmp_path / "store", TileSettings(tile=32), StoreSettings(shard_size=4))
     assert again.up_to_date and again.phases == {}
+
+
+def test_group_attributes_of_any_shape_are_not_ours_rather_than_an_error() -> None:
+    from tilefeed.preprocess.format import parse_attrs
+
+    for document in (b'{"attributes": 5}', b"[1, 2]", b'{"attributes": {"tilefeed": 3}}', b"null"):
+        assert parse_attrs(document) is None
