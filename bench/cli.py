@@ -14,7 +14,7 @@ from typing import Any
 from tilefeed.preprocess.format import CODECS, ceil_div
 
 SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report", "cloud",
-               "clients", "parts", "stats")
+               "clients", "parts", "stats", "scale")
 
 
 def cache_dir() -> Path:
@@ -150,7 +150,7 @@ def bench_main(argv: Sequence[str]) -> int:
         return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
                 "diagnose": _diagnose, "soak": _soak, "aspect": _aspect,
                 "gpu-report": _gpu_report, "cloud": _cloud, "clients": _clients,
-                "parts": _parts, "stats": _stats}[argv[0]](argv[1:])
+                "parts": _parts, "stats": _stats, "scale": _scale}[argv[0]](argv[1:])
     parser = _parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
@@ -300,6 +300,36 @@ def _stats(argv: list[str]) -> int:
               "advice": advice(jpeg, batch_size=args.batch_size, step_ms=args.step_ms,
                                steps=args.steps)}
     return _print(format_stats(result), result, args.json)
+
+
+def _scale(argv: list[str]) -> int:
+    p = _parser("tilefeed bench scale",
+                "What the writer, the reader and the order cost as a store grows: ImageNet-shaped "
+                "sets of tiny JPEGs (hard links, so a million sources take seconds and megabytes) "
+                "preprocessed at each size; per size the writer driver's peak memory and CPU per "
+                "source, a fresh process's store open, the random-order uint8 rate (the stores "
+                "in turn, round by round), and tilefeed info / verify; then one rank's epoch "
+                "order at --order-samples.")
+    p.add_argument("--classes", default="100,1000",
+                   help="comma list: class folders of each set (x --per-class sources)")
+    p.add_argument("--per-class", type=int, default=1281)
+    p.add_argument("--size", type=int, default=8, help="tile side")
+    p.add_argument("--workers", type=int, default=2, help="preprocess worker processes")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--warm", type=int, default=50, help="batches before the rate is timed")
+    p.add_argument("--timed", type=int, default=400, help="batches timed per rate run")
+    p.add_argument("--rounds", type=int, default=3, help="rate runs per store; medians reported")
+    p.add_argument("--root", type=Path, default=None,
+                   help="folder for the sets and stores (default: the cache folder's 'scale')")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from tilefeed.bench.scale import format_scale, run_scale
+
+    classes = [int(c) for c in args.classes.split(",") if c.strip()]
+    result = run_scale(args.root or cache_dir() / "scale", classes, per_class=args.per_class,
+                       size=args.size, workers=args.workers, batch_size=args.batch_size,
+                       warm=args.warm, timed=args.timed, rounds=args.rounds)
+    return _print(format_scale(result), result, args.json)
 
 
 def _soak(argv: list[str]) -> int:

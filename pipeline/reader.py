@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,8 @@ import numpy as np
 from tilefeed.pipeline.stats import charge
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, TileDecodeError
-from tilefeed.preprocess.remote import RemoteStore
+from tilefeed.preprocess.checked import checked_arrays
+from tilefeed.preprocess.remote import RemoteStore, default_cache_dir
 from tilefeed.preprocess.storage import is_url, local_path
 
 
@@ -46,35 +48,35 @@ class StoreReader:
                                   "object storage (s3://, gs://, az://), not to a local folder")
             self.root = local_path(store)
             self.location = str(self.root)
-        attrs = self.remote.attrs if self.remote is not None else fmt.load_attrs(self.root)
+        if self.remote is not None:
+            attrs = self.remote.attrs
+            meta = fmt.StoreAttrs.from_dict(attrs, f"store {self.location!r}")
+        else:
+            attrs, meta = fmt.open_store(self.root)
         self.attrs = attrs
-        meta = fmt.StoreAttrs.from_dict(attrs, f"store {self.location!r}")
         self.samples: int = meta.samples
         self.tile: int = meta.tile
         self.shard_size: int = meta.shard_size
         self.classes: list[str] = list(meta.classes)
         self.codec = meta.tile_codec
         # Every array is checked against its recorded digests (the shards for presence and
-        # size), each once, so a damaged store is refused here rather than deep inside an
-        # epoch: one read of the small arrays, none of the tiles. The shards first: their sizes
-        # on disk are what the sample count, and so every other array, is checked against.
-        if self.remote is None:  # a remote one checked them
-            for name in (fmt.IMAGES, *meta.arrays):
-                if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
-                    fmt.check_array(self.root, meta, name)
-        self.labels = fmt.read_small_array(self.root, meta, fmt.LABELS).astype(np.int64, copy=False)
-        # (N, 4) top, left, height, width of each tile's picture; crops and framing stay inside it
-        self.boxes = fmt.read_small_array(self.root, meta, fmt.BOXES).astype(np.int64, copy=False)
-        for name, problem in ((fmt.LABELS, fmt.labels_problem(self.labels, len(self.classes))),
-                              (fmt.BOXES, fmt.boxes_problem(self.boxes, self.tile))):
-            if problem:
-                raise fmt.StoreFormatError(f"{self.location}/{name}: {problem}")
-        full = np.array([0, 0, self.tile, self.tile])
-        self.padded = bool((self.boxes != full).any())  # some tile holds padding (pad fit, grid edges)
+        # size) once per node and store version, so a damaged store is refused here rather
+        # than deep inside an epoch; later processes map what that check left (``checked``).
+        self._meta = meta
+        self._open_arrays()
         self._shards: list[fmt.ShardFile | None] = [None] * meta.shards
         self._mapped: OrderedDict[int, None] = OrderedDict()  # remote: maps kept, oldest first
         self._keep = self._maps_to_keep(window=1)
         self._lock = threading.Lock()
+
+    def _open_arrays(self) -> None:
+        cache = self.remote.cache_dir if self.remote is not None else default_cache_dir()
+        arrays = checked_arrays(self.root, self._meta, self.location, Path(cache),
+                                shards_here=self.remote is None)  # a remote one checked them
+        self.labels: np.ndarray = arrays.labels  # (N,) int64
+        self.boxes: np.ndarray = arrays.boxes  # (N, 4) top, left, height, width of each tile's picture
+        self.padded = arrays.padded  # some tile holds padding (pad fit, grid edges)
+        self._arrays_mapped = arrays.mapped
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments that open this store again (in another process)."""
@@ -251,8 +253,12 @@ class StoreReader:
         state["_shards"] = [None] * len(self._shards)
         state["_mapped"] = OrderedDict()
         del state["_lock"]
+        if self._arrays_mapped:  # mapped again there, not copied through the pipe
+            del state["labels"], state["boxes"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        if "labels" not in state:
+            self._open_arrays()

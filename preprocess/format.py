@@ -27,6 +27,7 @@ import io
 import json
 import mmap
 import os
+import re
 import reprlib
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -65,6 +66,7 @@ ZSTD_LEVEL: Final = 3
 CRC_NBYTES: Final = 4
 EMPTY_CHUNK: Final = 2**64 - 1  # offset and nbytes of a chunk that is not written
 _CRC: Final = struct.Struct("<I")
+_ENTRY: Final = struct.Struct("<QQ")  # a shard index entry: offset, nbytes
 
 # The contract's limits. Every count in a store's metadata sizes a loop or an allocation
 # somewhere, so each is checked against these and against the others before anything uses it.
@@ -528,8 +530,11 @@ class _Fields:
         return _Fields(self.get(key), self.where, self.name(key))
 
 
+_SHA256: Final = re.compile("[0-9a-f]{64}")
+
+
 def _is_sha256(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+    return _SHA256.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -971,6 +976,11 @@ def _ours(meta: Any) -> dict[str, Any] | None:
 def load_attrs(root: str | Path) -> dict[str, Any]:
     """The attributes of a complete tilefeed store this code can read, or a StoreFormatError.
     Every field is checked (``StoreAttrs.from_dict``); the arrays are checked by ``array_problems``."""
+    return open_store(root)[0]
+
+
+def open_store(root: str | Path) -> tuple[dict[str, Any], StoreAttrs]:
+    """``load_attrs`` and the typed record it checked them into."""
     root = Path(root)
     if not root.is_dir():
         raise StoreFormatError(f"store {str(root)!r} does not exist or is not a folder")
@@ -1005,8 +1015,7 @@ def load_attrs(root: str | Path) -> dict[str, Any]:
     if attrs.get("digest") != attrs_digest(attrs):
         raise CorruptChunkError(str(path), None,
                                 "the store's attributes differ from what was written (sha256 mismatch)")
-    StoreAttrs.from_dict(attrs, f"store {str(root)!r}")
-    return attrs
+    return attrs, StoreAttrs.from_dict(attrs, f"store {str(root)!r}")
 
 
 class ShardFile:
@@ -1023,25 +1032,29 @@ class ShardFile:
         except (OSError, ValueError) as e:
             raise CorruptChunkError(str(self.path), None, f"cannot map shard: {e}") from None
         self._view = memoryview(self._map)
-        tail = index_nbytes(tiles_per_shard)
-        if len(self._view) < tail:
+        self._tail = index_nbytes(tiles_per_shard)
+        self._tiles = tiles_per_shard
+        if len(self._view) < self._tail:
             raise CorruptChunkError(str(self.path), None, "file is shorter than its index")
-        self.index = ShardIndex.decode(self._view[-tail:], tiles_per_shard, str(self.path))
-        self._data_end = len(self._view) - tail
-        # Plain int lists: the hot path indexes them per tile, and numpy scalars are slow there.
-        self._offsets = self.index.table[:, 0].tolist()
-        self._nbytes = self.index.table[:, 1].tolist()
+        self.index  # noqa: B018 - its crc32c checked once, here
+        self._data_end = len(self._view) - self._tail
+        # Entries are read from the map as tiles are: the page cache holds one copy for every
+        # process, where a parsed copy per shard would grow each process with the store.
+
+    @property
+    def index(self) -> ShardIndex:
+        return ShardIndex.decode(self._view[-self._tail:], self._tiles, str(self.path))
 
     def __len__(self) -> int:
         return self.index.written()
 
     def nbytes(self, local: int) -> int:
         """Bytes the ``local``-th tile's chunk occupies in the shard, as its index says."""
-        return self._nbytes[local]
+        return int(_ENTRY.unpack_from(self._map, self._data_end + 16 * local)[1])
 
     def chunk(self, local: int, check: bool = True) -> memoryview:
         """The payload (crc32c stripped) of this shard's ``local``-th tile."""
-        offset, nbytes = self._offsets[local], self._nbytes[local]
+        offset, nbytes = _ENTRY.unpack_from(self._map, self._data_end + 16 * local)
         end = offset + nbytes - CRC_NBYTES
         # one bounds check serves all: a chunk not written has offset and size 2**64 - 1
         if nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
@@ -1068,7 +1081,8 @@ class ShardFile:
             raise CorruptChunkError(str(self.path), self.first + local,
                                     f"chunk is {len(payload)} bytes, the tile {out.nbytes}")
         np.copyto(out, np.frombuffer(payload, dtype=np.uint8).reshape(out.shape))
-        self._verify(local, out.data, self._offsets[local] + len(payload))
+        self._verify(local, out.data, _ENTRY.unpack_from(self._map, self._data_end + 16 * local)[0]
+                     + len(payload))
 
     def _verify(self, local: int, payload: Buffer, end: int) -> None:
         if _crc32c.crc32c(payload) != _CRC.unpack_from(self._map, end)[0]:

@@ -11,6 +11,14 @@ import pytest
 from tests.helpers import photo, write_folder
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The cache every store open uses (its check records, bucket copies) is the session's own,
+    never the developer's: set before any test, so worker processes inherit it too."""
+    import tempfile
+
+    os.environ["TILEFEED_CACHE"] = tempfile.mkdtemp(prefix="tilefeed-tests-cache-")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     try:
         import torch
