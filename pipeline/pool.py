@@ -111,8 +111,8 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
     # on the CPU, tiles are decoded, cut and resized by the reader threads (pillow-simd: several
     # times DALI's CPU resize, `tilefeed bench parts`); on a GPU the graph does it on the device
     host_resize = s.device_id is None and augment.windows
-    # measured on 2 cores: one reader thread beside DALI's for lossless tiles (more only
-    # contend), one per worker where the readers decode JPEG
+    # one reader thread beside DALI's for lossless tiles (more only contend for the cores;
+    # `tilefeed bench sweep --over workers`), one per worker where the readers decode JPEG
     readers = s.threads if host_resize and reader.is_image_coded else max(1, s.threads // 2)
     source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
                          resize_to=augment.size if host_resize else None,

@@ -1068,8 +1068,7 @@ class ShardFile:
     def read_into(self, local: int, codec: TileCodec, out: np.ndarray, fast_idct: bool = False) -> None:
         """This shard's ``local``-th tile decoded into ``out``, checked. An uncompressed tile is
         copied first and checked in ``out``: the check then reads bytes the copy left in the
-        cache, where checking the map first reads them from memory twice (measured faster
-        through the Loader, side by side)."""
+        cache, where checking the map first would read them from memory twice."""
         if codec.name != "none":
             try:
                 codec.decode(self.chunk(local), out, fast_idct)

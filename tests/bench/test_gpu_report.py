@@ -32,7 +32,8 @@ def test_report_records_every_section_and_keeps_going_past_failures(tmp_path: Pa
     else:  # it loads: measured, or its failure recorded (no CUDA decode on the CPU)
         assert "images_per_s" in hand or "error" in hand, hand
     assert set(report["stall"]) == {"tilefeed", "baseline"}
-    assert all("stall_fraction" in r or "error" in r for r in report["stall"].values())
+    for name, run in report["stall"].items():  # both run on the CPU: neither may fail
+        assert 0 <= run.get("stall_fraction", -1) <= 1, (name, run)
     write_report(report, tmp_path / "out" / "report.json")
     assert json.loads((tmp_path / "out" / "report.json").read_text())["size"] == 24
     assert "tilefeed nvJPEG tiles, eval" in report_table(report)
