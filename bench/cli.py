@@ -321,15 +321,22 @@ def _scale(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rate runs per store; medians reported")
     p.add_argument("--root", type=Path, default=None,
                    help="folder for the sets and stores (default: the cache folder's 'scale')")
+    p.add_argument("--order-samples", type=int, default=400_000_000,
+                   help="samples of the epoch whose order is measured (no store is made)")
+    p.add_argument("--order-world-size", type=int, default=64)
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    from tilefeed.bench.order_bench import format_order_cost, order_cost
     from tilefeed.bench.scale import format_scale, run_scale
 
     classes = [int(c) for c in args.classes.split(",") if c.strip()]
     result = run_scale(args.root or cache_dir() / "scale", classes, per_class=args.per_class,
                        size=args.size, workers=args.workers, batch_size=args.batch_size,
                        warm=args.warm, timed=args.timed, rounds=args.rounds)
-    return _print(format_scale(result), result, args.json)
+    result["order"] = [order_cost(args.order_samples, args.order_world_size, shuffle=shuffle)
+                       for shuffle in ("global", "shard")]
+    table = "\n\n".join([format_scale(result), *map(format_order_cost, result["order"])])
+    return _print(table, result, args.json)
 
 
 def _soak(argv: list[str]) -> int:

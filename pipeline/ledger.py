@@ -2,13 +2,19 @@
 
 ``Loader(..., ledger=DIR)`` writes, per epoch, one file per rank and run (a run is one Loader:
 a restart is a new run): the sorted sample ids that rank handed over, delta-coded and
-compressed (an ImageNet-sized epoch of 1.28 M samples over 8 ranks measured 1.04 MiB), with the
+compressed (``tilefeed bench scale`` reports a rank's packed size and time at scale), with the
 settings of that stretch of the epoch. A file is rewritten atomically whenever ``state_dict()``
 is called (so a checkpoint and the ledger agree on what was trained on) and when the epoch ends.
 
 ``audit(DIR)`` adds the files up: per epoch, how many samples were delivered once, twice or
 never, across all ranks and restarts, and whether the drop_last and padding rules explain every
 sample delivered twice or never.
+
+What an epoch covers is written once: a subset's ids (``population.npz``), or, for a whole
+store, only its sample count (``population.json``), so no process holds an id per sample it
+never handed over. The audit tallies deliveries in sorted arrays while they are few and in two
+bitmaps once those are smaller: at most about two bits a sample beside one rank's file, and
+never a table sized by a number a file states.
 """
 
 from __future__ import annotations
@@ -27,13 +33,16 @@ import numpy as np
 from tilefeed.preprocess.atomic import atomic_write
 from tilefeed.preprocess.errors import LedgerError
 
-POPULATION = "population.npz"  # the samples an epoch covers (a subset's ids), written once
+POPULATION = "population.npz"  # the samples an epoch covers: a subset's ids, written once
+COUNT = "population.json"  # or, for a whole store, {"samples": N}: the samples 0..N-1
+MAX_SAMPLES = 1 << 62  # a count beyond this is no store's (sample ids are below 2**62)
 
 
 def _pack(ids: np.ndarray) -> bytes:
     ids = np.sort(ids.astype(np.int64))
     deltas = np.diff(ids, prepend=0).astype(np.uint32 if ids.size and ids.max() < 2**32 else np.uint64)
-    return zlib.compress(deltas.tobytes(), 6) + deltas.dtype.char.encode()
+    # the fastest level: a record is packed at every state_dict(), on the training loop's clock
+    return zlib.compress(deltas.tobytes(), 1) + deltas.dtype.char.encode()
 
 
 MAX_IDS = 1 << 26  # sample ids one file may hold (768 MiB to unpack them); ImageNet-21k is 14 M
@@ -72,10 +81,11 @@ class Ledger:
         self.rank = rank
         self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.root.mkdir(parents=True, exist_ok=True)
-        ids = np.arange(samples, dtype=np.int64) if population is None else population
-        pop = self.root / POPULATION
-        if not pop.exists():
-            atomic_write(pop, _pack(ids))
+        if not (self.root / POPULATION).exists() and not (self.root / COUNT).exists():
+            if population is None:
+                atomic_write(self.root / COUNT, json.dumps({"samples": int(samples)}).encode())
+            else:
+                atomic_write(self.root / POPULATION, _pack(population))
 
     def record(self, epoch: int, ids: np.ndarray, *, world_size: int, batch_size: int,
                drop_last: bool, complete: bool) -> None:
@@ -135,30 +145,182 @@ class EpochAudit:
     examples_never: list[int]
 
 
+@dataclass(frozen=True)
+class _Population:
+    """The samples an epoch covers: a subset's sorted ``ids``, or (``ids`` None) 0..size-1."""
+
+    size: int
+    ids: np.ndarray | None
+
+    def places(self, ids: np.ndarray, path: Path) -> np.ndarray:
+        """Where each of a record's ``ids`` stands in the population; LedgerError for an id
+        outside it. Found by search: no table sized by the largest id."""
+        if self.ids is None:
+            outside, places = ids >= self.size, ids
+        else:
+            places = np.searchsorted(self.ids, ids)
+            outside = places >= self.size
+            outside[~outside] = self.ids[places[~outside]] != ids[~outside]
+        if outside.any():
+            raise LedgerError(f"{path}: delivered sample {int(ids[outside][0])}, which is not in the "
+                              "population the ledger records")
+        return places
+
+    def samples(self, places: np.ndarray) -> list[int]:
+        return (places if self.ids is None else self.ids[places]).tolist()
+
+
+def _population(root: Path) -> _Population:
+    """What the ledger in ``root`` says an epoch covers; LedgerError when it says nothing sound."""
+    ids_file, count_file = root / POPULATION, root / COUNT
+    if ids_file.is_file() and count_file.is_file():
+        raise LedgerError(f"{root}: holds both {POPULATION} and {COUNT} (two ledgers in one folder?)")
+    if ids_file.is_file():
+        ids = _unpack(ids_file.read_bytes(), str(ids_file))
+        if ids.size > 1 and (np.diff(ids) == 0).any():
+            raise LedgerError(f"{ids_file}: lists a sample twice (damaged)")
+        return _Population(len(ids), ids)
+    if not count_file.is_file():
+        raise LedgerError(f"{root}: holds no ledger (no {POPULATION} or {COUNT})")
+    with open(count_file, "rb") as f:
+        data = f.read(MAX_HEAD + 1)
+    try:
+        meta = json.loads(data) if len(data) <= MAX_HEAD else None
+    except (ValueError, RecursionError):
+        meta = None
+    samples = meta.get("samples") if isinstance(meta, dict) else None
+    if not isinstance(samples, int) or isinstance(samples, bool) or not 0 <= samples <= MAX_SAMPLES:
+        raise LedgerError(f"{count_file}: damaged (not a sample count)")
+    return _Population(samples, None)
+
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+_SCAN = 1 << 20  # bitmap bytes looked at a time
+
+
+def _set(bits: np.ndarray, places: np.ndarray) -> None:
+    np.bitwise_or.at(bits, places >> 3, np.left_shift(1, places & 7).astype(np.uint8))
+
+
+def _test(bits: np.ndarray, places: np.ndarray) -> np.ndarray:
+    return ((bits[places >> 3] >> (places & 7)) & 1).astype(bool)
+
+
+def _bitmap(places: np.ndarray, size: int) -> np.ndarray:
+    bits = np.zeros(-(-size // 8), dtype=np.uint8)
+    _set(bits, places)
+    return bits
+
+
+def _popcount(bits: np.ndarray) -> int:
+    return sum(int(_POPCOUNT[bits[i : i + _SCAN]].sum(dtype=np.int64)) for i in range(0, len(bits), _SCAN))
+
+
+def _first_bits(bits: np.ndarray, value: bool, size: int, count: int) -> np.ndarray:
+    """The first ``count`` places below ``size`` whose bit is ``value``, scanning a chunk at a time."""
+    found: list[np.ndarray] = []
+    for start in range(0, len(bits), _SCAN):
+        chunk = bits[start : start + _SCAN]
+        chunk = chunk if value else ~chunk
+        nonzero = np.flatnonzero(chunk)[:count]  # at least one wanted bit in each such byte
+        flags = np.unpackbits(chunk[nonzero], bitorder="little").reshape(-1, 8).astype(bool)
+        places = ((start + nonzero)[:, None] * 8 + np.arange(8))[flags]
+        found.append(places[places < size])
+        if sum(map(len, found)) >= count:
+            break
+    return np.concatenate([np.zeros(0, dtype=np.int64), *found])[:count].astype(np.int64)
+
+
+def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two sorted arrays of distinct places as one (np.union1d hashes large integers, several
+    times slower; a stable sort merges two sorted runs in one pass)."""
+    merged = np.concatenate([a, b])
+    merged.sort(kind="stable")
+    return merged[np.concatenate([[True], merged[1:] != merged[:-1]])] if merged.size else merged
+
+
+def _member(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
+    at = np.searchsorted(sorted_values, values)
+    hit = at < len(sorted_values)
+    hit[hit] = sorted_values[at[hit]] == values[hit]
+    return hit
+
+
+class _Tally:
+    """How many times each place of a population of ``size`` was delivered, counted to two.
+
+    Sorted arrays of the places delivered once or more and twice or more while they are few;
+    two bitmaps once those are smaller (8 bytes a place against 2 bits): memory stays near two
+    bits a sample at most, and a population count a file states sizes nothing until records
+    deliver a thirty-second of it.
+    """
+
+    EXAMPLES = 5
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.deliveries = 0  # repeats included
+        self.seen = np.zeros(0, dtype=np.int64)
+        self.again = np.zeros(0, dtype=np.int64)
+        self.bits: tuple[np.ndarray, np.ndarray] | None = None  # seen, again
+
+    def add(self, places: np.ndarray) -> None:
+        """One record's places, ascending (as ``_unpack`` gives them), repeats allowed."""
+        self.deliveries += len(places)
+        if not places.size:
+            return
+        first = np.concatenate([[True], places[1:] != places[:-1]])
+        unique = places[first]
+        repeated = unique[np.diff(np.append(np.flatnonzero(first), len(places))) > 1]
+        if self.bits is None:
+            before = unique[_member(self.seen, unique)]
+            self.again = _union(self.again, _union(repeated, before))
+            self.seen = _union(self.seen, unique)
+            if len(self.seen) * 32 > self.size:  # the two bitmaps are smaller now
+                self.bits = (_bitmap(self.seen, self.size), _bitmap(self.again, self.size))
+                self.seen = self.again = np.zeros(0, dtype=np.int64)
+        else:
+            seen, again = self.bits
+            _set(again, repeated)
+            _set(again, unique[_test(seen, unique)])
+            _set(seen, unique)
+
+    def distinct(self) -> int:
+        return len(self.seen) if self.bits is None else _popcount(self.bits[0])
+
+    def twice(self) -> int:
+        return len(self.again) if self.bits is None else _popcount(self.bits[1])
+
+    def examples_twice(self) -> np.ndarray:
+        if self.bits is None:
+            return self.again[: self.EXAMPLES]
+        return _first_bits(self.bits[1], True, self.size, self.EXAMPLES)
+
+    def examples_never(self) -> np.ndarray:
+        if self.bits is None:
+            # the k-th missing place (from 0) is k plus the places seen below it: those with at
+            # most k places missing before them (seen[i] - i of them)
+            k = np.arange(self.EXAMPLES, dtype=np.int64)
+            missing = k + np.searchsorted(self.seen - np.arange(len(self.seen)), k, side="right")
+            return missing[missing < self.size]
+        return _first_bits(self.bits[0], False, self.size, self.EXAMPLES)
+
+
 def audit(root: str | Path) -> list[EpochAudit]:
     """Per epoch: delivered once / twice / never, and whether the rules explain the rest."""
     root = Path(root)
-    population = _unpack((root / POPULATION).read_bytes(), str(root / POPULATION))
-    if population.size > 1 and (np.diff(population) == 0).any():
-        raise LedgerError(f"{root / POPULATION}: lists a sample twice (damaged)")
+    population = _population(root)
     out = []
     for folder in sorted(root.glob("epoch-*")):
         epoch = folder.name.split("-", 1)[1]
         if not folder.is_dir() or not epoch.isdigit():
             continue  # not one of the ledger's folders
-        counts = np.zeros(len(population), dtype=np.int64)
+        tally = _Tally(population.size)
         runs: set[str] = set()
         finished: dict[tuple[int, int, bool], set[int]] = {}  # settings -> ranks that ended the epoch
         for path in sorted(folder.glob("*.ledger")):
             meta, ids = read_record(path)
-            # positions in the sorted population, by search: no table sized by the largest id
-            at = np.searchsorted(population, ids)
-            known = at < len(population)
-            known[known] = population[at[known]] == ids[known]
-            if not known.all():
-                raise LedgerError(f"{path}: delivered sample {int(ids[~known][0])}, which is not in "
-                                  f"the population the ledger records")
-            np.add.at(counts, at, 1)
+            tally.add(population.places(ids, path))
             runs.add(meta["run"])  # each rank's process is a run of its own
             if meta["complete"]:
                 key = (meta["world_size"], meta["batch_size"], meta["drop_last"])
@@ -172,15 +334,15 @@ def audit(root: str | Path) -> list[EpochAudit]:
                     allowed_never += world * batch - 1
                 else:
                     allowed_twice += world - 1
-        twice = np.flatnonzero(counts >= 2)
-        never = np.flatnonzero(counts == 0)
-        extra = int((counts[twice] - 1).sum())  # each repeat beyond the first delivery
-        ok = extra <= allowed_twice and (not complete or len(never) <= allowed_never)
+        distinct, twice = tally.distinct(), tally.twice()
+        never = population.size - distinct
+        extra = tally.deliveries - distinct  # each repeat beyond the first delivery
+        ok = extra <= allowed_twice and (not complete or never <= allowed_never)
         out.append(EpochAudit(
-            epoch=int(epoch), population=len(population),
-            once=int((counts == 1).sum()), twice=len(twice), never=len(never), complete=complete,
-            allowed_twice=allowed_twice, allowed_never=allowed_never, runs=len(runs), ok=ok,
-            examples_twice=population[twice[:5]].tolist(), examples_never=population[never[:5]].tolist(),
+            epoch=int(epoch), population=population.size, once=distinct - twice, twice=twice, never=never,
+            complete=complete, allowed_twice=allowed_twice, allowed_never=allowed_never, runs=len(runs),
+            ok=ok, examples_twice=population.samples(tally.examples_twice()),
+            examples_never=population.samples(tally.examples_never()),
         ))
     return out
 
@@ -211,8 +373,8 @@ def audit_main(argv: list[str]) -> int:
     parser.add_argument("ledger", metavar="DIR")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
-    if not (Path(args.ledger) / POPULATION).is_file():
-        print(f"tilefeed: error: {args.ledger!r} holds no ledger (no {POPULATION})")
+    if not any((Path(args.ledger) / name).is_file() for name in (POPULATION, COUNT)):
+        print(f"tilefeed: error: {args.ledger!r} holds no ledger (no {POPULATION} or {COUNT})")
         return 1
     results = audit(args.ledger)
     print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_audit(results))

@@ -11,7 +11,7 @@ import hashlib
 import operator
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,22 +20,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from tilefeed.pipeline.crops import window_inputs
+from tilefeed.pipeline.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.device import default_device
 from tilefeed.pipeline import pool
 from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
 from tilefeed.pipeline.ledger import Ledger
 from tilefeed.pipeline.order import (
     SHUFFLES,
+    EpochOrder,
     Segment,
     batches_per_rank,
     epoch_order,
     rank_indices,
-    remaining,
     samples_per_rank,
 )
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.pipeline.feed import Feed
+from tilefeed.pipeline.sizes import Schedule, check_size
 from tilefeed.pipeline.source import Epoch
 from tilefeed.pipeline.stats import Advice, LoaderStats, Recorder
 from tilefeed.preprocess.errors import ConfigError, DaliMissingError
@@ -43,7 +44,11 @@ from tilefeed.preprocess.settings import usable_cores
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC", "channels_last")
-STATE_VERSION = 2
+# 3: the order became a keyed bijection of positions (pipeline.order), so every seed's batches
+# changed and a state saved before cannot say which samples its epoch has left
+# 4: the output size may change between epochs: the state carries the size of the epoch in
+# progress and any set_size(), without which a resumed epoch could come out at another size
+STATE_VERSION = 4
 # DataLoader options that mean nothing here: accepted so a swap runs, warned about once.
 NO_EFFECT = ("collate_fn", "sampler", "batch_sampler", "worker_init_fn", "generator", "timeout",
              "multiprocessing_context")
@@ -83,11 +88,22 @@ def _alias(new: str, new_value: Any, old: str, old_value: Any) -> Any:
     return new_value if new_value is not None else old_value
 
 
+def _segment(value: Any) -> Segment:
+    """A saved stretch of an epoch, checked: a ConfigError rather than a division by zero."""
+    if not isinstance(value, (list, tuple)) or len(value) != 4:
+        raise ConfigError("state_dict segment must be [world_size, batch_size, drop_last, batches], "
+                          f"got {value!r}")
+    world, batch, drop_last, batches = value
+    return Segment(_int("state_dict world_size", world, 1), _int("state_dict batch_size", batch, 1),
+                   bool(drop_last), _int("state_dict batches", batches, 0))
+
+
 @dataclass
 class _OpenEpoch:
     """The epoch being iterated: where it started and how far this rank has handed over."""
 
     epoch: int
+    size: int  # the output side of every batch of this epoch
     prior: list[Segment]  # earlier stretches of this epoch (other runs, other settings)
     indices: np.ndarray  # this rank's samples in this stretch, in order
     batches: int  # handed over so far in this stretch (counting those before a same-settings resume)
@@ -125,9 +141,12 @@ class Loader:
     train : bool, default False
         ``True``: random-resized crop (``scale``, ``ratio``, torchvision's rule, drawn from the
         sample), horizontal flip, normalisation. ``False``: deterministic evaluation framing.
-    size : int, optional
+    size : int or callable, optional
         Output side. Default: the tile side. In evaluation, a ``size`` other than the tile side
         resizes the tile to ``size / crop_pct`` and centre-crops ``size``, as torchvision's presets.
+        A callable ``epoch -> int`` is a schedule (progressive resizing; ``pipeline.sizes.ramp``
+        is FFCV's), asked once per epoch: the size is fixed for a whole epoch and reaches the
+        graph per sample, so changing it never rebuilds the graph. ``set_size`` overrides it.
     crop_pct : float, default 0.875
         Evaluation centre-crop fraction (224 of 256); 1.0 resizes straight to ``size``.
     dtype : torch.dtype, default torch.float32
@@ -177,6 +196,11 @@ class Loader:
         in place of the accurate one. Decoding gets faster (``tilefeed bench parts``); pixels
         move by a few levels (on the bench's q90 tiles: at most 5, 1.0 on average). nvJPEG on
         a GPU is not affected.
+    scaled_decode : bool, default True
+        JPEG stores cut and resized on the CPU: each tile is decoded at 1/2, 1/4 or 1/8 scale
+        (libjpeg-turbo scales in the DCT) when its crop window still spans the output size
+        there, so low resolutions decode less (``tilefeed bench loader --sizes``); pixels stay
+        above 35 dB PSNR against a full decode resized. False always decodes at full size.
     stats : bool, default True
         Time each stage of every batch for ``stats()`` (measured under 1% of the throughput:
         ``tilefeed bench stats``). False leaves every clock out.
@@ -194,7 +218,7 @@ class Loader:
         world_size: int | None = None,
         device: str | torch.device | None = None,
         train: bool = False,
-        size: int | None = None,
+        size: int | Schedule | None = None,
         crop_pct: float = 0.875,
         dtype: torch.dtype = torch.float32,
         layout: str = "NCHW",
@@ -216,6 +240,7 @@ class Loader:
         cache_dir: str | Path | None = None,
         cache_limit: int | None = None,
         fast_idct: bool = False,
+        scaled_decode: bool = True,
         stats: bool = True,
         **dataloader_options: Any,
     ) -> None:
@@ -273,14 +298,9 @@ class Loader:
                                       cache_limit=limit)
         self.reader.stream(random_order=shuffle == "global",
                            window=shuffle_window if shuffle == "shard" else 1)
-        size = self.reader.tile if size is None else _int("size", size, 8)
-        if size > 8192:
-            raise ConfigError(f"size must be at most 8192, got {size}")
+        self._schedule = self._check_schedule(size)
+        self._fixed: int | None = None  # set_size(): every epoch not yet begun, schedule or not
         self.subset = None if indices is None else self._check_subset(indices)
-        self._mask: np.ndarray | None = None
-        if self.subset is not None:
-            self._mask = np.zeros(len(self.reader), dtype=bool)
-            self._mask[self.subset] = True
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, _int("seed", seed, 0), bool(drop_last)
         self.rank, self.world_size = rank, world_size
@@ -290,18 +310,23 @@ class Loader:
         self.pin_memory, self.persistent_workers = pin_memory, persistent_workers
         self.shuffle_window = shuffle_window
         self.augment = Augment(
-            train=bool(train), size=size, tile=self.reader.tile, normalize=dtype != torch.uint8,
+            train=bool(train), tile=self.reader.tile, normalize=dtype != torch.uint8,
             half=dtype == torch.float16, channels_first=layout == "NCHW", crop_pct=float(crop_pct),
             scale=tuple(scale), ratio=tuple(ratio), mean=tuple(mean), std=tuple(std),  # type: ignore[arg-type]
             windows=bool(train) or self.reader.padded, fast_idct=bool(fast_idct),
+            scaled_decode=bool(scaled_decode),
         )
+        # the stored tiles, handed out with no graph, while nothing can ask for another size
+        self._direct = (not callable(self._schedule) and self.device.type == "cpu"
+                        and self.augment.stored_tiles(self._schedule))
         self.timed = bool(stats)
         self._stats: Recorder | None = None  # made with the graph: it knows the reader threads
         self.ledger = (Ledger(ledger, rank=rank, population=self.subset, samples=len(self.reader))
                        if ledger is not None else None)
         self._epoch = 0
-        self._orders: dict[int, np.ndarray] = {}  # see _order
+        self._shares: dict[tuple[int, tuple[Segment, ...]], np.ndarray] = {}  # see _share
         self._resume: tuple[int, list[Segment]] | None = None  # loaded state not yet iterated
+        self._resume_size: int | None = None  # the size a loaded, begun epoch was at
         self._open: _OpenEpoch | None = None
         self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None
@@ -315,6 +340,44 @@ class Loader:
             if self._owns_reader:
                 self.reader.close()  # ends the downloads just started
             raise
+
+    def _check_schedule(self, size: Any) -> int | Schedule:
+        """The tile side, a checked size, or a schedule (checked each time it is asked)."""
+        if size is None:
+            return int(self.reader.tile)
+        if callable(size):
+            check_size(size(0), "size(0)")  # a schedule that cannot answer fails here, not mid-run
+            return size  # type: ignore[no-any-return]
+        return check_size(size)
+
+    # -- the output size ----------------------------------------------------------------------
+    def size_of(self, epoch: int) -> int:
+        """The output side of ``epoch``: the epoch in progress keeps the size it began with (a
+        loaded state's too); any other takes ``set_size``'s, else the schedule's."""
+        epoch = _int("epoch", epoch, 0)
+        if self._open is not None and self._open.epoch == epoch:
+            return self._open.size
+        return self._starting_size(epoch)
+
+    def _starting_size(self, epoch: int) -> int:
+        """The size ``epoch`` takes when it starts (or resumes) now."""
+        if self._resume_size is not None and self._resume is not None and self._resume[0] == epoch:
+            return self._resume_size
+        if self._fixed is not None:
+            return self._fixed
+        rule: Callable[[int], int] | int = self._schedule
+        return check_size(rule(epoch), f"size({epoch})") if callable(rule) else rule
+
+    @property
+    def size(self) -> int:
+        """The output side of the epoch in progress, or of the next ``iter()``."""
+        return self.size_of(self._open.epoch if self._open is not None else self._epoch)
+
+    def set_size(self, size: int | None) -> None:
+        """The output side from the next epoch on (an epoch in progress keeps its own): one
+        graph serves every size, so nothing is rebuilt. ``None`` returns to the schedule (or
+        the size) the Loader was made with. Saved in ``state_dict``."""
+        self._fixed = None if size is None else check_size(size)
 
     def _check_subset(self, indices: Any) -> np.ndarray:
         subset = np.asarray(indices)
@@ -359,29 +422,31 @@ class Loader:
         other starts fresh (as DistributedSampler users call it every epoch)."""
         self._epoch = _int("epoch", epoch, 0)
         if self._resume is not None and self._resume[0] != self._epoch:
-            self._resume = None
+            self._resume, self._resume_size = None, None
 
-    def _order(self, epoch: int) -> np.ndarray:
-        """The epoch's order, kept for this epoch and the next: each is asked for when the
-        Loader is made or iterated and when the next epoch is read ahead (a global shuffle of
-        ImageNet takes about 0.1 s)."""
-        order = self._orders.get(epoch)
-        if order is None:
-            order = epoch_order(len(self.reader), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
-                                shard_size=self.reader.shard_size, window=self.shuffle_window,
-                                subset=self._mask)
-            order.flags.writeable = False
-            self._orders = {e: o for e, o in self._orders.items() if e in (epoch - 1, epoch + 1)}
-            self._orders[epoch] = order
-        return order
+    def _order(self, epoch: int) -> EpochOrder:
+        """The epoch's order as a function of position: only its shard order is held."""
+        return epoch_order(len(self.reader), shuffle=self.shuffle, seed=self.seed, epoch=epoch,
+                           shard_size=self.reader.shard_size, window=self.shuffle_window,
+                           subset=self.subset)
 
-    def _split(self, order: np.ndarray) -> np.ndarray:
-        return rank_indices(order, rank=self.rank, world_size=self.world_size,
-                            batch_size=self.batch_size, drop_last=self.drop_last)
+    def _share(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray:
+        """This rank's samples of what ``after`` left of ``epoch``, kept for this epoch and its
+        neighbours: each is asked for when the Loader is made or iterated and when the next
+        epoch is read ahead. Memory in proportion to the share, never to the store."""
+        key = (epoch, after)
+        share = self._shares.get(key)
+        if share is None:
+            share = rank_indices(self._order(epoch), rank=self.rank, world_size=self.world_size,
+                                 batch_size=self.batch_size, drop_last=self.drop_last, after=after)
+            share.flags.writeable = False
+            self._shares = {k: v for k, v in self._shares.items() if k[0] in (epoch - 1, epoch, epoch + 1)}
+            self._shares[key] = share
+        return share
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
         """The samples this rank yields in a fresh ``epoch``, in order (without running the pipeline)."""
-        return torch.from_numpy(self._split(self._order(epoch)).copy())  # the order is kept: yours to change
+        return torch.from_numpy(self._share(epoch).copy())  # the share is kept: yours to change
 
     def next_epoch_indices(self) -> torch.Tensor:
         """The samples the next ``iter()`` will yield on this rank, in order: a fresh epoch's, or
@@ -391,23 +456,23 @@ class Loader:
 
     def _plan(self, epoch: int) -> _OpenEpoch:
         """This rank's part of ``epoch``, continuing a loaded state when it is in this epoch."""
-        order = self._order(epoch)
         resume = self._resume if self._resume is not None and self._resume[0] == epoch else None
+        size = self._starting_size(epoch)
         if resume is None:
-            return _OpenEpoch(epoch, [], self._split(order), 0, 0)
+            return _OpenEpoch(epoch, size, [], self._share(epoch), 0, 0)
         segments = resume[1]
         mine = (self.world_size, self.batch_size, self.drop_last)
         last = segments[-1] if segments else None
         if last is not None and (last.world_size, last.batch_size, last.drop_last) == mine:
             # same settings: continue the very split the saved run was in, batch for batch
-            return _OpenEpoch(epoch, segments[:-1], self._split(remaining(order, segments[:-1])),
+            return _OpenEpoch(epoch, size, segments[:-1], self._share(epoch, tuple(segments[:-1])),
                               last.batches, last.batches)
-        return _OpenEpoch(epoch, segments, self._split(remaining(order, segments)), 0, 0)
+        return _OpenEpoch(epoch, size, segments, self._share(epoch, tuple(segments)), 0, 0)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         epoch = self._epoch
         plan = self._open = self._plan(epoch)
-        self._epoch, self._resume = epoch + 1, None
+        self._epoch, self._resume, self._resume_size = epoch + 1, None, None
         if plan.batches * self.batch_size < len(plan.indices):
             feed, generation = self._arm(plan, epoch)
             recorder = self._stats
@@ -427,8 +492,10 @@ class Loader:
 
     def windows(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
-        picture box, and a flip: what the graph cuts and resizes, a function of the sample."""
-        return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, samples)
+        picture box, and a flip: what the graph cuts and resizes, a function of the sample
+        (training windows are the same at every size; evaluation framing follows the size)."""
+        return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, samples,
+                             self.size_of(epoch))
 
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is
@@ -437,19 +504,24 @@ class Loader:
         if device_id is None and self.device.type == "cuda":
             device_id = torch.cuda.current_device()
         settings = pool.Settings(self.batch_size, self.workers, self.prefetch, device_id)
-        self._graph_key = pool.key(self.reader, self.augment, settings)
-        self._graph = pool.take(self.reader, self.augment, settings)
+        self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
+        self._graph = pool.take(self.reader, self.augment, settings, self._direct)
+        largest = getattr(self._schedule, "largest", self._schedule)  # ramp(): its max_res
+        self._graph.source.reserve = largest if isinstance(largest, int) else 0
 
     def _arm(self, plan: _OpenEpoch, epoch: int) -> tuple[Feed, int]:
         if self._graph is not None and not self._graph.alive:
             self._release(keep=False)
+        if self._direct and plan.size != self.reader.tile:
+            # set_size() left the stored tiles: from now on a DALI graph, which serves every size
+            self._release()
+            self._direct = False
         if self._graph is None:
             self._take_graph()
         assert self._graph is not None
         cast = torch.bfloat16 if self.dtype == torch.bfloat16 else None
-        generation = self._graph.arm(self.reader, Epoch(epoch, plan.indices, self._extras(epoch)),
-                                     plan.batches, self._following(epoch, self._graph.lookahead), cast,
-                                     self.timed)
+        generation = self._graph.arm(self.reader, self._epoch_of(plan), plan.batches,
+                                     self._following(epoch, self._graph.lookahead), cast, self.timed)
         if self.timed and self._stats is None:
             self._stats = Recorder(self._graph.source.threads, self.reader.stored_nbytes)
         return self._graph.feed, generation
@@ -478,15 +550,17 @@ class Loader:
             plan = self._plan(epoch + 1 + len(following))
             if plan.batches:  # a loaded state's epoch: resumed when it is reached, not before
                 break
-            following.append(Epoch(plan.epoch, plan.indices, self._extras(plan.epoch)))
+            if self._direct and plan.size != self.reader.tile:  # needs a graph: armed when reached
+                break
+            following.append(self._epoch_of(plan))
             batches += -(-len(plan.indices) // self.batch_size)
         return following
 
-    def _extras(self, epoch: int) -> Any:
-        # a plain function of the settings, not a bound method: the graph, which may outlive
-        # this Loader in the pool, must not keep it alive (or form a cycle with it)
-        return (partial(window_inputs, self.reader.boxes, self.augment, self.seed, epoch)
-                if self.augment.windows else None)
+    def _epoch_of(self, plan: _OpenEpoch) -> Epoch:
+        # the extras are a plain function of the settings, not a bound method: the graph, which
+        # may outlive this Loader in the pool, must not keep it alive (or form a cycle with it)
+        extras = partial(graph_inputs, self.reader.boxes, self.augment, self.seed, plan.epoch, plan.size)
+        return Epoch(plan.epoch, plan.indices, extras, plan.size)
 
     def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         images = out["images"]  # already bfloat16 where asked: cast by the feed, off this thread
@@ -520,6 +594,7 @@ class Loader:
         else:
             epoch, segments = self._epoch, []
         return {"version": STATE_VERSION, "epoch": epoch, "segments": [s.to_list() for s in segments],
+                "size": self.size_of(epoch), "set_size": self._fixed,
                 "seed": self.seed, "shuffle": self.shuffle, "samples": len(self.reader),
                 "subset": self._subset_digest(), "batch": segments[-1].batches if segments else 0,
                 "world_size": self.world_size, "batch_size": self.batch_size, "drop_last": self.drop_last}
@@ -527,6 +602,14 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next ``iter()`` (or a ``set_epoch`` of the same epoch,
         then ``iter()``) delivers the rest of that epoch, split over this Loader's ranks."""
+        version = state.get("version")
+        if version != STATE_VERSION:
+            # another version orders the epoch otherwise: its count of delivered batches would
+            # name other samples here, and exactly-once would silently break
+            raise ConfigError(
+                f"state_dict is version {version!r}, this Loader reads version {STATE_VERSION} (their "
+                "epoch orders differ); start the epoch afresh (set_epoch without load_state_dict) or "
+                "resume with the tilefeed that saved it")
         mine = {"seed": self.seed, "shuffle": self.shuffle, "samples": len(self.reader),
                 "subset": self._subset_digest()}
         for key, value in mine.items():
@@ -535,12 +618,14 @@ class Loader:
                     f"state_dict was saved with {key}={state.get(key)!r}, this Loader has {value!r}; "
                     "resume with the same store, seed, shuffle and indices (world size and batch "
                     "size may differ)")
-        if "segments" in state:
-            segments = [Segment.from_list(s) for s in state["segments"]]
-        else:  # a version 1 state: one stretch at the saved settings
-            segments = [Segment(state["world_size"], state["batch_size"], state["drop_last"], state["batch"])]
-        self._epoch = int(state["epoch"])
+        segments = [_segment(s) for s in state.get("segments", [])]
+        size = check_size(state.get("size"), "state_dict size")
+        fixed = state.get("set_size")
+        self._fixed = None if fixed is None else check_size(fixed, "state_dict set_size")
+        self._epoch = _int("state_dict epoch", state.get("epoch"), 0)
         self._resume = (self._epoch, [s for s in segments if s.batches > 0])
+        # an epoch begun goes on at the size it began with, whatever the schedule says now
+        self._resume_size = size if self._resume[1] else None
         self._open = None
 
     def _record(self, *, complete: bool) -> None:

@@ -438,6 +438,15 @@ def _ledger(root: Path, population: list[int], ids: list[int], header: dict[str,
     (root / "epoch-000000" / "r-rank00000.ledger").write_bytes(len(head).to_bytes(4, "little") + head + packed)
 
 
+def _counted(root: Path, count: bytes, ids: list[int]) -> None:
+    """A ledger of a whole store: its population is a sample count (``population.json``)."""
+    from tilefeed.pipeline.ledger import COUNT, POPULATION
+
+    _ledger(root, [0], ids)
+    (root / POPULATION).unlink()
+    (root / COUNT).write_bytes(count)
+
+
 def ledger_cases() -> list[Case]:
     import zlib
 
@@ -453,6 +462,10 @@ def ledger_cases() -> list[Case]:
             "epoch": 0, "rank": 0, "run": "r", "world_size": 10**12, "batch_size": 1,
             "drop_last": False, "complete": True, "delivered": 1})),
         ("population a zlib bomb", lambda r: _bombed(r, bomb)),
+        ("population a count of 10**12", lambda r: _counted(r, b'{"samples": 1000000000000}', [0])),
+        ("record past the population count", lambda r: _counted(r, b'{"samples": 2}', [0, 2])),
+        ("population count not a count", lambda r: _counted(r, b'{"samples": -1}', [0])),
+        ("population count a megabyte of JSON", lambda r: _counted(r, b"[" * (1 << 20), [0])),
     ]
 
 

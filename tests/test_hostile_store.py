@@ -94,6 +94,11 @@ LEDGER = {
     "record holds an id outside the population": ["refused", "not in the population"],
     "world size 10**12": ["ok", "once=1 twice=0 never=1"],  # one rank of many: not complete
     "population a zlib bomb": ["refused", "holds more than"],
+    # a whole store's ledger states only a count: nothing is sized by it
+    "population a count of 10**12": ["ok", "once=1 twice=0 never=999999999999"],
+    "record past the population count": ["refused", "not in the population"],
+    "population count not a count": ["refused", "not a sample count"],
+    "population count a megabyte of JSON": ["refused", "not a sample count"],
 }
 
 

@@ -20,8 +20,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tilefeed.pipeline import Loader, StoreReader
-from tilefeed.pipeline.ledger import audit
+from tilefeed.pipeline.ledger import COUNT, POPULATION, _Tally, _unpack, audit
+from tilefeed.pipeline.loader import STATE_VERSION
 from tilefeed.pipeline.order import SHUFFLES
+from tilefeed.preprocess.errors import ConfigError, LedgerError
 from tests.helpers import free_port, join_gloo, run_cli
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
@@ -124,6 +126,36 @@ def test_a_state_of_another_store_seed_or_subset_is_refused(store: Path) -> None
         Loader(store, 4, seed=1, shuffle="shard").load_state_dict(state)
     with pytest.raises(ValueError, match="subset="):
         Loader(store, 4, seed=1, indices=range(10)).load_state_dict(state)
+
+
+def test_a_state_of_another_version_is_refused_with_what_to_do(store: Path) -> None:
+    with Loader(store, 4, seed=1) as loader:
+        state = loader.state_dict()
+        assert state["version"] == STATE_VERSION == 4
+        loader.load_state_dict(json.loads(json.dumps(state)))  # its own version loads
+        # what tilefeed wrote before the order changed: version 2, and version 1 without segments;
+        # version 3, before sizes could change between epochs
+        older = dict(state, version=2, segments=[[1, 4, False, 3]], batch=3)
+        first = {k: v for k, v in older.items() if k != "segments"} | {"version": 1}
+        unmarked = {k: v for k, v in state.items() if k != "version"}
+        sizeless = {k: v for k, v in state.items() if k not in ("size", "set_size")} | {"version": 3}
+        for saved, says in ((older, "2"), (first, "1"), (sizeless, "3"), (dict(state, version=5), "5"),
+                            (unmarked, "None")):
+            with pytest.raises(ConfigError) as refused:
+                loader.load_state_dict(saved)
+            message = str(refused.value)
+            assert "\n" not in message
+            assert f"state_dict is version {says}, this Loader reads version 4" in message
+            assert "start the epoch afresh" in message and "tilefeed that saved it" in message
+        assert loader.next_epoch_indices().tolist() == loader.epoch_indices(0).tolist()  # nothing loaded
+
+
+def test_a_damaged_state_is_refused_in_one_line(store: Path) -> None:
+    with Loader(store, 4) as loader:
+        state = loader.state_dict()
+        for segments in ([[0, 4, False, 1]], [[2, 0, False, 1]], [[2, 4, False, -1]], [[2, 4]], ["x"]):
+            with pytest.raises(ConfigError, match="state_dict"):
+                loader.load_state_dict(dict(state, segments=segments))
 
 
 def test_resume_through_torch_save_gives_the_same_batches_bit_for_bit(store: Path, tmp_path: Path) -> None:
@@ -248,6 +280,62 @@ def test_ledger_and_audit_on_a_clean_run_and_an_injected_duplicate(store: Path, 
         it.close()
     r = run_cli("audit", str(ledger))
     assert r.returncode == 1 and "FAIL: 4 delivered more than once" in r.stdout
+
+
+def test_a_whole_store_ledger_records_a_count_and_a_subset_its_ids(store: Path, tmp_path: Path) -> None:
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    with Loader(store, 4, ledger=whole, **UINT8) as loader:
+        list(loader)
+    assert json.loads((whole / COUNT).read_text()) == {"samples": 50}  # no id per sample
+    assert not (whole / POPULATION).exists()
+    subset = list(range(1, 50, 3))
+    with Loader(store, 4, ledger=part, indices=subset, **UINT8) as loader:
+        list(loader)
+    assert _unpack((part / POPULATION).read_bytes()).tolist() == subset and not (part / COUNT).exists()
+    assert [(r.population, r.once, r.twice, r.never, r.ok) for r in audit(whole)] == [(50, 50, 0, 0, True)]
+    assert [(r.population, r.once, r.twice, r.never, r.ok) for r in audit(part)] == [(17, 17, 0, 0, True)]
+    (whole / POPULATION).write_bytes((part / POPULATION).read_bytes())
+    with pytest.raises(LedgerError, match="holds both"):
+        audit(whole)
+
+
+def _reference_tally(size: int, records: list[np.ndarray]) -> tuple[int, int, int, int, list[int], list[int]]:
+    counts = Counter(int(i) for r in records for i in r)
+    twice = sorted(i for i, c in counts.items() if c > 1)
+    never = [i for i in range(min(size, len(counts) + 5)) if i not in counts][:5]
+    return (sum(c == 1 for c in counts.values()), len(twice), size - len(counts),
+            sum(counts.values()) - len(counts), twice[:5], never)
+
+
+def test_the_audit_tally_counts_as_a_table_of_every_sample_would() -> None:
+    rng = np.random.default_rng(0)
+    paths = set()
+    for case in range(300):
+        size = int(rng.choice([1, 7, 64, 1000, 5000, 10**6, 10**12]))
+        records = []
+        for _ in range(int(rng.integers(0, 6))):
+            length = int(rng.integers(0, 300))
+            high = min(size, 2000) if case % 2 else size  # dense repeats, or ids spread wide
+            ids = rng.integers(0, high, size=length)
+            records.append(np.sort(ids))
+        tally = _Tally(size)
+        for r in records:
+            tally.add(r)
+        paths.add(tally.bits is not None)
+        distinct, twice = tally.distinct(), tally.twice()
+        got = (distinct - twice, twice, size - distinct, tally.deliveries - distinct,
+               tally.examples_twice().tolist(), tally.examples_never().tolist())
+        assert got == _reference_tally(size, records), (size, case)
+    assert paths == {True, False}  # both the sorted arrays and the bitmaps were checked
+
+
+def test_the_audit_of_a_huge_store_is_sized_by_what_was_delivered(tmp_path: Path) -> None:
+    from tilefeed.pipeline.ledger import Ledger
+
+    ledger = Ledger(tmp_path, rank=0, population=None, samples=10**12)
+    ledger.record(0, np.arange(10**12 - 4, 10**12), world_size=1, batch_size=4, drop_last=False, complete=False)
+    [epoch] = audit(tmp_path)  # a table of 10**12 samples would not fit this machine
+    assert (epoch.once, epoch.never, epoch.examples_never) == (4, 10**12 - 4, [0, 1, 2, 3, 4])
 
 
 def _killed_after_checkpoint(store: str, ledger: str, state_file: str) -> None:
