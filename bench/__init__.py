@@ -4,6 +4,10 @@ The harness (and torch with it) loads on first use of a name."""
 
 from __future__ import annotations
 
+if __name__ != "tilefeed.bench":  # the repository's folder imported as itself, from a checkout's root
+    raise ImportError(f"import tilefeed.bench, not {__name__}: the same module under two names would be "
+                      "two modules (two graph pools, two caches)")
+
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 

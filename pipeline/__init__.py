@@ -5,6 +5,10 @@ Each name loads on first use: ``TileDataset`` and ``StoreReader`` never load DAL
 
 from __future__ import annotations
 
+if __name__ != "tilefeed.pipeline":  # the repository's folder imported as itself, from a checkout's root
+    raise ImportError(f"import tilefeed.pipeline, not {__name__}: the same module under two names would be "
+                      "two modules (two graph pools, two caches)")
+
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 

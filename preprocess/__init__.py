@@ -5,6 +5,10 @@ The writer (and with it multiprocessing and zarr) loads on first use of ``prepro
 
 from __future__ import annotations
 
+if __name__ != "tilefeed.preprocess":  # the repository's folder imported as itself, from a checkout's root
+    raise ImportError(f"import tilefeed.preprocess, not {__name__}: the same module under two names would be "
+                      "two modules (two graph pools, two caches)")
+
 from typing import TYPE_CHECKING, Any
 
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
