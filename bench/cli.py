@@ -209,13 +209,24 @@ def _bench_loader(argv: list[str]) -> int:
     p.add_argument("--codec", default="lz4", choices=[c for c in CODECS if c != "jpeg"],
                    help="codec of the lossless store made without --store (none: raw pixels, "
                    "as FFCV's raw store)")
+    p.add_argument("--sizes", default=None,
+                   help="comma list of output sizes (e.g. 128,160,192,224): training img/s at each "
+                   "from the same --tile px stores, lossless and JPEG with reduced-scale decoding "
+                   "on and off, one Loader each changing size, and JPEG decode speed per DCT scale")
+    p.add_argument("--tile", type=int, default=256, help="tile side of the stores made for --sizes")
     args = p.parse_args(argv)
-    from tilefeed.bench.loader_bench import bench_loaders
+    from tilefeed.bench.loader_bench import bench_loaders, bench_sizes
     from tilefeed.preprocess.errors import ConfigError
 
     if args.peer and not args.peer_python:
         raise ConfigError("--peer ffcv needs --peer-python: the Python of an environment with FFCV")
     images = args.images or demo_images(args.count)
+    if args.sizes:
+        sizes = [int(v) for v in args.sizes.split(",") if v.strip()]
+        lossless = demo_store(images, size=args.tile, codec=args.codec, fit="crop")
+        jpeg = demo_store(images, size=args.tile, codec="jpeg", fit="crop")
+        return _report(bench_sizes(lossless, jpeg, sizes, batch_size=args.batch_size,
+                                   workers=args.workers, rounds=args.rounds), args.json)
     store = args.store or demo_store(images, codec=args.codec, fit="crop")  # the read path alone
     jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
     result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
@@ -343,20 +354,25 @@ def _soak(argv: list[str]) -> int:
     p = _parser("tilefeed bench soak",
                 "Memory, threads, open files and shared memory over the loader patterns of long "
                 "jobs (one loader over many epochs, a loader per epoch, leaving an epoch early, an "
-                "exception in the loop, train and validation loaders at once); exit 1 when any "
-                "grows after warm-up.")
+                "exception in the loop, train and validation loaders at once, one loader whose "
+                "output size changes every epoch for at least 50 epochs); exit 1 when any grows "
+                "after warm-up.")
     p.add_argument("store", type=Path, metavar="STORE")
     p.add_argument("--seconds", type=float, default=60.0, help="total run time, shared by the patterns")
     _loop_args(p, batch_size=16)
     p.add_argument("--limit-kb", type=float, default=10.0,
                    help="RSS growth per loader or epoch that still passes")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--only", default=None,
+                   help="comma list of the patterns to run (by name, as the table shows them)")
     args = p.parse_args(argv)
     from tilefeed.bench.soak import header, format_row, soak, to_json
 
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     print(header(), flush=True)
     results = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
-                   limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), flush=True))
+                   limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), flush=True),
+                   only=only)
     failed = [r.pattern for r in results if not r.ok]
     print(f"\nsoak: {'FAIL: ' + ', '.join(failed) if failed else 'pass'}: RSS growth per unit under "
           f"{args.limit_kb:g} KB and threads, open files and shared memory flat after warm-up")

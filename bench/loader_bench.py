@@ -1,7 +1,9 @@
 """Loader-alone throughput: tilefeed's Loader against the fastest copy of the decoded tiles this
 machine can do (the limit: all cores) and against a torch DataLoader decoding the source JPEGs
 with PIL, at the same worker count, batch size, samples, output shape and dtype. Rounds
-interleave the loaders; medians reported."""
+interleave the loaders; medians reported. ``bench_sizes`` (``--sizes``): training throughput at
+several output sizes from one store, each Loader changing size between measurements, with JPEG
+decoding at reduced DCT scale on and off, and the decode alone at each scale."""
 
 from __future__ import annotations
 
@@ -242,3 +244,134 @@ class FfcvPeer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@dataclass
+class SizesBenchResult:
+    """Training throughput at several output sizes from one store, and JPEG decode speed at
+    each DCT scale: what progressive resizing gains on the CPU."""
+
+    samples: int
+    batch_size: int
+    workers: int
+    tile: int
+    sizes: list[int]
+    rates: dict[str, dict[int, float]] = field(default_factory=dict)  # store -> size -> img/s
+    decode: dict[int, float] = field(default_factory=dict)  # DCT scale 1/f -> tiles/s, one thread
+    reduced: dict[int, float] = field(default_factory=dict)  # size -> share of tiles decoded below full
+    builds: int = 0  # DALI pipelines built over every size change of the run
+
+    def table(self) -> str:
+        names = list(self.rates)
+        lines = [f"{self.samples} samples, batch {self.batch_size}, {self.workers} workers, "
+                 f"{self.tile}px tiles, train crop+flip+normalise float32 channels_last, one Loader "
+                 f"per column, set_size() between measurements, medians (img/s)",
+                 "| size | " + " | ".join(names) + " | JPEG scaled / full decode | tiles decoded "
+                 "below full size |",
+                 "| ---: | " + " | ".join("---:" for _ in names) + " | ---: | ---: |"]
+        for size in self.sizes:
+            row = [f"{self.rates[name][size]:.0f}" for name in names]
+            gain = self.rates[JPEG_SCALED][size] / self.rates[JPEG_FULL][size]
+            lines.append(f"| {size} | " + " | ".join(row) + f" | {gain:.2f}x | {self.reduced[size]:.1%} |")
+        lines += ["", f"DALI pipelines built, three Loaders, every size change included: {self.builds}",
+                  "", f"JPEG decode of {self.tile}px tiles, one thread, medians:",
+                  "| scale | tiles/s | vs full size |", "| --- | ---: | ---: |"]
+        lines += [f"| 1/{f} | {rate:.0f} | {rate / self.decode[1]:.2f}x |" for f, rate in self.decode.items()]
+        return "\n".join(lines)
+
+
+LOSSLESS = "lossless"
+JPEG_SCALED = "JPEG, scaled decode"
+JPEG_FULL = "JPEG, full decode"
+
+
+def _decode_rates(jpeg: StoreReader, rounds: int, min_seconds: float) -> dict[int, float]:
+    """Tiles/s of the source's own decode calls at full size and at each DCT scale, on one
+    thread, rounds interleaved: the decode alone, apart from cutting and resizing."""
+    from tilefeed.pipeline.source import DCT_SCALES, decode_scaled
+    from tilefeed.preprocess.format import decode_jpeg
+
+    payloads = [bytes(p) for p in jpeg.payloads(range(min(len(jpeg), 512)))]
+    height, width = jpeg.codec.shape[:2]
+    outs = {f: np.empty((-(-height // f), -(-width // f), 4), dtype=np.uint8) for f in (1, *DCT_SCALES)}
+
+    def at(factor: int) -> Callable[[], int]:
+        def epoch() -> int:
+            for p in payloads:
+                if factor == 1:
+                    decode_jpeg(p, outs[1], pixels="RGBX")
+                else:
+                    decode_scaled(p, outs[factor])
+            return len(payloads)
+        return epoch
+
+    runs: dict[int, list[float]] = {f: [] for f in (1, 2, 4, 8)}
+    for _ in range(rounds):
+        for f in runs:
+            runs[f].append(_rate(at(f), min_seconds / 2))
+    return {f: statistics.median(v) for f, v in runs.items()}
+
+
+def bench_sizes(store: Path, jpeg_store: Path, sizes: list[int], *, batch_size: int = 64,
+                workers: int = 2, rounds: int = 3, min_seconds: float = 1.5,
+                log: bool = True) -> SizesBenchResult:
+    """Each of ``sizes`` from the same stores (lossless; JPEG with reduced-scale decoding on and
+    off), one Loader each whose size changes between measurements, rounds interleaved."""
+    from tilefeed.pipeline import graph
+
+    reader = StoreReader(store)
+    built = [0]
+    real = graph.build_pipeline
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        built[0] += 1
+        return real(*args, **kwargs)
+
+    graph.build_pipeline = counted  # type: ignore[assignment]  # counts rebuilds: there must be none
+    try:
+        loaders = {name: Loader(path, batch_size, train=True, size=max(sizes), workers=workers,
+                                layout="channels_last", device="cpu", scaled_decode=scaled)
+                   for name, path, scaled in ((LOSSLESS, store, True), (JPEG_SCALED, jpeg_store, True),
+                                              (JPEG_FULL, jpeg_store, False))}
+        if log:
+            print("warming up every loader at every size...", flush=True)
+
+        def measure(name: str, size: int, seconds: float) -> float:
+            loaders[name].set_size(size)
+            _drain(loaders[name])()  # the epoch where the size changes: the stream restarts
+            return _rate(_drain(loaders[name]), seconds)
+
+        for name in loaders:
+            for size in sizes:
+                measure(name, size, 0.1)
+        runs: dict[str, dict[int, list[float]]] = {n: {s: [] for s in sizes} for n in loaders}
+        for r in range(rounds):
+            for size in sizes:
+                for name in loaders:
+                    runs[name][size].append(measure(name, size, min_seconds))
+            if log:
+                print(f"round {r + 1}/{rounds}: " + ", ".join(
+                    f"{s}px {'/'.join(f'{runs[n][s][-1]:.0f}' for n in loaders)}" for s in sizes), flush=True)
+        for loader in loaders.values():
+            loader.close()
+    finally:
+        graph.build_pipeline = real  # type: ignore[assignment]
+    result = SizesBenchResult(len(reader), batch_size, workers, reader.tile, sizes, builds=built[0])
+    result.rates = {n: {s: statistics.median(v) for s, v in by.items()} for n, by in runs.items()}
+    result.decode = _decode_rates(StoreReader(jpeg_store), rounds, min_seconds)
+    result.reduced = {size: _reduced_share(jpeg_store, size) for size in sizes}
+    return result
+
+
+def _reduced_share(jpeg_store: Path, size: int) -> float:
+    """The share of an epoch's training windows at ``size`` whose tiles decode below full
+    size: a window must span ``size`` decoded pixels each way, so only windows of at least
+    twice the output side gain."""
+    from tilefeed.pipeline.source import decode_scale
+
+    with Loader(jpeg_store, 64, train=True, size=size, device="cpu") as loader:
+        samples = np.arange(len(loader.reader))
+        start, end, _ = loader.windows(0, samples)
+        height, width = loader.reader.codec.shape[:2]
+    spans = (end - start).tolist()
+    return sum(decode_scale(h, w, size, height, width) > 1 for h, w in spans) / len(spans)

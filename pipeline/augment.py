@@ -12,17 +12,17 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 @dataclass(frozen=True)
 class Augment:
-    """What the graph does to each tile.
+    """What the graph does to each tile, whatever the output size.
 
-    ``windows`` (always when training): the crop window and flip of each sample arrive as
-    per-sample inputs computed on the host (``pipeline.crops``, inside each tile's picture box);
-    the graph cuts, resizes to ``size``, flips and normalises. Evaluation of a store whose tiles
-    are whole pictures uses fixed ops instead: when ``size`` differs from the tile, torchvision's
-    framing (resize to ``size / crop_pct``, centre-crop ``size``).
+    The size is not here: it may change from epoch to epoch (``pipeline.sizes``), reaches the
+    graph as a per-sample input, and so never calls for another graph. ``windows`` (always when
+    training): the crop window and flip of each sample arrive as per-sample inputs computed on
+    the host (``pipeline.crops``, inside each tile's picture box); the graph cuts, resizes,
+    flips and normalises. Evaluation of a store whose tiles are whole pictures uses fixed ops
+    instead: torchvision's framing (resize to ``size / crop_pct``, centre-crop ``size``).
     """
 
     train: bool
-    size: int
     tile: int
     normalize: bool  # False for uint8 output: pixels pass through unscaled
     half: bool  # float16 output straight from DALI
@@ -34,18 +34,17 @@ class Augment:
     crop_pct: float = 0.875
     windows: bool = False  # per-sample crop windows (training, or tiles with padding)
     fast_idct: bool = False  # JPEG tiles on the CPU: libjpeg-turbo's fast integer IDCT
+    scaled_decode: bool = True  # JPEG tiles on the CPU: decoded at 1/2, 1/4 or 1/8 where that suffices
 
-    @property
-    def resize_to(self) -> int:
-        """Evaluation: the side the tile is resized to before the centre crop."""
-        return self.tile if self.size == self.tile else math.floor(self.size / self.crop_pct + 1e-9)
+    def resize_to(self, size: int) -> int:
+        """Evaluation: the side the tile is resized to before the centre crop to ``size``."""
+        return self.tile if size == self.tile else math.floor(size / self.crop_pct + 1e-9)
 
     @property
     def passthrough(self) -> bool:
         """uint8 NHWC eval output: the (resized) tiles as they are, with no per-pixel op."""
         return not (self.windows or self.normalize or self.channels_first)
 
-    @property
-    def stored_tiles(self) -> bool:
-        """The output is the stored tiles themselves: uint8 NHWC at the tile's size."""
-        return self.passthrough and self.size == self.tile
+    def stored_tiles(self, size: int) -> bool:
+        """The output at ``size`` is the stored tiles themselves: uint8 NHWC at the tile's size."""
+        return self.passthrough and size == self.tile

@@ -100,11 +100,12 @@ def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np
 
 
 def window_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int,
-                  samples: np.ndarray) -> tuple[np.ndarray, ...]:
+                  samples: np.ndarray, size: int | None = None) -> tuple[np.ndarray, ...]:
     """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip.
 
     ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
-    random-resized crop of the picture. Evaluation: its framing of the picture (shorter side to
+    random-resized crop of the picture (the same at every output size). Evaluation: its
+    framing of the picture for output ``size`` (default the tile side: shorter side to
     ``size / crop_pct``, centre crop ``size``), no flip.
     """
     top, left, height, width = boxes[samples].T
@@ -113,7 +114,22 @@ def window_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int,
         start, end = w.roi()
         offset = np.stack([top, left], axis=1).astype(np.float32)
         return start + offset, end + offset, w.flip
-    side = np.minimum(height, width) * (a.size / a.resize_to)
-    start = np.stack([top + (height - side) / 2, left + (width - side) / 2], axis=1)
-    return (start.astype(np.float32), (start + side[:, None]).astype(np.float32),
+    side = a.tile if size is None else size
+    framed = np.minimum(height, width) * (side / a.resize_to(side))
+    start = np.stack([top + (height - framed) / 2, left + (width - framed) / 2], axis=1)
+    return (start.astype(np.float32), (start + framed[:, None]).astype(np.float32),
             np.zeros(len(samples), dtype=np.int32))
+
+
+def graph_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int, size: int,
+                 samples: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Everything the graph takes per sample besides the pixels, for an epoch at ``size``.
+
+    With windows: (start, end, flip, output [h, w]). Without (evaluation framing of whole
+    tiles by fixed ops): (resize [h, w], centre crop [h, w]). The size travels as an input, so
+    one graph serves every size.
+    """
+    n = len(samples)
+    if a.windows:
+        return (*window_inputs(boxes, a, seed, epoch, samples, size), np.full((n, 2), size, np.float32))
+    return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)

@@ -7,7 +7,7 @@ sure none is a ring slot the batch source reuses); on a GPU, a copy on a side st
 consumer's ``next()`` takes the batch waiting there. The stream of batches does not stop at the end of an
 epoch: the epochs expected next follow in the same stream (``BatchSource``), so the first batch
 of an epoch is as ready as any other. Arming an epoch the stream does not continue into (another
-number, a resumed position, a different order) starts a new generation, and whatever was
+number, a resumed position, a different order, another output size) starts a new generation, and whatever was
 prepared for the old one is dropped by its tag.
 
 Without a DALI pipeline (stored tiles on the CPU), the reader threads' fresh arrays are the

@@ -10,25 +10,35 @@ from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.source import BatchSource
 
 
+def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
+    """The per-sample inputs after the pixels, labels and indices, in the order the batch source
+    sends them (``crops.graph_inputs``, less the windows the source cut itself)."""
+    if not augment.windows:
+        return ("resize", "crop")  # evaluation framing of whole tiles: sizes only
+    return ("flip",) if host_resize else ("start", "end", "flip", "size")
+
+
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
                    device_id: int | None, prefetch: int, jpeg: bool) -> Any:
+    """The graph, for every output size: sizes arrive per sample with the windows and flips."""
     gpu = device_id is not None
-    resized = source.resize_to is not None  # then the source sends the flips alone, no windows
-    crop_types = ([types.INT32] if resized else [types.FLOAT, types.FLOAT, types.INT32]) \
-        if augment.windows else []
+    names = input_names(augment, source.host_resize)
+    kinds = {"start": types.FLOAT, "end": types.FLOAT, "flip": types.INT32, "size": types.FLOAT,
+             "resize": types.FLOAT, "crop": types.FLOAT}
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
                   prefetch_queue_depth=prefetch)  # no DALI randomness: crops come from the host
     def tiles() -> Any:
-        raw, labels, indices, *crop = fn.external_source(
-            source=source, num_outputs=3 + len(crop_types), batch=True,
-            dtype=[types.UINT8, types.INT64, types.INT64, *crop_types],
-            layout=[None if jpeg else "HWC", None, None, *[None] * len(crop_types)],
+        raw, labels, indices, *extras = fn.external_source(
+            source=source, num_outputs=3 + len(names), batch=True,
+            dtype=[types.UINT8, types.INT64, types.INT64, *(kinds[n] for n in names)],
+            layout=[None if jpeg else "HWC", None, None, *[None] * len(names)],
             no_copy=not source.dali_copies,
         )
-        if not resized:
-            raw = _decode_and_crop(raw, crop, augment, gpu=gpu, jpeg=jpeg)
-        images = _finish(raw, crop, augment)
+        inputs = dict(zip(names, extras, strict=True))
+        if not source.host_resize:  # else the pixels arrive cut and resized to the epoch's size
+            raw = _decode_and_resize(raw, inputs, augment, gpu=gpu, jpeg=jpeg)
+        images = _finish(raw, inputs, augment)
         if gpu:
             labels, indices = labels.gpu(), indices.gpu()
         return images, labels, indices
@@ -36,29 +46,26 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
     return tiles()
 
 
-def _finish(images: Any, crop: list[Any], a: Augment) -> Any:
-    """Evaluation centre crop, flip, normalise, cast and lay out; uint8 eval output skips every
-    per-pixel op it can."""
-    centre = {} if a.windows or a.resize_to == a.size else {"crop": [a.size, a.size]}
+def _finish(images: Any, inputs: dict[str, Any], a: Augment) -> Any:
+    """Evaluation centre crop (its size an input), flip, normalise, cast and lay out; uint8
+    eval output skips every per-pixel op it can."""
+    centre = {} if a.windows else {"crop": inputs["crop"]}
     if a.passthrough:
-        return fn.crop(images, **centre) if centre else images
-    if not (a.normalize or a.windows or centre):
-        return fn.transpose(images, perm=[2, 0, 1])  # uint8 NCHW: layout only
+        return fn.crop(images, **centre)
     return fn.crop_mirror_normalize(
         images,
         dtype=types.FLOAT16 if a.half else (types.FLOAT if a.normalize else types.UINT8),
         output_layout="CHW" if a.channels_first else "HWC",
         mean=list(a.mean) if a.normalize else [0.0, 0.0, 0.0],
         std=list(a.std) if a.normalize else [1.0, 1.0, 1.0],
-        mirror=crop[-1] if a.windows else 0,  # the flips come last
+        mirror=inputs["flip"] if a.windows else 0,
         **centre,
     )
 
 
-def _decode_and_crop(raw: Any, crop: list[Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
-    size = [a.size, a.size]
+def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
     if a.windows:
-        start, end = crop[0], crop[1]
+        start, end, size = inputs["start"], inputs["end"], inputs["size"]
         if jpeg:  # decode only the window (nvJPEG when there is a GPU)
             images = fn.decoders.image_slice(
                 raw, start, end - start, axis_names="HW", normalized_anchor=False,
@@ -73,5 +80,5 @@ def _decode_and_crop(raw: Any, crop: list[Any], a: Augment, *, gpu: bool, jpeg: 
                                    use_fast_idct=a.fast_idct)
     else:
         images = raw.gpu() if gpu else raw
-    side = a.resize_to
-    return images if side == a.tile else fn.resize(images, size=[side, side], antialias=True)
+    # at the tile's own size this is the identity, pixel for pixel (so is the centre crop)
+    return fn.resize(images, size=inputs["resize"], antialias=True)

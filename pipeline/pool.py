@@ -5,11 +5,14 @@ Building, running and dropping a DALI pipeline leaves native memory behind (meas
 so a process that creates a Loader per epoch, per evaluation or per trial grows until it dies.
 A graph is therefore never dropped while it can serve again: its feed stops (what it prepared
 for a stream nobody will take is recognised by its tag and dropped when it comes out) and the
-graph goes back to a small pool keyed by everything that shapes it. A few idle graphs (``MAX_IDLE``) bound the
+graph goes back to a small pool keyed by everything that shapes it. The output size is not
+among them: it reaches the graph per sample (``pipeline.sizes``), so one graph serves every size
+a progressive-resizing schedule asks for. A few idle graphs (``MAX_IDLE``) bound the
 threads and memory the pool holds.
 
-Where the output is the stored tiles on the CPU (uint8 NHWC at the tile's size), a graph is the
-batch source alone, with no DALI pipeline: DALI would only copy each batch.
+Where the output is the stored tiles on the CPU (uint8 NHWC at the tile's size, a size that
+cannot change), a graph is the batch source alone, with no DALI pipeline: DALI would only copy
+each batch.
 """
 
 from __future__ import annotations
@@ -86,25 +89,27 @@ class Settings:
     device_id: int | None
 
 
-def key(reader: StoreReader, augment: Augment, settings: Settings) -> Hashable:
-    return (augment, reader.codec.shape, reader.is_image_coded, settings)
+def key(reader: StoreReader, augment: Augment, settings: Settings, direct: bool = False) -> Hashable:
+    return (augment, reader.codec.shape, reader.is_image_coded, settings, direct)
 
 
-def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
-    """An idle graph with these settings, or a new one."""
+def take(reader: StoreReader, augment: Augment, settings: Settings, direct: bool = False) -> Graph:
+    """An idle graph with these settings, or a new one. ``direct``: the output is the stored
+    tiles at their size, always (no DALI pipeline; on the CPU only)."""
     with _lock:
-        idle = _idle.get(key(reader, augment, settings))
+        idle = _idle.get(key(reader, augment, settings, direct))
         while idle:
             graph = idle.pop()
             if graph.alive:
                 return graph
     s = settings
-    if s.device_id is None and augment.stored_tiles:
+    if s.device_id is None and direct:
         # the output is the stored tiles: a DALI graph would only copy each batch into memory
         # of its own; the reader threads decompress or decode straight into arrays handed to
         # the caller
         return Graph(BatchSource(reader, s.batch_size, s.threads, ahead=s.threads + 2,
-                                 dali_depth=0, handed_out=True, fast_idct=augment.fast_idct),
+                                 dali_depth=0, handed_out=True, fast_idct=augment.fast_idct,
+                                 scaled_decode=augment.scaled_decode),
                      pipe=None)
     from tilefeed.pipeline.graph import build_pipeline  # DALI: imported when a graph is first needed
 
@@ -115,8 +120,8 @@ def take(reader: StoreReader, augment: Augment, settings: Settings) -> Graph:
     # `tilefeed bench sweep --over workers`), one per worker where the readers decode JPEG
     readers = s.threads if host_resize and reader.is_image_coded else max(1, s.threads // 2)
     source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
-                         resize_to=augment.size if host_resize else None,
-                         fast_idct=augment.fast_idct)
+                         host_resize=host_resize, fast_idct=augment.fast_idct,
+                         scaled_decode=augment.scaled_decode)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
                           device_id=s.device_id, prefetch=s.prefetch,
                           jpeg=reader.is_image_coded and not source.decodes)

@@ -104,7 +104,7 @@ def loaded(reader: StoreReader, indices: np.ndarray, *, train: bool, epoch: int,
         loader.set_epoch(epoch)
         images, labels, got = next(iter(loader))
         pixels = to_pixels(images, loader.augment.mean, loader.augment.std)
-        side = loader.augment.size
+        side = loader.size
     where = {int(i): k for k, i in enumerate(got.tolist())}  # store order -> the order asked for
     order = [where[int(i)] for i in indices]
     return pixels[order], labels.numpy()[order], side

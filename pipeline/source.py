@@ -4,7 +4,8 @@ Reading a tile is a crc32c check and a copy or lz4 decompression: short, memory-
 Threads reading whole batches ahead overlap it with DALI's own threads, with no worker
 processes, no pickling and no shared-memory segments to leak. On the CPU the threads also do
 what DALI's CPU operators do slowly: decoding JPEG tiles (simplejpeg) and cutting and resizing
-training windows (pillow-simd, ``resize_to``); how many threads each path gets is
+training windows (pillow-simd, ``host_resize``), a JPEG tile at the smallest DCT scale that
+still covers its window at the epoch's output size; how many threads each path gets is
 ``pool.take``'s choice.
 """
 
@@ -28,16 +29,23 @@ Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indice
 Extras = Callable[[np.ndarray], tuple[np.ndarray, ...]]  # sample indices -> per-sample graph inputs
 
 
+# JPEG scales libjpeg-turbo decodes in the DCT domain, skipping most of the IDCT's work
+DCT_SCALES = (8, 4, 2)
+
+
 @dataclass(frozen=True)
 class Epoch:
-    """An epoch to read: its number, this rank's samples in order, and the per-sample extras."""
+    """An epoch to read: its number, this rank's samples in order, the per-sample extras, and
+    its output side (0: the tiles as stored)."""
 
     number: int
     indices: np.ndarray
     extras: Extras | None = None
+    size: int = 0
 
     def same(self, other: Epoch) -> bool:
-        return self.number == other.number and np.array_equal(self.indices, other.indices)
+        return (self.number == other.number and self.size == other.size
+                and np.array_equal(self.indices, other.indices))
 
 
 @dataclass(frozen=True)
@@ -77,21 +85,26 @@ class BatchSource:
     reads in place (``no_copy``): a slot is reused only after ``release`` says DALI is done with
     it. JPEG batches are lists of fresh byte arrays, which DALI copies in (``dali_copies``).
     ``handed_out``: no DALI graph; batches go to the caller as they are, each in its own array.
-    ``resize_to``: tiles are cut to their crop windows (the first two extras) and resized to
-    this side here, with pillow-simd, rather than in the graph. Either way the threads here
-    decode JPEG tiles too (``decodes``; ``fast_idct``: see ``format.decode_jpeg``).
+    ``host_resize``: tiles are cut to their crop windows (the first two extras) and resized to
+    their epoch's size here, with pillow-simd, rather than in the graph; the ring's slots then
+    hold a batch at the largest size asked so far (``reserve`` sizes them up front), so sizes
+    that change between epochs reuse them. Either way the threads here decode JPEG tiles too
+    (``decodes``; ``fast_idct``: see ``format.decode_jpeg``; ``scaled_decode``: see
+    ``decode_scale``).
     """
 
     def __init__(self, reader: StoreReader, batch_size: int, threads: int, ahead: int,
-                 dali_depth: int, handed_out: bool = False, resize_to: int | None = None,
-                 fast_idct: bool = False) -> None:
+                 dali_depth: int, handed_out: bool = False, host_resize: bool = False,
+                 fast_idct: bool = False, scaled_decode: bool = True) -> None:
         self.reader = reader
         self.fast_idct = fast_idct
+        self.scaled_decode = scaled_decode
+        self.reserve = 0  # the side ring slots are made for at least (the schedule's largest)
         self.batch_size = batch_size
         self.ahead = max(1, ahead)
         self.threads = max(1, threads)
         self.handed_out = handed_out
-        self.resize_to = resize_to
+        self.host_resize = host_resize
         self.timed = True  # each batch carries a Timing (Loader(stats=False) turns it off)
         self.callback_seconds = 0.0  # spent in __call__, DALI's callback (the feeding thread's)
         self.lock = threading.Condition()  # guards everything below; tells waiters of new work
@@ -109,7 +122,7 @@ class BatchSource:
     @property
     def decodes(self) -> bool:
         """Batches leave here as pixels, not as JPEG bytes for the graph's decoder."""
-        return not self.reader.is_image_coded or self.handed_out or self.resize_to is not None
+        return not self.reader.is_image_coded or self.handed_out or self.host_resize
 
     @property
     def dali_copies(self) -> bool:
@@ -181,26 +194,35 @@ class BatchSource:
     def _submit(self, epoch: Epoch, batch: int, batches: int) -> tuple[Tag, Future[Batch]]:
         assert self._pool is not None
         chunk = epoch.indices[batch * self.batch_size : (batch + 1) * self.batch_size]
-        slot, images = self._buffer(len(chunk))
+        side = epoch.size or self.reader.tile
+        slot, images = self._buffer(len(chunk), side)
         timing = Timing() if self.timed else None
         tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing)
         return tag, self._pool.submit(self._read, chunk, images, epoch.extras, timing)
 
-    def _buffer(self, n: int) -> tuple[int, np.ndarray | None]:
+    def _buffer(self, n: int, side: int) -> tuple[int, np.ndarray | None]:
+        """A slot of the ring (or, handed out, fresh memory) for ``n`` tiles at ``side``."""
         if not self.decodes:
             return -1, None
-        side = self.resize_to
-        shape = (self.batch_size, *((side, side, 3) if side else self.reader.codec.shape))
+        shape = (side, side, 3) if self.host_resize else self.reader.codec.shape
         if self.handed_out:  # the caller keeps it (fresh memory measured about as fast as reused)
-            return -1, np.empty((n, *shape[1:]), dtype=np.uint8)
+            return -1, np.empty((n, *shape), dtype=np.uint8)
+        # slots are flat bytes sized for a whole batch at the largest side asked for so far: a
+        # batch at any smaller side is a contiguous view of the front, so a size that changes
+        # every epoch allocates nothing once the largest has been seen
+        largest = max(side, self.reserve) if self.host_resize else side
+        need = self.batch_size * (largest * largest * 3 if self.host_resize else int(np.prod(shape)))
         if not self._ring:
-            self._ring = [np.empty(shape, dtype=np.uint8) for _ in range(self._ring_size)]
+            self._ring = [np.empty(need, dtype=np.uint8) for _ in range(self._ring_size)]
             self._free = list(range(self._ring_size))
         if not self._free:  # not while the ring holds all a graph can have in flight; but safe
-            self._ring.append(np.empty(shape, dtype=np.uint8))
+            self._ring.append(np.empty(need, dtype=np.uint8))
             self._free.append(len(self._ring) - 1)
         slot = self._free.pop()
-        return slot, self._ring[slot][:n]
+        if self._ring[slot].nbytes < need:  # free, so DALI no longer reads it: safe to replace
+            self._ring[slot] = np.empty(need, dtype=np.uint8)
+        count = n * int(np.prod(shape))
+        return slot, self._ring[slot][:count].reshape(n, *shape)
 
     def release(self, tag: Tag) -> None:
         """DALI is done with ``tag``'s batch: its ring slot may be written again."""
@@ -248,7 +270,7 @@ class BatchSource:
                 if timing is not None:
                     timing.read += time.perf_counter() - began - timing.download
                     timing.nbytes += sum(len(p) for p in images)
-            elif self.resize_to:
+            elif self.host_resize:
                 self._cut_and_resize(indices, extras[0], extras[1], images, timing)
                 extras = extras[2:]  # the flips: the graph has no window left to cut
             else:
@@ -262,30 +284,38 @@ class BatchSource:
                         out: np.ndarray, timing: Timing | None = None) -> None:
         """Each tile's window (start, end: [y, x] in tile pixels) resized into ``out[k]``:
         bilinear, antialiased when shrinking, as torchvision's PIL path does (several times as
-        fast as DALI's CPU resize: ``tilefeed bench parts``)."""
+        fast as DALI's CPU resize: ``tilefeed bench parts``). A JPEG tile is decoded at the
+        smallest DCT scale its window allows (``decode_scale``), the window scaled with it."""
         from PIL import Image
 
         reader, side = self.reader, out.shape[1]
         jpeg = reader.is_image_coded
+        height, width = reader.codec.shape[:2]
         # JPEG tiles decode as RGBX, PIL's own layout for RGB, which it reads in place rather
         # than converting (the same pixels, sooner); lossless tiles are RGB as stored
-        tile = np.empty((*reader.codec.shape[:2], 4 if jpeg else 3), dtype=np.uint8)
+        tiles = {f: np.empty((-(-height // f), -(-width // f), 4 if jpeg else 3), dtype=np.uint8)
+                 for f in ((1, *DCT_SCALES) if jpeg and self.scaled_decode else (1,))}
         mode = "RGBX" if jpeg else "RGB"
-        size = (tile.shape[1], tile.shape[0])
         clock = time.perf_counter
         t0 = clock()
         payloads = reader.payloads(indices.tolist())
         t1 = clock()
         decoding = resizing = 0.0
         for k, payload in enumerate(payloads):
-            if jpeg:
+            (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
+            factor = decode_scale(y1 - y0, x1 - x0, side, height, width) if len(tiles) > 1 else 1
+            tile = tiles[factor]
+            if factor > 1:
+                decode_scaled(payload, tile, self.fast_idct)
+            elif jpeg:
                 decode_jpeg(payload, tile, self.fast_idct, pixels="RGBX")
             else:
                 reader.codec.decode(payload, tile)
             t2 = clock()
-            picture = Image.frombuffer(mode, size, tile, "raw", mode, 0, 1)
-            (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
-            resized = picture.resize((side, side), Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
+            picture = Image.frombuffer(mode, (tile.shape[1], tile.shape[0]), tile, "raw", mode, 0, 1)
+            sy, sx = tile.shape[0] / height, tile.shape[1] / width  # the window, in decoded pixels
+            resized = picture.resize((side, side), Image.Resampling.BILINEAR,
+                                     box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
             out[k] = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(out.shape[1:])
             t3 = clock()
             decoding += t2 - t1
@@ -308,3 +338,27 @@ class BatchSource:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def decode_scale(window_h: float, window_w: float, side: int, height: int, width: int) -> int:
+    """The largest of 8, 4, 2 (else 1) by which a ``height`` x ``width`` JPEG can be scaled
+    down in decoding while a window of ``window_h`` x ``window_w`` tile pixels still spans at
+    least ``side`` decoded pixels each way: the resize after it then never enlarges, so the
+    pixels stay close to those of a full decode resized (``tilefeed bench loader --sizes``)."""
+    for factor in DCT_SCALES:
+        scaled_h, scaled_w = -(-height // factor), -(-width // factor)  # libjpeg rounds up
+        if window_h * scaled_h / height >= side and window_w * scaled_w / width >= side:
+            return factor
+    return 1
+
+
+def decode_scaled(payload: Any, out: np.ndarray, fast_idct: bool = False) -> np.ndarray:
+    """A JPEG tile decoded as RGBX straight into ``out``, whose shape picks the DCT scale
+    (ceil(tile / factor) a side, what libjpeg-turbo makes at 1/factor); GIL released."""
+    import simplejpeg
+
+    decoded = simplejpeg.decode_jpeg(payload, "RGBX", fastdct=fast_idct, min_height=out.shape[0],
+                                     min_width=out.shape[1], buffer=out)
+    if decoded.shape != out.shape:
+        raise ValueError(f"a JPEG tile decoded to {decoded.shape} at reduced scale, expected {out.shape}")
+    return decoded  # type: ignore[no-any-return]

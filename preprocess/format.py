@@ -1019,7 +1019,10 @@ def open_store(root: str | Path) -> tuple[dict[str, Any], StoreAttrs]:
 
 
 class ShardFile:
-    """One shard, memory-mapped, its index parsed once; chunks come out as crc-checked views."""
+    """One shard, memory-mapped, its index checked once; chunks come out as crc-checked views."""
+
+    # a store of a thousand shards keeps a thousand of these: slots keep each one compact
+    __slots__ = ("path", "first", "_map", "_view", "_tail", "_tiles", "_data_end")
 
     def __init__(self, root: Path, shard: int, tiles_per_shard: int) -> None:
         self.path = shard_path(root, shard)

@@ -70,5 +70,28 @@ def test_soak_command_passes_every_pattern_in_a_fresh_process(small_store: Path)
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [row.split(" | ")[0][2:] for row in rows] == [
         "one loader, many epochs", "new loader per epoch", "break out early", "exception in the loop",
-        "train + val alive at once"]
+        "train + val alive at once", "size changes every epoch"]
     assert all(row.endswith("| pass |") for row in rows) and r.stdout.rstrip().endswith("after warm-up")
+
+
+def test_rss_growth_is_judged_by_medians_not_one_sample_at_a_peak() -> None:
+    from tilefeed.bench.soak import _median_growth, _slope
+
+    steady = [100_000.0] * 45
+    late_peak = [*steady[:-1], 120_000.0]  # one sample caught mid-collection, at the end
+    assert _slope(late_peak) * len(late_peak) > 2500  # a fit is tilted past what passes
+    assert _median_growth(late_peak) == 0.0 and _median_growth(steady) == 0.0
+    leak = [100_000.0 + 300 * n for n in range(45)]
+    assert _median_growth(leak) == pytest.approx(300 * 30)
+
+
+def test_a_size_that_changes_every_epoch_keeps_memory_and_threads_flat(small_store: Path) -> None:
+    # a fresh process: RSS there is this pattern's alone, not what earlier tests left behind
+    r = run_cli("bench", "soak", str(small_store), "--seconds", "0", "--workers", "1",
+                "--only", "size changes every epoch", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [row] = [line for line in r.stdout.splitlines() if line.startswith("| size changes")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert int(cells[1].split()[0]) >= 50 and cells[-1] == "pass", row
+    median_growth_kb = float(cells[4])
+    assert median_growth_kb < 2048, row  # the whole run's growth after warm-up, by medians
