@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,12 @@ import torch
 from tilefeed.pipeline.source import BatchSource, Epoch, Tag
 
 Outputs = dict[str, torch.Tensor]
+# Woken by a hand-over, the feeding thread waits this long before it runs the graph: DALI's
+# run holds the GIL for stretches (feeding its inputs from Python), and begun at once it keeps
+# the consumer inside next() for as long (`tilefeed bench`'s hand-over wait shows it).
+HANDOVER_GRACE = 0.002
 NAMES = ("images", "labels", "indices")
+Following = Sequence[Epoch] | Callable[[], Sequence[Epoch]]
 _running: weakref.WeakSet[Feed] = weakref.WeakSet()
 
 
@@ -55,6 +60,7 @@ class Feed:
         self.broken = False
         self._position: tuple[int, int] | None = None  # (epoch, batch) the consumer gets next
         self._epochs: dict[int, Epoch] = {}  # the current stream's epochs, by number
+        self._later: tuple[int, Callable[[], Sequence[Epoch]]] | None = None  # see arm
         # the hand-over: at most one batch waits here; the thread asks DALI for the next only
         # once it is taken, so no finished batch sits in the thread's hands besides DALI's queue
         self._ready: deque[tuple[Tag, Outputs, Any] | _Failure] = deque()
@@ -63,20 +69,31 @@ class Feed:
         self._closing = False
         self._side: Any = None  # a GPU's side stream for the copies out of DALI
 
-    def arm(self, epoch: Epoch, first_batch: int, following: Sequence[Epoch],
+    def arm(self, epoch: Epoch, first_batch: int, following: Following,
             cast: torch.dtype | None = None, timed: bool = True) -> int:
         """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
         whose batches ``next`` hands over. A stream that already continues into exactly this
         is kept (its first batches may be ready); anything else starts a new generation.
-        ``timed``: batches carry their stage times (``pipeline.stats``)."""
+        ``following`` may be a function giving them: a kept stream then asks for them on the
+        feeding thread, once the epoch's first batch is handed over, so working out the next
+        epoch's order is not on the consumer's clock. ``timed``: batches carry their stage
+        times (``pipeline.stats``)."""
         self.source.timed = timed
         known = self._epochs.get(epoch.number)
         keep = (self._position == (epoch.number, first_batch) and known is not None
                 and known.same(epoch) and cast == self.cast and not self.broken)
-        if keep:
+        if keep and callable(following) and self.pipe is not None:
+            self._epochs = {n: e for n, e in self._epochs.items() if n >= epoch.number}
+            with self.source.lock:
+                self._later = (self.generation, following)
+                self.source.lock.notify_all()
+            following = ()
+        elif keep:
+            following = following() if callable(following) else following
             self._epochs = {n: e for n, e in self._epochs.items() if n >= epoch.number}
             self.source.extend(following)
         else:
+            following = following() if callable(following) else following
             self.cast = cast
             self._epochs = {}
             self.generation = self.source.restart(epoch, first_batch, following)
@@ -146,13 +163,19 @@ class Feed:
                 self._side = torch.cuda.Stream(self.device)
             while True:
                 with source.lock:
-                    while not (source.has_work or self._closing):
+                    while not (source.has_work or self._later or self._closing):
                         source.lock.wait()
                 with self._handed:
+                    waited = bool(self._ready)
                     while self._ready and not self._closing:
                         self._handed.wait(0.1)
                 if self._closing:
                     return
+                if waited:  # the consumer just took a batch: let it leave next() first
+                    time.sleep(HANDOVER_GRACE)
+                self._extend_later()
+                if not source.has_work:
+                    continue
                 called, began = source.callback_seconds, time.perf_counter()
                 try:
                     outputs = pipe.run(self._side) if self._side is not None else pipe.run()
@@ -172,6 +195,18 @@ class Feed:
         except BaseException as error:  # noqa: BLE001 - every failure reaches the consumer
             self._fail()
             self._put(_Failure(error))
+
+    def _extend_later(self) -> None:
+        """The following epochs ``arm`` left for this thread, added to the stream it was for."""
+        with self.source.lock:
+            later, self._later = self._later, None
+        if later is None:
+            return
+        generation, following = later
+        epochs = following()
+        # a newer arm may have restarted the stream meanwhile: then they are not its epochs
+        if self.source.extend(epochs, generation):
+            self._epochs.update({e.number: e for e in epochs})
 
     def _fail(self) -> None:
         """A read or the graph failed: nothing more is read (reads under way end first, so no
@@ -216,7 +251,7 @@ class Feed:
         """End the stream and the feeding thread; True when the graph can serve again."""
         self.source.stop()
         thread, self._thread = self._thread, None
-        self._position, self._epochs = None, {}
+        self._position, self._epochs, self._later = None, {}, None
         if thread is not None:
             if thread is threading.current_thread():  # finalised on its own thread: cannot wait
                 self._closing = True

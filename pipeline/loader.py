@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +37,7 @@ from tilefeed.pipeline.order import (
     samples_per_rank,
 )
 from tilefeed.pipeline.reader import StoreReader
-from tilefeed.pipeline.feed import Feed
+from tilefeed.pipeline.feed import Feed, Following
 from tilefeed.pipeline.sizes import Schedule, check_size
 from tilefeed.pipeline.source import Epoch
 from tilefeed.pipeline.stats import Advice, LoaderStats, Recorder
@@ -325,6 +327,7 @@ class Loader:
                        if ledger is not None else None)
         self._epoch = 0
         self._shares: dict[tuple[int, tuple[Segment, ...]], np.ndarray] = {}  # see _share
+        self._shares_lock = threading.RLock()
         self._resume: tuple[int, list[Segment]] | None = None  # loaded state not yet iterated
         self._resume_size: int | None = None  # the size a loaded, begun epoch was at
         self._open: _OpenEpoch | None = None
@@ -435,14 +438,16 @@ class Loader:
         neighbours: each is asked for when the Loader is made or iterated and when the next
         epoch is read ahead. Memory in proportion to the share, never to the store."""
         key = (epoch, after)
-        share = self._shares.get(key)
-        if share is None:
-            share = rank_indices(self._order(epoch), rank=self.rank, world_size=self.world_size,
-                                 batch_size=self.batch_size, drop_last=self.drop_last, after=after)
-            share.flags.writeable = False
-            self._shares = {k: v for k, v in self._shares.items() if k[0] in (epoch - 1, epoch, epoch + 1)}
-            self._shares[key] = share
-        return share
+        with self._shares_lock:  # the feeding thread asks for the next epoch's (see _following)
+            share = self._shares.get(key)
+            if share is None:
+                share = rank_indices(self._order(epoch), rank=self.rank, world_size=self.world_size,
+                                     batch_size=self.batch_size, drop_last=self.drop_last, after=after)
+                share.flags.writeable = False
+                self._shares = {k: v for k, v in self._shares.items()
+                                if k[0] in (epoch - 1, epoch, epoch + 1)}
+                self._shares[key] = share
+            return share
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
         """The samples this rank yields in a fresh ``epoch``, in order (without running the pipeline)."""
@@ -520,8 +525,13 @@ class Loader:
             self._take_graph()
         assert self._graph is not None
         cast = torch.bfloat16 if self.dtype == torch.bfloat16 else None
-        generation = self._graph.arm(self.reader, self._epoch_of(plan), plan.batches,
-                                     self._following(epoch, self._graph.lookahead), cast, self.timed)
+        lookahead = self._graph.lookahead
+        later = partial(_following, weakref.ref(self), epoch, lookahead)
+        # a short epoch may end before the feeding thread got to them: those are worked out now
+        short = -(-len(plan.indices) // self.batch_size) - plan.batches <= 2 * lookahead
+        following: Following = later() if short else later
+        generation = self._graph.arm(self.reader, self._epoch_of(plan), plan.batches, following,
+                                     cast, self.timed)
         if self.timed and self._stats is None:
             self._stats = Recorder(self._graph.source.threads, self.reader.stored_nbytes)
         return self._graph.feed, generation
@@ -665,6 +675,13 @@ class Loader:
             self._release()
         except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
             pass
+
+
+def _following(loader: weakref.ref[Loader], epoch: int, lookahead: int) -> list[Epoch]:
+    """``Loader._following``, asked for on the feeding thread: the graph, which may outlive the
+    Loader in the pool, holds it only weakly."""
+    alive = loader()
+    return alive._following(epoch, lookahead) if alive is not None else []
 
 
 class EpochSampler:

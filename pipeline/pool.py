@@ -18,7 +18,7 @@ each batch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 
 from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.reader import StoreReader
-from tilefeed.pipeline.feed import Feed
+from tilefeed.pipeline.feed import Feed, Following
 from tilefeed.pipeline.source import BatchSource, Epoch
 
 MAX_IDLE = 4
@@ -53,7 +53,7 @@ class Graph:
         """Batches the graph holds prepared ahead of the consumer, at most."""
         return self.source.ahead + (self.pipe.prefetch_queue_depth + 2 if self.pipe is not None else 0)
 
-    def arm(self, reader: StoreReader, epoch: Epoch, first_batch: int, following: Sequence[Epoch],
+    def arm(self, reader: StoreReader, epoch: Epoch, first_batch: int, following: Following,
             cast: torch.dtype | None = None, timed: bool = True) -> int:
         """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
         to ask ``feed.next`` for."""

@@ -147,12 +147,16 @@ class BatchSource:
             self.lock.notify_all()
             return self.generation
 
-    def extend(self, following: Sequence[Epoch]) -> None:
-        """Append the epochs of ``following`` that come after the stream's last one."""
+    def extend(self, following: Sequence[Epoch], generation: int | None = None) -> bool:
+        """Append the epochs of ``following`` that come after the stream's last one; nothing
+        (False) when ``generation`` is given and the stream is another by now."""
         with self.lock:
+            if generation is not None and generation != self.generation:
+                return False
             self._extend(following)
             self._fill()
             self.lock.notify_all()
+            return True
 
     def _extend(self, following: Sequence[Epoch]) -> None:
         for epoch in following:

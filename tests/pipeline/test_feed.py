@@ -49,6 +49,27 @@ def test_the_next_epoch_continues_the_stream_and_kept_batches_stay_intact(store:
                 assert torch.equal(images, again)
 
 
+@pytest.mark.parametrize("consumer_ms", [0, 30])
+def test_a_long_epoch_asks_for_the_next_on_the_feeding_thread_and_keeps_the_stream(
+        store: Path, consumer_ms: int) -> None:
+    """Batches of 2: an epoch longer than the graph holds ahead, whose following epochs are
+    worked out by the feeding thread after the first hand-over; a fast consumer and a slow one
+    both stay in the one stream, with the very batches of a fresh Loader."""
+    import time
+
+    with Loader(store, 2, train=True, size=24, seed=6, with_index=True) as loader:
+        generations, seen = set(), []
+        for _ in range(3):
+            for *_, idx in loader:
+                seen.append(idx.tolist())
+                time.sleep(consumer_ms / 1000)
+            generations.add(_generation(loader))
+        assert loader._graph is not None and loader._graph.feed._later is None
+        assert len(generations) == 1
+        expected = [loader.epoch_indices(e).tolist() for e in range(3)]
+    assert [i for b in seen for i in b] == [i for e in expected for i in e]
+
+
 def test_set_epoch_and_a_loaded_state_drop_what_was_prepared(store: Path) -> None:
     opts: dict[str, Any] = dict(train=True, size=24, seed=5, with_index=True)
     with Loader(store, 8, **opts) as loader:
