@@ -61,6 +61,7 @@ class Feed:
         self._position: tuple[int, int] | None = None  # (epoch, batch) the consumer gets next
         self._epochs: dict[int, Epoch] = {}  # the current stream's epochs, by number
         self._later: tuple[int, Callable[[], Sequence[Epoch]]] | None = None  # see arm
+        self._asked_early = False  # the last next() came before its batch was ready
         # the hand-over: at most one batch waits here; the thread asks DALI for the next only
         # once it is taken, so no finished batch sits in the thread's hands besides DALI's queue
         self._ready: deque[tuple[Tag, Outputs, Any] | _Failure] = deque()
@@ -137,6 +138,7 @@ class Feed:
     def _take(self) -> tuple[Tag, Outputs, Any]:
         while True:
             with self._handed:
+                self._asked_early = not self._ready
                 while not self._ready:
                     if self._thread is None or not self._thread.is_alive():
                         raise RuntimeError("the Loader's feeding thread ended")
@@ -171,7 +173,9 @@ class Feed:
                         self._handed.wait(0.1)
                 if self._closing:
                     return
-                if waited:  # the consumer just took a batch: let it leave next() first
+                if waited and not self._asked_early:
+                    # the consumer just took a batch that was waiting for it, so the graph is
+                    # ahead: let it leave next() first (when it waited, the graph is behind)
                     time.sleep(HANDOVER_GRACE)
                 self._extend_later()
                 if not source.has_work:
