@@ -3,9 +3,10 @@
 An ImageNet-shaped source set (class folders of tiny JPEGs, so that bookkeeping rather than
 decoding is what is timed) is preprocessed at two or more sizes; per size the bench reports the
 writer driver's peak resident memory and CPU per source, the time and resident growth of opening
-the store, the random-order uint8 rate of a Loader, and the time of ``tilefeed info`` and
-``tilefeed verify``. Each figure is taken in a fresh process, so one size's caches do not help
-another's; per-source growth is the difference between sizes, divided by the sources added.
+the store, the random-order uint8 rate of a Loader and the read path's CPU per sample under it,
+and the time of ``tilefeed info`` and ``tilefeed verify``. Each figure is taken in a fresh
+process, so one size's caches do not help another's; per-source growth is the difference
+between sizes, divided by the sources added.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -111,6 +113,26 @@ with Loader(store, batch, shuffle=True, dtype=torch.uint8, num_workers=2, stats=
 """
 
 
+_READ = """
+import json, resource, sys, time
+import numpy as np
+from tilefeed.pipeline.reader import StoreReader
+reader = StoreReader(sys.argv[1])
+n, batch = len(reader), 256
+out = np.empty((batch, reader.tile, reader.tile, 3), np.uint8)
+for start in range(0, n, batch):  # every shard mapped and every page touched once
+    idx = list(range(start, min(n, start + batch)))
+    reader.read_batch_into(idx, out[: len(idx)])
+rng = np.random.default_rng(0)
+faults, cpu, done = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time(), 0
+while done < 400_000:
+    reader.read_batch_into(rng.integers(0, n, batch).tolist(), out)
+    done += batch
+print(json.dumps({"cpu_us": 1e6 * (time.process_time() - cpu) / done,
+                  "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / done}))
+"""
+
+
 def _child(code: str, *args: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                          check=False)
@@ -126,11 +148,14 @@ def _timed(command: list[str]) -> float:
 
 
 def build(sources: Path, store: Path, *, size: int, workers: int) -> dict[str, Any]:
-    """Preprocess ``sources`` afresh: the driver's peak memory and CPU per source."""
+    """Preprocess ``sources`` afresh: the driver's peak memory and CPU per source. A store
+    already there goes first (the same command would find it up to date and reuse it)."""
+    if store.exists():
+        shutil.rmtree(store)
     count = sum(1 for _ in sources.glob("*/*.jpg"))
     write = driver_cost([sys.executable, "-m", "tilefeed", "preprocess", str(sources), str(store),
                          "--size", str(size), "--codec", "lz4", "--workers", str(workers),
-                         "--overwrite", "--quiet"])
+                         "--quiet"])
     return {"sources": count, **write, "us_per_source": 1e6 * write["cpu_s"] / count}
 
 
@@ -160,6 +185,7 @@ def run_scale(root: Path, classes: list[int], *, per_class: int, size: int, work
         print(f"{count * per_class:,} sources: preprocessing into {store}", file=sys.stderr, flush=True)
         row: dict[str, Any] = {"writer": build(sources, store, size=size, workers=workers)}
         row["open"] = open_cost(store)
+        row["read"] = _child(_READ, str(store))
         row["info_s"] = _timed([sys.executable, "-m", "tilefeed", "info", str(store)])
         row["verify_s"] = _timed([sys.executable, "-m", "tilefeed", "verify", str(store)])
         row["store"] = str(store)
@@ -198,5 +224,7 @@ def format_scale(result: dict[str, Any]) -> str:
          "samples/s, median (range)",
          [f"{statistics.median(r['rates']):,.0f} ({min(r['rates']):,.0f}-{max(r['rates']):,.0f}), "
           f"{statistics.median(r['rates']) / base:.2f}x" for r in rows])
+    line("read path alone, random batches once every page is mapped: CPU per sample, page faults",
+         [f"{r['read']['cpu_us']:.2f} µs, {r['read']['faults']:.3f}" for r in rows])
     line("`tilefeed info` / `tilefeed verify`", [f"{r['info_s']:.1f} s / {r['verify_s']:.1f} s" for r in rows])
     return "\n".join(lines)

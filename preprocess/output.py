@@ -6,6 +6,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
+import stat
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,6 +67,44 @@ def writer_lock(out: Storage) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock; the file stays, empty of meaning, for the next writer
+
+
+@contextmanager
+def scan_folder(out: Storage) -> Iterator[Path]:
+    """An empty folder for the scan of SRC (the source list, sorted runs), removed at the end.
+
+    Beside a local OUT (``.OUT.tilefeed-scan``, on OUT's disk, where the user chose to put the
+    store's bytes, rather than in a temporary folder that may be memory): entered only under
+    the writer's lock, so what a killed run left there is removed first. For a bucket store, a
+    temporary folder.
+    """
+    root = out.local
+    if root is None:
+        with tempfile.TemporaryDirectory(prefix="tilefeed-scan-") as scratch:
+            yield Path(scratch)
+        return
+    folder = root.parent / f".{root.name}.tilefeed-scan"
+    _remove_entry(folder)
+    try:
+        os.mkdir(folder, 0o700)  # never follows a link planted at the name: it fails instead
+    except OSError as e:
+        raise StoreWriteError(f"cannot write beside OUT {str(root)!r}: {e.strerror or e}") from None
+    try:
+        yield folder
+    finally:
+        _remove_entry(folder)
+
+
+def _remove_entry(path: Path) -> None:
+    """Remove ``path``: a real folder with its contents, anything else (a link) as itself."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def prepare_output(out: Storage, plan: dict[str, Any], overwrite: bool, notes: list[str]) -> bool:

@@ -2,8 +2,10 @@
 
 Each task is idempotent: every file appears whole or not at all (a temporary name then a
 rename in a folder, one put in a bucket), so a task whose worker died simply runs again. A
-part's chunk bytes stream to its file as they are encoded; its small JSON record is written
-last and marks the part done.
+part's chunk bytes stream to its file as they are encoded, then its tile table goes to a file
+of its own; its record (a small JSON document) is written last and marks the part done. Tasks
+are sent bytes and numbers, not a Python object per source, and send back counts and arrays,
+so that the driver's work per source stays next to nothing.
 """
 
 from __future__ import annotations
@@ -14,14 +16,21 @@ import pickle
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+import numpy as np
 from numcodecs import blosc
 
 from tilefeed.preprocess import format as fmt
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
-from tilefeed.preprocess.storage import Storage
+from tilefeed.preprocess.sourcelist import decode_paths, split_paths
+from tilefeed.preprocess.storage import Storage, is_url
+
+# One row per tile of a part, in tile order: the source it came from, its chunk's size in the
+# part's .bin file, its grid row and column, and the picture's box within the tile.
+TILE_RECORD: Final = np.dtype([("source", "<i8"), ("size", "<i8"), ("row", "<i4"), ("col", "<i4"),
+                               ("box", "<i4", (4,))])
 
 
 def part_name(part: int, suffix: str) -> str:
@@ -29,33 +38,39 @@ def part_name(part: int, suffix: str) -> str:
 
 
 def write_part(
-    out: Storage, work: str, part: int, first: int, paths: list[str], tiles: TileSettings,
+    out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
     store: StoreSettings, isolate: bool = False,
 ) -> dict[str, Any]:
     """Worker task: decode one part's sources, write their chunk bytes, then the part's record.
 
-    Chunks stream to the file as they are encoded, so no part is ever held in memory whole.
-    ``isolate`` decodes each image in a child process of its own: the retry of a part whose
-    worker died, so that the image that kills a decoder is the only one lost.
+    ``paths`` is the part's slice of the source list as it is on disk (NUL-ended UTF-8 paths):
+    one bytes object, not a Python object per source. The part's table (``.tiles``) holds one
+    ``TILE_RECORD`` row per tile, its record the counts and the rejects; the driver is sent the
+    counts and the chunk sizes, as bytes. Chunks stream to the file as they are encoded, so no
+    part is ever held in memory whole. ``isolate`` decodes each image in a child process of its
+    own: the retry of a part whose worker died, so that the image that kills a decoder is the
+    only one lost.
     """
     blosc.use_threads = False  # a worker process of the writer's: its parallelism is the pool's
     load = load_isolated if isolate else load_tiles
     codec = fmt.TileCodec(store.codec, tiles.tile, store.quality)
-    record: dict[str, Any] = {"count": len(paths), "sizes": [], "sources": [], "rows": [],
-                              "cols": [], "boxes": [], "rejects": []}
+    names = decode_paths(paths)
+    rows: list[tuple[int, int, int, int, list[int]]] = []
+    rejects: list[tuple[int, str, str]] = []
     clock = time.perf_counter
     spent = dict.fromkeys(("decode", "encode", "write"), 0.0)  # seconds, for `bench preprocess`
     with out.writer(f"{work}/{part_name(part, '.bin')}") as f:
-        for k, path in enumerate(paths):
+        for k, path in enumerate(names):
             t0 = clock()
             try:
                 result = load(path, tiles)
             except Rejected as e:
-                record["rejects"].append([first + k, str(e)])
+                rejects.append((first + k, path, str(e)))
                 continue
             finally:
                 spent["decode"] += clock() - t0
-            for pixels in result.pixels:
+            for pixels, row, col, box in zip(result.pixels, result.rows.tolist(), result.cols.tolist(),
+                                             result.boxes.tolist(), strict=True):
                 t1 = clock()
                 payload, crc = codec.encode_parts(pixels)
                 t2 = clock()
@@ -63,16 +78,55 @@ def write_part(
                 f.write(crc)
                 spent["encode"] += t2 - t1
                 spent["write"] += clock() - t2
-                record["sizes"].append(len(payload) + len(crc))
-            record["sources"] += [first + k] * len(result.pixels)
-            record["rows"] += result.rows.tolist()
-            record["cols"] += result.cols.tolist()
-            record["boxes"] += result.boxes.tolist()
+                rows.append((first + k, len(payload) + len(crc), row, col, box))
         t3 = clock()
     spent["write"] += clock() - t3  # the part file's rename (or upload)
-    record["seconds"] = spent
-    out.write(f"{work}/{part_name(part, '.json')}", json.dumps(record).encode())
-    return record
+    table = np.array(rows, dtype=TILE_RECORD)
+    out.write(f"{work}/{part_name(part, '.tiles')}", table.tobytes())
+    record = {"first": first, "count": len(names), "tiles": len(table), "rejects": rejects, "seconds": spent}
+    out.write(f"{work}/{part_name(part, '.json')}", json.dumps(record).encode())  # last: the part is done
+    return {"count": len(names), "rejected": len(rejects), "sizes": table["size"].tobytes()}
+
+
+def run_part(
+    out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
+    store: StoreSettings, shards: list[tuple[Any, ...]], isolate: bool = False,
+) -> dict[str, Any]:
+    """Worker task: the shards that were ready when it was sent (``write_shards``), then one
+    part (``write_part``): one task, not two, for the driver to send and take back."""
+    written = write_shards(out, work, shards)
+    return {**write_part(out, work, part, first, paths, tiles, store, isolate), **written}
+
+
+def write_shards(out: Storage, work: str, shards: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """Worker task: shards, each given by the arguments of ``write_shard`` after ``work``."""
+    return {"shards": [{"shard": spec[0], **write_shard(out, work, *spec)} for spec in shards]}
+
+
+def source_sizes(paths: bytes) -> bytes:
+    """Worker task: the size of each file in ``paths`` (NUL-ended, as in the source list), -1
+    for a URL or a file that cannot be read, as little-endian int64 bytes: the stats of the
+    run's fingerprint, taken where the cores are."""
+    sizes = []
+    for path in split_paths(paths):
+        if b":" in path and is_url(path.decode("utf-8", "surrogateescape")):
+            sizes.append(-1)
+            continue
+        try:
+            sizes.append(os.stat(path).st_size)
+        except (OSError, ValueError):
+            sizes.append(-1)
+    return np.array(sizes, dtype="<i8").tobytes()
+
+
+def read_part(out: Storage, work: str, part: int) -> tuple[dict[str, Any], np.ndarray]:
+    """A done part's record (first, count, tiles, rejects as (source, path, reason), seconds)
+    and its ``TILE_RECORD`` table; ValueError when they do not agree."""
+    record = json.loads(out.read(f"{work}/{part_name(part, '.json')}"))
+    data = out.read(f"{work}/{part_name(part, '.tiles')}")
+    if len(data) != record["tiles"] * TILE_RECORD.itemsize:
+        raise ValueError(f"part {part}: its tile table is not of its {record['tiles']} tiles")
+    return record, np.frombuffer(data, dtype=TILE_RECORD)
 
 
 def load_isolated(path: str, tiles: TileSettings) -> Tiles:
@@ -109,19 +163,25 @@ def load_isolated(path: str, tiles: TileSettings) -> Tiles:
 
 
 def write_shard(out: Storage, work: str, shard: int, per_shard: int,
-                pieces: list[tuple[int, int, int]], sizes: list[int], sync: bool) -> dict[str, Any]:
+                pieces: list[tuple[int, int, int]], sizes: np.ndarray, sync: bool) -> dict[str, Any]:
     """Worker task: copy chunk byte runs from part files into one shard; returns its size
-    (``bytes``) and the ``seconds`` it took.
+    (``bytes``), its ``sha256`` read back as stored, and the ``seconds`` the copy and the
+    digest took.
 
     ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
     sizes that make up those runs. Locally each run is one in-kernel copy (copy_file_range) and
-    ``sync`` fsyncs here, for workers on other machines; in a bucket the shard is one put.
+    ``sync`` fsyncs here, for workers on other machines (the driver fsyncs those of its own
+    machine, on a thread); in a bucket the shard is one put.
     """
     start = time.perf_counter()
-    index = fmt.ShardIndex.packed(per_shard, sizes)
+    index = fmt.ShardIndex.packed(per_shard, sizes.tolist())
     runs = [(f"{work}/{part_name(part, '.bin')}", offset, count) for part, offset, count in pieces]
-    size = out.concat(fmt.shard_relpath(shard), runs, index.encode(), sync=sync)
-    return {"bytes": size, "seconds": time.perf_counter() - start}
+    key = fmt.shard_relpath(shard)
+    size = out.concat(key, runs, index.encode(), sync=sync)
+    copied = time.perf_counter()
+    digest = out.sha256(key)
+    return {"bytes": size, "sha256": digest, "seconds": copied - start,
+            "digest_seconds": time.perf_counter() - copied}
 
 
 def fsync(path: Path) -> float:

@@ -147,6 +147,19 @@ def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_p
     assert snapshot(victim) == before
 
 
+def test_a_scan_folder_planted_as_a_link_is_removed_and_its_target_untouched(tmp_path: Path) -> None:
+    src = write_folder(tmp_path / "src", classes=2, per_class=2)
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("keep me\n")
+    before = snapshot(victim)
+    planted = tmp_path / ".out.tilefeed-scan"  # where the writer lists SRC, beside OUT
+    planted.symlink_to(victim)
+    done = bounded(run_measured("preprocess", str(src), str(tmp_path / "out"), *ARGS))
+    assert done.returncode == 0, done.output
+    assert snapshot(victim) == before and not os.path.lexists(planted)
+
+
 # -- big images ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def big_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
