@@ -2,7 +2,7 @@
 
 Opening a store checks it whole: every array against its digest, every shard's size, every
 label and box in range. Done in each process, that costs time and memory that grow with the
-store (ImageNet: 0.3 s and 60 MB per process, before the first batch). So the first process on
+store (`tilefeed bench scale` measures it), before the first batch. So the first process on
 a node to open a store version checks it and leaves, in a private folder of the cache
 (``checked/<key>``, this user's, mode 0700):
 

@@ -1055,18 +1055,21 @@ class ShardFile:
         """Bytes the ``local``-th tile's chunk occupies in the shard, as its index says."""
         return int(_ENTRY.unpack_from(self._map, self._data_end + 16 * local)[1])
 
-    def chunk(self, local: int, check: bool = True) -> memoryview:
-        """The payload (crc32c stripped) of this shard's ``local``-th tile."""
+    def chunk(self, local: int) -> memoryview:
+        """The payload (crc32c stripped) of this shard's ``local``-th tile, checked."""
+        payload, end = self._payload(local)
+        self._verify(local, payload, end)
+        return payload
+
+    def _payload(self, local: int) -> tuple[memoryview, int]:
+        """The ``local``-th tile's payload, unchecked, and where its crc32c begins."""
         offset, nbytes = _ENTRY.unpack_from(self._map, self._data_end + 16 * local)
         end = offset + nbytes - CRC_NBYTES
         # one bounds check serves all: a chunk not written has offset and size 2**64 - 1
         if nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
             raise CorruptChunkError(str(self.path), self.first + local,
                                     f"index entry ({offset}, {nbytes}) is invalid")
-        payload = self._view[offset:end]
-        if check:
-            self._verify(local, payload, end)
-        return payload
+        return self._view[offset:end], end
 
     def read_into(self, local: int, codec: TileCodec, out: np.ndarray, fast_idct: bool = False) -> None:
         """This shard's ``local``-th tile decoded into ``out``, checked. An uncompressed tile is
@@ -1078,13 +1081,12 @@ class ShardFile:
             except TileDecodeError as e:
                 raise CorruptChunkError(str(self.path), self.first + local, e.detail) from None
             return
-        payload = self.chunk(local, check=False)
+        payload, end = self._payload(local)
         if len(payload) != out.nbytes:
             raise CorruptChunkError(str(self.path), self.first + local,
                                     f"chunk is {len(payload)} bytes, the tile {out.nbytes}")
         np.copyto(out, np.frombuffer(payload, dtype=np.uint8).reshape(out.shape))
-        self._verify(local, out.data, _ENTRY.unpack_from(self._map, self._data_end + 16 * local)[0]
-                     + len(payload))
+        self._verify(local, out.data, end)
 
     def _verify(self, local: int, payload: Buffer, end: int) -> None:
         if _crc32c.crc32c(payload) != _CRC.unpack_from(self._map, end)[0]:
