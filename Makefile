@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	# AVIF and HEIC through plugin wheels that bundle their libraries; --no-deps, or they
 	# would pull plain pillow back over pillow-simd.
 	$(PIP) --no-deps $(PIL_PLUGINS)
-	$(PY) -m tilefeed.preprocess.doctor --pil
+	$(PY) -m tilefeed.cli.doctor --pil
 	touch $@
 
 test: setup
@@ -41,10 +41,13 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-# Lint and types: ruff (pyflakes, pycodestyle, bugbear) and mypy over the three packages.
+# Lint, types and the floor plan: ruff (pyflakes, pycodestyle, bugbear), mypy over the package,
+# and import-linter's layers contract (pyproject.toml) with a 450-line ceiling per module.
 check: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy -p tilefeed
+	$(VENV)/bin/lint-imports
+	$(PY) tools/module_lines.py 450
 
 demo: setup
 	$(VENV)/bin/tilefeed demo
@@ -69,7 +72,7 @@ NODE_PY ?= python3
 install-offline:
 	$(NODE_PY) -m pip install --no-index --find-links $(WHEELHOUSE) 'tilefeed[cuda$(WH_CUDA)]' \
 		pillow-avif-plugin pillow-heif pillow
-	$(NODE_PY) -m tilefeed.preprocess.doctor --pil --offline
+	$(NODE_PY) -m tilefeed.cli.doctor --pil --offline
 
 # On a CUDA machine, in a few minutes: the GPU tests (a failure does not stop the rest), then
 # the GPU report (decode on the device, device memory, stall at a bf16 ResNet-50 step), with

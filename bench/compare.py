@@ -12,8 +12,8 @@ import torch
 
 from tilefeed.bench.harness import RunResult, Step, format_table, measure
 from tilefeed.bench.loaders import LoaderSettings, build_loader
-from tilefeed.preprocess.errors import ConfigError
-from tilefeed.preprocess.settings import usable_cores
+from tilefeed.store.errors import ConfigError
+from tilefeed.store.host import usable_cores
 
 
 class UnfairComparison(ConfigError):

@@ -24,7 +24,7 @@ import torch
 
 from tilefeed.bench.baseline import jpeg_dataloader
 from tilefeed.pipeline import Loader, StoreReader
-from tilefeed.preprocess.settings import usable_cores
+from tilefeed.store.host import usable_cores
 
 
 @dataclass
@@ -289,7 +289,7 @@ def _decode_rates(jpeg: StoreReader, rounds: int, min_seconds: float) -> dict[in
     """Tiles/s of the source's own decode calls at full size and at each DCT scale, on one
     thread, rounds interleaved: the decode alone, apart from cutting and resizing."""
     from tilefeed.pipeline.source import DCT_SCALES, decode_scaled
-    from tilefeed.preprocess.format import decode_jpeg
+    from tilefeed.store.format import decode_jpeg
 
     payloads = [bytes(p) for p in jpeg.payloads(range(min(len(jpeg), 512)))]
     height, width = jpeg.codec.shape[:2]

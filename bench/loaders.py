@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from tilefeed.bench.baseline import MEAN, STD, JpegFolder, jpeg_dataloader, random_resized_box, seed_worker
 from tilefeed.pipeline import Loader, TileDataset
 from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
-from tilefeed.preprocess.errors import ConfigError
+from tilefeed.store.errors import ConfigError
 
 LOADERS = ("baseline", "dali-files", "tiles-dataloader", "tilefeed")
 # what the batches are: every loader gives float32 NCHW; the others are tilefeed's alone

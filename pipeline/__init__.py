@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.dataset import TileDataset
     from tilefeed.pipeline.loader import Loader
     from tilefeed.pipeline.reader import StoreReader
-    from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError
+    from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreFormatError
 
 _PUBLIC = {
     "TileDataset": "tilefeed.pipeline.dataset", "Loader": "tilefeed.pipeline.loader",
-    "StoreReader": "tilefeed.pipeline.reader", "ConfigError": "tilefeed.preprocess.errors",
-    "CorruptChunkError": "tilefeed.preprocess.errors", "StoreFormatError": "tilefeed.preprocess.errors",
+    "StoreReader": "tilefeed.pipeline.reader", "ConfigError": "tilefeed.store.errors",
+    "CorruptChunkError": "tilefeed.store.errors", "StoreFormatError": "tilefeed.store.errors",
 }
 __all__ = ["ConfigError", "CorruptChunkError", "Loader", "StoreFormatError", "StoreReader", "TileDataset"]
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from tilefeed.preprocess.atomic import atomic_write
-from tilefeed.preprocess.errors import LedgerError
+from tilefeed.store.atomic import atomic_write
+from tilefeed.store.errors import LedgerError
 
 POPULATION = "population.npz"  # the samples an epoch covers: a subset's ids, written once
 COUNT = "population.json"  # or, for a whole store, {"samples": N}: the samples 0..N-1

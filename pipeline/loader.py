@@ -41,8 +41,8 @@ from tilefeed.pipeline.feed import Feed, Following
 from tilefeed.pipeline.sizes import Schedule, check_size
 from tilefeed.pipeline.source import Epoch
 from tilefeed.pipeline.stats import Advice, LoaderStats, Recorder
-from tilefeed.preprocess.errors import ConfigError, DaliMissingError
-from tilefeed.preprocess.settings import usable_cores
+from tilefeed.store.errors import ConfigError, DaliMissingError
+from tilefeed.store.host import usable_cores
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 LAYOUTS = ("NCHW", "NHWC", "channels_last")

@@ -27,7 +27,7 @@ from typing import Final
 
 import numpy as np
 
-from tilefeed.preprocess.format import ceil_div
+from tilefeed.store.format import ceil_div
 
 SHUFFLES: Final = ("global", "shard", "none")
 # Rounds of add, multiply, xorshift: six bring even a ten-sample epoch close to uniform over keys

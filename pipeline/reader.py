@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from tilefeed.pipeline.stats import charge
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, TileDecodeError
-from tilefeed.preprocess.checked import checked_arrays
-from tilefeed.preprocess.remote import RemoteStore, default_cache_dir
-from tilefeed.preprocess.storage import is_url, local_path
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import ConfigError, CorruptChunkError, TileDecodeError
+from tilefeed.store.checked import checked_arrays
+from tilefeed.store.remote import RemoteStore, default_cache_dir
+from tilefeed.store.storage import is_url, local_path
 
 
 class StoreReader:

@@ -27,11 +27,11 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFile, ImageFont
 
 from tilefeed.pipeline.order import epoch_order
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import ConfigError, StoreFormatError, TilefeedError
-from tilefeed.preprocess.inspection import printable
-from tilefeed.preprocess.storage import redact
-from tilefeed.preprocess.storage import is_url, parse_options
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import ConfigError, StoreFormatError, TilefeedError
+from tilefeed.store.inspection import printable
+from tilefeed.store.storage import redact
+from tilefeed.store.storage import is_url, parse_options
 
 if TYPE_CHECKING:
     import torch
@@ -371,7 +371,7 @@ def _show_samples(args: argparse.Namespace, out: Path, options: dict[str, str]) 
 
 
 def _show_rejects(args: argparse.Namespace, out: Path, options: dict[str, str]) -> int:
-    from tilefeed.preprocess.inspection import info
+    from tilefeed.store.inspection import info
 
     rejects = [(r["path"], r["reason"]) for r in info(args.store, options or None)["rejects"]]
     if not rejects:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tilefeed.preprocess.errors import ConfigError
+from tilefeed.store.errors import ConfigError
 
 MIN_SIZE, MAX_SIZE = 8, 8192
 Schedule = Callable[[int], int]

@@ -23,7 +23,7 @@ import numpy as np
 
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.pipeline.stats import Reading, Timing
-from tilefeed.preprocess.format import ceil_div, decode_jpeg
+from tilefeed.store.format import ceil_div, decode_jpeg
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
 Extras = Callable[[np.ndarray], tuple[np.ndarray, ...]]  # sample indices -> per-sample graph inputs

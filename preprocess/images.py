@@ -31,9 +31,9 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tilefeed.preprocess.plugins import register_plugins
-from tilefeed.preprocess.storage import redact
+from tilefeed.store.storage import redact
 from tilefeed.preprocess.settings import TileSettings, size_text
-from tilefeed.preprocess.storage import is_url, read_object
+from tilefeed.store.storage import is_url, read_object
 
 
 STRIP_BYTES = 8 << 20  # float64 working set of one strip of a 16-bit or float picture

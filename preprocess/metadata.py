@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numcodecs import VLenUTF8, Zstd
 
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe
 from tilefeed.preprocess.sourcelist import decode_paths
 from tilefeed.preprocess.sources import Listing
@@ -41,7 +41,7 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
     of the small arrays, in the order the attributes list them."""
     import zarr
 
-    from tilefeed.preprocess import zarr_codecs
+    from tilefeed.store import zarr_codecs
 
     t = tiles.tile
     # zarr.create_array would clear the shards already in place, so let it write the images

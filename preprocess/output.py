@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.atomic import open_lock_file
-from tilefeed.preprocess.errors import SourceError, StoreAccessError, StoreExistsError, StoreWriteError
-from tilefeed.preprocess.storage import Storage
+from tilefeed.store import format as fmt
+from tilefeed.store.atomic import open_lock_file
+from tilefeed.store.errors import SourceError, StoreAccessError, StoreExistsError, StoreWriteError
+from tilefeed.store.storage import Storage
 
 PLAN_FILE = "plan.json"
 PID_FIELD = 24  # bytes of the lock file that hold the writer's pid

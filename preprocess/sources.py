@@ -36,10 +36,10 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from tilefeed.preprocess.errors import ConfigError, SourceError
+from tilefeed.store.errors import ConfigError, SourceError
 from tilefeed.preprocess.sourcelist import SourceList, SourceListWriter
 from tilefeed.preprocess.spill import SortedRuns
-from tilefeed.preprocess.storage import OBJECT_SCHEMES, ObjectStorage, is_url
+from tilefeed.store.storage import OBJECT_SCHEMES, ObjectStorage, is_url
 
 MANIFEST_SUFFIXES: Final = (".csv", ".jsonl", ".ndjson")
 LABEL_RULES: Final = ("auto", "int", "names")

@@ -21,11 +21,11 @@ from typing import Any, Final
 import numpy as np
 from numcodecs import blosc
 
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
 from tilefeed.preprocess.sourcelist import decode_paths, split_paths
-from tilefeed.preprocess.storage import Storage, is_url
+from tilefeed.store.storage import Storage, is_url
 
 # One row per tile of a part, in tile order: the source it came from, its chunk's size in the
 # part's .bin file, its grid row and column, and the picture's box within the tile.

@@ -49,15 +49,16 @@ from typing import Any, Final
 
 import numpy as np
 
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 from tilefeed.preprocess import tasks
-from tilefeed.preprocess.errors import SourceError, StoreWriteError, TilefeedError
+from tilefeed.store.errors import SourceError, StoreWriteError, TilefeedError
 from tilefeed.preprocess.metadata import PartTiles, write_arrays, write_attrs
 from tilefeed.preprocess.output import out_inside, prepare_output, scan_folder, writer_lock
-from tilefeed.preprocess.settings import StoreSettings, TileSettings, default_workers, describe, usable_cores
+from tilefeed.preprocess.settings import StoreSettings, TileSettings, default_workers, describe
+from tilefeed.store.host import usable_cores
 from tilefeed.preprocess.sourcelist import split_paths
 from tilefeed.preprocess.sources import Listing, SourceOptions, check_source, scan_sources
-from tilefeed.preprocess.storage import Storage, client_started, open_storage, redacted
+from tilefeed.store.storage import Storage, client_started, open_storage, redacted
 
 PART_SOURCES: Final = 64  # sources per part of a small run; the source list is indexed as often
 MAX_PART_SOURCES: Final = 2048

@@ -26,7 +26,7 @@ def _peaks():
 
 atexit.register(_peaks)
 sys.argv = ["tilefeed", *sys.argv[1:]]
-from tilefeed.preprocess.cli import main
+from tilefeed.cli.main import main
 sys.exit(main())
 """
 

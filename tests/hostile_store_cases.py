@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 
 Case = tuple[str, Callable[[Path], object]]
 
@@ -340,7 +340,7 @@ def _damage(rel: Path, how: str, at: int) -> Callable[[Path], None]:
 
 # -- the child process ---------------------------------------------------------------------------------
 def _one_line(e: BaseException) -> tuple[str, str]:
-    from tilefeed.preprocess.errors import TilefeedError
+    from tilefeed.store.errors import TilefeedError
 
     text = str(e)
     if isinstance(e, TilefeedError):
@@ -349,7 +349,7 @@ def _one_line(e: BaseException) -> tuple[str, str]:
 
 
 def _verify(store: Path) -> tuple[str, str]:
-    from tilefeed.preprocess.inspection import verify
+    from tilefeed.store.inspection import verify
 
     try:
         problems = verify(store, deep=True)
@@ -361,7 +361,7 @@ def _verify(store: Path) -> tuple[str, str]:
 
 
 def _info(store: Path) -> tuple[str, str]:
-    from tilefeed.preprocess.inspection import info
+    from tilefeed.store.inspection import info
 
     try:
         info(store)

@@ -19,11 +19,11 @@ import pytest
 
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import CorruptChunkError, StoreFormatError, UncheckedCacheWarning
-from tilefeed.preprocess.inspection import verify
-from tilefeed.preprocess.remote import RemoteStore
-from tilefeed.preprocess.storage import ObjectStorage
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import CorruptChunkError, StoreFormatError, UncheckedCacheWarning
+from tilefeed.store.inspection import verify
+from tilefeed.store.remote import RemoteStore
+from tilefeed.store.storage import ObjectStorage
 from tests.helpers import run_cli, s3_environment, write_folder
 
 PER_SHARD = 8

@@ -13,8 +13,8 @@ import pytest
 
 from tests.helpers import make_store
 from tilefeed.pipeline.reader import StoreReader
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import CorruptChunkError
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import CorruptChunkError
 
 
 @pytest.fixture

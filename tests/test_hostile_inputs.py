@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from tilefeed.bench.netem import CREDENTIALS
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import CacheError
-from tilefeed.preprocess.remote import RemoteStore
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import CacheError
+from tilefeed.store.remote import RemoteStore
 from tilefeed.preprocess.settings import default_workers
-from tilefeed.preprocess.storage import ObjectStorage
+from tilefeed.store.storage import ObjectStorage
 from tests.helpers import photo, run_cli, s3_environment, write_folder
 from tests.hostile_inputs_helpers import Run, run_measured, snapshot, write_grey_png
 
@@ -281,8 +281,8 @@ def test_a_password_in_a_storage_option_never_shows(
 
 def test_the_storage_layer_keeps_a_password_out_of_its_errors_for_python_callers(
         s3: dict[str, str]) -> None:
-    from tilefeed.preprocess.errors import StoreAccessError
-    from tilefeed.preprocess.storage import ObjectStorage
+    from tilefeed.store.errors import StoreAccessError
+    from tilefeed.store.storage import ObjectStorage
 
     host = s3["AWS_ENDPOINT_URL"].split("//", 1)[1]
     storage = ObjectStorage("s3://no-such-bucket/x",

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from numcodecs import Zstd
 
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import CorruptChunkError, TileDecodeError
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import CorruptChunkError, TileDecodeError
 from tests.helpers import make_store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import tilefeed, tilefeed.pipeline, tilefeed.bench, tilefeed.preprocess
 heavy = sorted(m for m in ("torch", "zarr", "nvidia.dali", "tilefeed.pipeline.loader") if m in sys.modules)
 assert not heavy, heavy
 assert tilefeed.StoreReader.__name__ == "StoreReader" and tilefeed.__version__
-import tilefeed.preprocess.images, tilefeed.preprocess.format, tilefeed.pipeline.reader
+import tilefeed.preprocess.images, tilefeed.store.format, tilefeed.pipeline.reader
 assert (blosc.use_threads, len(Image.OPEN), len(Image.EXTENSION)) == before, "global state changed"
 print("ok")
 """
@@ -26,7 +26,7 @@ def test_the_root_import_loads_nothing_heavy_and_changes_nothing() -> None:
 
 
 def test_the_version_command_does_not_load_torch() -> None:
-    code = ("import sys\nfrom tilefeed.preprocess.cli import main\ntry:\n    main(['--version'])\n"
+    code = ("import sys\nfrom tilefeed.cli.main import main\ntry:\n    main(['--version'])\n"
             "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "False", done.stdout + done.stderr

@@ -23,10 +23,10 @@ import torch
 from tilefeed.bench.netem import CREDENTIALS, Proxy, local_s3, s3_options
 from tilefeed.pipeline.loader import Loader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import StoreAccessError, StoreFormatError
-from tilefeed.preprocess.remote import _flock
-from tilefeed.preprocess.storage import ObjectStorage
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import StoreAccessError, StoreFormatError
+from tilefeed.store.remote import _flock
+from tilefeed.store.storage import ObjectStorage
 from tests.helpers import run_cli, s3_environment, tree_bytes, write_folder
 
 TILES, STORE = TileSettings(tile=32), StoreSettings(shard_size=8)

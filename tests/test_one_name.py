@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("package", ["pipeline", "preprocess", "bench"])
+@pytest.mark.parametrize("package", ["store", "preprocess", "pipeline", "bench", "cli"])
 def test_a_folder_imported_by_its_own_name_is_refused(package: str) -> None:
     r = subprocess.run([sys.executable, "-c", f"import {package}.__init__"], cwd=ROOT,
                        capture_output=True, text=True, check=False)
@@ -23,7 +23,7 @@ def test_a_folder_imported_by_its_own_name_is_refused(package: str) -> None:
 def test_every_module_has_one_name() -> None:
     code = """
 import importlib, pkgutil, sys, tilefeed
-for pkg in ("pipeline", "preprocess", "bench"):
+for pkg in ("store", "preprocess", "pipeline", "bench", "cli"):
     module = importlib.import_module(f"tilefeed.{pkg}")
     for info in pkgutil.iter_modules(module.__path__, f"tilefeed.{pkg}."):
         try:
@@ -33,7 +33,8 @@ for pkg in ("pipeline", "preprocess", "bench"):
 files = {}
 for name, m in list(sys.modules.items()):
     path = getattr(m, "__file__", None)
-    if path and ("tilefeed" in name or name.split(".")[0] in ("pipeline", "preprocess", "bench")):
+    top = name.split(".")[0]
+    if path and ("tilefeed" in name or top in ("store", "preprocess", "pipeline", "bench", "cli")):
         files.setdefault(__import__("os").path.realpath(path), []).append(name)
 twice = {f: n for f, n in files.items() if len(n) > 1}
 print(twice or "ok")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.dataset import TileDataset
     from tilefeed.pipeline.loader import Loader
     from tilefeed.pipeline.reader import StoreReader
-    from tilefeed.preprocess.errors import (
+    from tilefeed.store.errors import (
         ConfigError,
         CorruptChunkError,
         DaliMissingError,
@@ -44,7 +44,7 @@ _PUBLIC = {
     "SourceOptions": ("tilefeed.preprocess.sources", "SourceOptions"),
     "preprocess_images": ("tilefeed.preprocess.writer", "preprocess"),
     "Summary": ("tilefeed.preprocess.writer", "Summary"),
-    **{name: ("tilefeed.preprocess.errors", name) for name in (
+    **{name: ("tilefeed.store.errors", name) for name in (
         "ConfigError", "CorruptChunkError", "DaliMissingError", "SourceError", "StoreExistsError",
         "StoreFormatError", "StoreWriteError", "TilefeedError")},
 }

@@ -2,6 +2,6 @@
 
 import sys
 
-from tilefeed.preprocess.cli import main
+from tilefeed.cli.main import main
 
 sys.exit(main())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tilefeed.pipeline import CorruptChunkError, Loader, StoreReader
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 from tests.helpers import make_store
 
 

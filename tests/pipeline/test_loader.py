@@ -12,7 +12,7 @@ import torch
 from tilefeed.pipeline import pool
 from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 from tests.helpers import psnr
 from tests.helpers import make_store
 

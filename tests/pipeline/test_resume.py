@@ -23,7 +23,7 @@ from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.ledger import COUNT, POPULATION, _Tally, _unpack, audit
 from tilefeed.pipeline.loader import STATE_VERSION
 from tilefeed.pipeline.order import SHUFFLES
-from tilefeed.preprocess.errors import ConfigError, LedgerError
+from tilefeed.store.errors import ConfigError, LedgerError
 from tests.helpers import free_port, join_gloo, run_cli
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)

@@ -16,7 +16,7 @@ from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.crops import window_inputs
 from tilefeed.pipeline.show import BOX_COLOUR, Sheet, contact_sheet, main
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess.inspection import info
+from tilefeed.store.inspection import info
 
 BACKGROUND = (0, 255, 0)  # the pad colour: pure green, which the smooth test photos never fill a row with
 ASPECTS = {"wide": (64, 32), "tall": (32, 56)}  # width, height: both leave padding in a square tile

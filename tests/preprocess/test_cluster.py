@@ -12,7 +12,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 from tests.helpers import tree_bytes
 
 TILES, STORE = TileSettings(tile=32), StoreSettings(shard_size=50)

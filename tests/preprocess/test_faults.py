@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 import tilefeed.preprocess.tasks as tasks
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess import format as fmt
+from tilefeed.store import format as fmt
 from tilefeed.preprocess.images import Rejected, load_tiles
-from tilefeed.preprocess.errors import StoreWriteError
+from tilefeed.store.errors import StoreWriteError
 from tests.helpers import FAULT_ARGS, tree_bytes
 from tests.preprocess import corpus
 

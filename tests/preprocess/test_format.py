@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import zarr
 
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import CorruptChunkError, StoreFormatError
-from tilefeed.preprocess.zarr_codecs import images_codecs
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import CorruptChunkError, StoreFormatError
+from tilefeed.store.zarr_codecs import images_codecs
 from tests.helpers import photo, psnr
 
 
@@ -106,7 +106,7 @@ def test_the_summary_says_where_the_workers_time_went(image_folder: Path, tmp_pa
 
 
 def test_group_attributes_of_any_shape_are_not_ours_rather_than_an_error() -> None:
-    from tilefeed.preprocess.format import parse_attrs
+    from tilefeed.store.format import parse_attrs
 
     for document in (b'{"attributes": 5}', b"[1, 2]", b'{"attributes": {"tilefeed": 3}}', b"null"):
         assert parse_attrs(document) is None

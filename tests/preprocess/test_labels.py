@@ -14,12 +14,12 @@ import zarr
 
 from tilefeed.pipeline import Loader, StoreReader, TileDataset
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import CorruptChunkError, SourceError, StoreExistsError, StoreFormatError
-from tilefeed.preprocess.inspection import verify
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import CorruptChunkError, SourceError, StoreExistsError, StoreFormatError
+from tilefeed.store.inspection import verify
 from tilefeed.preprocess.sources import SourceOptions, find_sources
 from tilefeed.preprocess.output import writer_lock
-from tilefeed.preprocess.storage import LocalStorage
+from tilefeed.store.storage import LocalStorage
 from tests.helpers import photo, run_cli, write_folder
 
 SMALL = TileSettings(tile=16)

@@ -19,8 +19,8 @@ import pytest
 
 import tilefeed.preprocess.tasks as tasks
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess, sourcelist, sources, spill, writer
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import SourceError, StoreWriteError
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import SourceError, StoreWriteError
 from tilefeed.preprocess.sourcelist import SourceListWriter, split_paths
 from tilefeed.preprocess.sources import SourceOptions, find_sources, scan_sources
 from tests.helpers import photo, tree_bytes, write_folder

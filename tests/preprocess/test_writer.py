@@ -13,9 +13,9 @@ import pytest
 import zarr
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.errors import SourceError, StoreExistsError, StoreFormatError
-from tilefeed.preprocess.inspection import info, verify
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import SourceError, StoreExistsError, StoreFormatError
+from tilefeed.store.inspection import info, verify
 from tests.helpers import photo, run_cli, tree_bytes, write_folder
 
 SMALL = TileSettings(tile=32)

@@ -11,14 +11,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tilefeed.preprocess.format import CODECS, ceil_div
+from tilefeed.store.format import CODECS, ceil_div
 
 SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report", "cloud",
                "clients", "parts", "stats", "scale")
 
 
 def cache_dir() -> Path:
-    from tilefeed.preprocess.remote import default_cache_dir
+    from tilefeed.store.remote import default_cache_dir
 
     return default_cache_dir()
 
@@ -37,7 +37,7 @@ def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pa
                shard_size: int = 1024) -> Path:
     """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-    from tilefeed.preprocess.progress import progress_bar
+    from tilefeed.cli.progress import progress_bar
 
     shards = "" if shard_size == 1024 else f"-s{shard_size}"
     # named by the folder's full path too: two folders of one name make two stores
@@ -57,7 +57,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _location(text: str) -> str | Path:
-    from tilefeed.preprocess.storage import is_url
+    from tilefeed.store.storage import is_url
 
     return text if is_url(text) else Path(text)
 
@@ -116,7 +116,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
 
     from tilefeed.bench.loaders import LOADERS
     from tilefeed.pipeline.device import default_device
-    from tilefeed.preprocess.errors import ConfigError
+    from tilefeed.store.errors import ConfigError
 
     device = torch.device(args.device) if args.device else default_device()
     names = _names(args)
@@ -216,7 +216,7 @@ def _bench_loader(argv: list[str]) -> int:
     p.add_argument("--tile", type=int, default=256, help="tile side of the stores made for --sizes")
     args = p.parse_args(argv)
     from tilefeed.bench.loader_bench import bench_loaders, bench_sizes
-    from tilefeed.preprocess.errors import ConfigError
+    from tilefeed.store.errors import ConfigError
 
     if args.peer and not args.peer_python:
         raise ConfigError("--peer ffcv needs --peer-python: the Python of an environment with FFCV")
@@ -412,7 +412,7 @@ def _gpu_report(argv: list[str]) -> int:
     import torch
 
     from tilefeed.bench.gpu_report import gpu_report, report_table, junit_summary, write_report
-    from tilefeed.preprocess.errors import ConfigError
+    from tilefeed.store.errors import ConfigError
 
     if not torch.cuda.is_available():
         raise ConfigError("gpu-report needs a CUDA device (torch.cuda.is_available() is False)")
@@ -498,7 +498,7 @@ def demo_main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("tilefeed-demo"),
                         help="folder for the JSON and the plots")
     args = parser.parse_args(argv)
-    from tilefeed.preprocess.inspection import format_info, info
+    from tilefeed.store.inspection import format_info, info
 
     images = demo_images(args.count)
     store = demo_store(images)

@@ -5,7 +5,7 @@ round trip where a flag could lie), DALI and whether it sees a GPU, torch and CU
 numcodecs, and the cores. Every problem comes with a one-line fix. A machine without a GPU is
 information, not a failure; anything the README promises that is missing is.
 
-``python -m tilefeed.preprocess.doctor --pil`` checks the PIL part only: ``make setup`` runs it after
+``python -m tilefeed.cli.doctor --pil`` checks the PIL part only: ``make setup`` runs it after
 compiling pillow-simd, so a PIL built without a codec never passes setup silently.
 """
 
@@ -162,7 +162,7 @@ def _stack(report: Report) -> None:
     for dist in ("zarr", "numcodecs", "crc32c"):
         version = _version(dist)
         report.add(dist, version is not None, version or "not installed", f"pip install {dist}")
-    from tilefeed.preprocess.settings import usable_cores
+    from tilefeed.store.host import usable_cores
 
     cores = usable_cores()
     report.add("cores", True, f"{cores} usable by this process", required=False)

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from typing_extensions import Buffer
 
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.atomic import NOFOLLOW, create_new
+from tilefeed.store import format as fmt
+from tilefeed.store.atomic import NOFOLLOW, create_new
 
 RECORD_VERSION = 1
 RECORD = "record.json"

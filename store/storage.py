@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit
 
-from tilefeed.preprocess.atomic import atomic_file
-from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreAccessError, StoreWriteError
+from tilefeed.store.atomic import atomic_file
+from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreAccessError, StoreWriteError
 
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 # storage_options keys that configure the HTTP client or the retries rather than the cloud

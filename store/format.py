@@ -42,7 +42,7 @@ import crc32c as _crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd, blosc
 
-from tilefeed.preprocess.errors import ConfigError, CorruptChunkError, StoreFormatError, TileDecodeError
+from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreFormatError, TileDecodeError
 
 FORMAT_NAME: Final = "tilefeed"
 FORMAT_VERSION: Final = 2  # 2: every array checksummed and digested; 1 is refused (rebuild it)

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.remote import RemoteStore, default_cache_dir, make_cache_dir
-from tilefeed.preprocess.storage import is_url, local_path, open_storage
-from tilefeed.preprocess.errors import CorruptChunkError
+from tilefeed.store import format as fmt
+from tilefeed.store.remote import RemoteStore, default_cache_dir, make_cache_dir
+from tilefeed.store.storage import is_url, local_path, open_storage
+from tilefeed.store.errors import CorruptChunkError
 
 
 def _open(store: str | Path, storage_options: dict[str, Any] | None,

@@ -17,7 +17,7 @@ from zarr.core.buffer import Buffer, NDBuffer
 
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
-from tilefeed.preprocess.format import (
+from tilefeed.store.format import (
     JPEG_CODEC_ID,
     LZ4_LEVEL,
     ZSTD_LEVEL,

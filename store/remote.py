@@ -48,11 +48,11 @@ from typing import IO, Any
 
 import numpy as np
 
-from tilefeed.preprocess import format as fmt
-from tilefeed.preprocess.atomic import CLOEXEC, NOFOLLOW, create_new, open_lock_file, temporary_name
-from tilefeed.preprocess.errors import (CacheError, ConfigError, CorruptChunkError, StoreFormatError,
+from tilefeed.store import format as fmt
+from tilefeed.store.atomic import CLOEXEC, NOFOLLOW, create_new, open_lock_file, temporary_name
+from tilefeed.store.errors import (CacheError, ConfigError, CorruptChunkError, StoreFormatError,
                                         TilefeedError, UncheckedCacheWarning)
-from tilefeed.preprocess.storage import ATTEMPTS, DOWNLOAD_CHUNK, ObjectStorage, redact, redacted
+from tilefeed.store.storage import ATTEMPTS, DOWNLOAD_CHUNK, ObjectStorage, redact, redacted
 
 DOWNLOAD_THREADS = 8  # concurrent requests: enough to hide per-request latency on object stores
 # The most bytes the mirror takes for an object whose size the store does not record: the

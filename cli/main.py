@@ -9,12 +9,12 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from tilefeed.preprocess.errors import TilefeedError
-from tilefeed.preprocess.format import CODECS
-from tilefeed.preprocess.inspection import printable
+from tilefeed.store.errors import TilefeedError
+from tilefeed.store.format import CODECS
+from tilefeed.store.inspection import printable
 from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS
 from tilefeed.preprocess.sources import LABEL_RULES
-from tilefeed.preprocess.storage import parse_options
+from tilefeed.store.storage import parse_options
 
 EPILOG = """examples:
   tilefeed preprocess ~/data/train store/train --size 256 --codec lz4
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "verify":
             return _verify(args)
         if args.command == "doctor":
-            from tilefeed.preprocess import doctor
+            from tilefeed.cli import doctor
 
             return doctor.main(args.args)
         if args.command == "audit":
@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tilefeed.pipeline.show import main as show_main
 
             return show_main(args.args)
-        from tilefeed.bench import cli as bench_cli
+        from tilefeed.cli import bench as bench_cli
 
         if args.command == "bench":
             return bench_cli.bench_main(args.args)
@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def shown(text: str, args: argparse.Namespace | None = None) -> str:
     """``text`` as one printable line with no credential in it (those of the environment, of
     any URL, and of the ``--storage-option`` values)."""
-    from tilefeed.preprocess.storage import redact
+    from tilefeed.store.storage import redact
 
     options: dict[str, str] = {}
     for pair in getattr(args, "storage_option", None) or []:
@@ -236,7 +236,7 @@ def shown(text: str, args: argparse.Namespace | None = None) -> str:
 def _preprocess(args: argparse.Namespace) -> int:
     from tilefeed.preprocess.settings import StoreSettings, TileSettings
     from tilefeed.preprocess.sources import SourceOptions
-    from tilefeed.preprocess.progress import progress_bar
+    from tilefeed.cli.progress import progress_bar
     from tilefeed.preprocess.writer import preprocess
 
     tiles = TileSettings(
@@ -275,8 +275,8 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from tilefeed.preprocess.inspection import format_info, info
-    from tilefeed.preprocess.storage import redact
+    from tilefeed.store.inspection import format_info, info
+    from tilefeed.store.storage import redact
 
     options = parse_options(args.storage_option)
     d = info(args.store, options)
@@ -287,7 +287,7 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from tilefeed.preprocess.inspection import verify
+    from tilefeed.store.inspection import verify
 
     with tqdm(unit="shard", disable=args.quiet or not sys.stderr.isatty(), file=sys.stderr) as bar:
         problems = verify(args.store, deep=args.deep, on_shard=lambda: bar.update(1),
