@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tilefeed.bench.netem import CREDENTIALS, local_s3, s3_options
-from tilefeed.store.storage import ObjectStorage
+from tilefeed.store.object_storage import ObjectStorage
 
 Reader = Callable[[str, list[int], list[int]], int]  # key, starts, ends -> bytes read
 

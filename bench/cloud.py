@@ -25,7 +25,7 @@ from tilefeed.bench.harness import RunResult, Watch
 from tilefeed.bench.netem import local_s3, proxy_process, s3_options
 from tilefeed.bench.steps import EmulatedStep
 from tilefeed.pipeline.loader import Loader
-from tilefeed.store.storage import ObjectStorage
+from tilefeed.store.object_storage import ObjectStorage
 
 FIGURES = ("local, epoch 1", "local, epoch 2", "bucket, cold cache", "bucket, warm cache")
 

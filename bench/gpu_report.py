@@ -102,6 +102,7 @@ class TorchvisionGpuDecode:
             yield batch, torch.zeros(len(batch), dtype=torch.int64, device=self.device)
 
 
+# Long on purpose: the report's sections, each run in turn on one device, read top to bottom.
 def gpu_report(images: Path, jpeg_store: Path, *, device: torch.device, batch_size: int = 256,
                batches: int = 30, warmup: int = 5, workers: int = 4, size: int = 224,
                model_batch: int = 256, model_steps: int = 20, model_width: int = 64) -> dict[str, Any]:

@@ -120,6 +120,7 @@ def _copy_limit(store: Path, batch_size: int, threads: int) -> Callable[[], int]
     return max(candidates, key=lambda epoch: _rate(epoch, 0.5))
 
 
+# Long on purpose: the rows of one side-by-side table, each measured in turn in the same rounds.
 def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: int = 2,
                   rounds: int = 5, min_seconds: float = 1.5, log: bool = True,
                   peer_python: str | None = None, jpeg_store: Path | None = None) -> LoaderBenchResult:
@@ -289,7 +290,7 @@ def _decode_rates(jpeg: StoreReader, rounds: int, min_seconds: float) -> dict[in
     """Tiles/s of the source's own decode calls at full size and at each DCT scale, on one
     thread, rounds interleaved: the decode alone, apart from cutting and resizing."""
     from tilefeed.pipeline.source import DCT_SCALES, decode_scaled
-    from tilefeed.store.format import decode_jpeg
+    from tilefeed.store.codec import decode_jpeg
 
     payloads = [bytes(p) for p in jpeg.payloads(range(min(len(jpeg), 512)))]
     height, width = jpeg.codec.shape[:2]

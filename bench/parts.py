@@ -107,7 +107,7 @@ def _jpeg_decode(tiles: np.ndarray, rounds: int, threads: int) -> dict[str, floa
     (straight into a batch array), both on ``threads`` threads, with either IDCT."""
     from nvidia.dali import fn, pipeline_def, types
 
-    from tilefeed.store.format import TileCodec, decode_jpeg
+    from tilefeed.store.codec import TileCodec, decode_jpeg
 
     codec = TileCodec("jpeg", tiles.shape[1], 90)
     encoded = [np.frombuffer(codec.encode(tile)[:-4], np.uint8) for tile in tiles]

@@ -1,120 +1,55 @@
-"""``tilefeed bench ...`` and ``tilefeed demo``."""
+"""``tilefeed bench``: the loaders side by side (the default form), the sweep and the diagnosis
+built on it, and the dispatch to the other forms (``tilefeed.cli.bench_forms``). Each form
+parses its options before it loads its bench, so ``--help`` loads none."""
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import sys
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tilefeed.store.format import CODECS, ceil_div
-
-SUBCOMMANDS = ("preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "gpu-report", "cloud",
-               "clients", "parts", "stats", "scale")
-
-
-def cache_dir() -> Path:
-    from tilefeed.store.remote import default_cache_dir
-
-    return default_cache_dir()
+from tilefeed.cli import bench_forms
+from tilefeed.cli.bench_options import form_parser, harness_args
+from tilefeed.cli.demo_data import demo_images, demo_store
 
 
-def demo_images(count: int, classes: int = 8) -> Path:
-    from tilefeed.bench.synthetic import make_image_folder
-
-    per_class = ceil_div(count, classes)
-    folder = cache_dir() / f"images-{classes}x{per_class}"
-    print(f"images: {folder} ({classes} classes x {per_class}, generated once, then reused)",
-          flush=True)
-    return make_image_folder(folder, classes=classes, per_class=per_class)
-
-
-def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad",
-               shard_size: int = 1024) -> Path:
-    """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
-    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-    from tilefeed.cli.progress import progress_bar
-
-    shards = "" if shard_size == 1024 else f"-s{shard_size}"
-    # named by the folder's full path too: two folders of one name make two stores
-    where = hashlib.sha256(str(images.resolve()).encode()).hexdigest()[:8]
-    store = cache_dir() / f"{images.name}-{where}-{size}-{codec}-{fit}{shards}"
-    s = preprocess(images, store, TileSettings(tile=size, fit=fit),
-                   StoreSettings(codec=codec, shard_size=shard_size),
-                   progress=progress_bar(sys.stderr.isatty()))
-    print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
-          flush=True)
-    return store
+def bench_main(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    if argv and argv[0] in FORMS:
+        return FORMS[argv[0]](argv[1:])
+    parser = form_parser(
+        "tilefeed bench",
+        "Measure how long each training step waits for its batch, for several loaders side by "
+        "side on equal terms (same samples, batch, output and augmentation). Other forms: "
+        f"tilefeed bench {{{','.join(FORMS)}}} --help.")
+    harness_args(parser)
+    args = parser.parse_args(argv)
+    run_compare(args)
+    return 0
 
 
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=prog, description=description,
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def run_compare(args: argparse.Namespace) -> list[Any]:
+    from tilefeed.bench.compare import compare, report, settings_dict, write_json
+    from tilefeed.bench.plots import plot_runs
 
-
-def _location(text: str) -> str | Path:
-    from tilefeed.store.storage import is_url
-
-    return text if is_url(text) else Path(text)
-
-
-def _data_args(p: argparse.ArgumentParser, *, count: int, store: bool = True) -> None:
-    """--images, --store, --count and --json, as every bench form takes them."""
-    p.add_argument("--images", type=Path, default=None, help="source JPEG folder (one subfolder "
-                   "per class); default: a generated ImageNet-like set in the cache")
-    if store:
-        p.add_argument("--store", type=_location, default=None,
-                       help="tilefeed store made from --images (a folder, or a bucket URL read "
-                       "with the cloud's standard configuration); default: made in the cache")
-    p.add_argument("--count", type=int, default=count, help="generated images, without --images")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-
-
-def _loop_args(p: argparse.ArgumentParser, *, batch_size: int = 64, rounds: int | None = None) -> None:
-    """--batch-size, --workers and (for forms that repeat their runs) --rounds."""
-    p.add_argument("--batch-size", type=int, default=batch_size)
-    p.add_argument("--workers", type=int, default=2, help="workers (Loader threads) for every loader")
-    if rounds is not None:
-        p.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds; medians reported")
-
-
-def _harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
-    _data_args(p, count=1600)
-    p.add_argument("--codec", default="lz4", help="codec of the store made without --store "
-                   "(jpeg: decoded by nvJPEG on a GPU)")
-    p.add_argument("--loaders", default=loaders,
-                   help="comma list of baseline, dali-files, tiles-dataloader, tilefeed")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=40, help="measured steps per loader")
-    p.add_argument("--warmup", type=int, default=3, help="steps run first and left out")
-    p.add_argument("--step", choices=("emulated", "model"), default="emulated",
-                   help="emulated: a --step-ms accelerator step that leaves the host CPU free; "
-                   "model: a ResNet-style forward/backward/optimizer step")
-    p.add_argument("--step-ms", type=float, default=20.0, help="emulated step length")
-    p.add_argument("--accumulate", type=int, default=1, help="model step: micro-batches per step")
-    p.add_argument("--model-width", type=int, default=None,
-                   help="model step: first-stage width (default 64 on a GPU = ResNet-18, 16 on CPU)")
-    p.add_argument("--workers", type=int, default=2, help="workers/threads for every loader")
-    p.add_argument("--size", type=int, default=224, help="output image side")
-    p.add_argument("--eval", action="store_true", help="eval augmentation instead of train")
-    p.add_argument("--output", choices=("float32", "channels_last", "uint8"), default="float32",
-                   help="batches as float32 NCHW (every loader), or tilefeed alone as float32 "
-                        "channels_last or uint8 NHWC")
-    p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
-    p.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")
+    settings, step = _resolve(args)
+    runs, fair_line = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
+    print(report(runs, fair_line, step.describe()))
+    if args.json:
+        write_json(args.json, runs, True, settings_dict(settings, step, args.steps, args.warmup))
+        print(f"json: {args.json}")
+    if args.plots:
+        for path in plot_runs(runs, args.plots):
+            print(f"plot: {path}")
+    return runs
 
 
 def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
-    from tilefeed.bench.loaders import LoaderSettings
+    from tilefeed.bench.loaders import LOADERS, LoaderSettings
     from tilefeed.bench.steps import EmulatedStep, ModelStep
-
-    from tilefeed.bench.loaders import LOADERS
     from tilefeed.pipeline.device import default_device
     from tilefeed.store.errors import ConfigError
 
@@ -144,306 +79,9 @@ def _names(args: argparse.Namespace) -> list[str]:
     return [n.strip() for n in args.loaders.split(",") if n.strip()]
 
 
-def bench_main(argv: Sequence[str]) -> int:
-    argv = list(argv)
-    if argv and argv[0] in SUBCOMMANDS:
-        return {"preprocess": _bench_preprocess, "loader": _bench_loader, "sweep": _sweep,
-                "diagnose": _diagnose, "soak": _soak, "aspect": _aspect,
-                "gpu-report": _gpu_report, "cloud": _cloud, "clients": _clients,
-                "parts": _parts, "stats": _stats, "scale": _scale}[argv[0]](argv[1:])
-    parser = _parser(
-        "tilefeed bench",
-        "Measure how long each training step waits for its batch, for several loaders side by "
-        "side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        f"tilefeed bench {{{','.join(SUBCOMMANDS)}}} --help.")
-    _harness_args(parser)
-    args = parser.parse_args(argv)
-    run_compare(args)
-    return 0
-
-
-def run_compare(args: argparse.Namespace) -> list[Any]:
-    from tilefeed.bench.compare import compare, report, settings_dict, write_json
-    from tilefeed.bench.plots import plot_runs
-
-    settings, step = _resolve(args)
-    runs, fair_line = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
-    print(report(runs, fair_line, step.describe()))
-    if args.json:
-        write_json(args.json, runs, True, settings_dict(settings, step, args.steps, args.warmup))
-        print(f"json: {args.json}")
-    if args.plots:
-        for path in plot_runs(runs, args.plots):
-            print(f"plot: {path}")
-    return runs
-
-
-def _bench_preprocess(argv: list[str]) -> int:
-    p = _parser("tilefeed bench preprocess",
-                "Preprocessing throughput against bare PIL decode+resize.")
-    _data_args(p, count=2400, store=False)
-    p.add_argument("--size", type=int, default=224, help="tile side")
-    p.add_argument("--codec", default="lz4", help="tile codec")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
-    args = p.parse_args(argv)
-    from tilefeed.bench.preprocess_bench import bench_preprocess
-
-    result = bench_preprocess(args.images or demo_images(args.count), size=args.size,
-                              codec=args.codec, rounds=args.rounds)
-    return _report(result, args.json)
-
-
-def _bench_loader(argv: list[str]) -> int:
-    p = _parser("tilefeed bench loader",
-                "Loader-alone throughput: tilefeed against a memcpy of the decoded tiles and a PIL "
-                "DataLoader. The default image count makes epochs long enough that the pipeline "
-                "refill at each epoch's start (a few ms) does not dominate.")
-    _data_args(p, count=4800)
-    _loop_args(p, rounds=5)
-    p.add_argument("--peer", choices=("ffcv",), default=None,
-                   help="add a peer loader on the same tiles, raw and JPEG, with its recommended "
-                   "pipeline, in rounds interleaved with tilefeed's")
-    p.add_argument("--peer-python", default=None,
-                   help="the Python of the peer's own environment (FFCV pulls plain Pillow and "
-                   "OpenCV, so it usually lives apart): e.g. ~/ffcv-venv/bin/python")
-    p.add_argument("--codec", default="lz4", choices=[c for c in CODECS if c != "jpeg"],
-                   help="codec of the lossless store made without --store (none: raw pixels, "
-                   "as FFCV's raw store)")
-    p.add_argument("--sizes", default=None,
-                   help="comma list of output sizes (e.g. 128,160,192,224): training img/s at each "
-                   "from the same --tile px stores, lossless and JPEG with reduced-scale decoding "
-                   "on and off, one Loader each changing size, and JPEG decode speed per DCT scale")
-    p.add_argument("--tile", type=int, default=256, help="tile side of the stores made for --sizes")
-    args = p.parse_args(argv)
-    from tilefeed.bench.loader_bench import bench_loaders, bench_sizes
-    from tilefeed.store.errors import ConfigError
-
-    if args.peer and not args.peer_python:
-        raise ConfigError("--peer ffcv needs --peer-python: the Python of an environment with FFCV")
-    images = args.images or demo_images(args.count)
-    if args.sizes:
-        sizes = [int(v) for v in args.sizes.split(",") if v.strip()]
-        lossless = demo_store(images, size=args.tile, codec=args.codec, fit="crop")
-        jpeg = demo_store(images, size=args.tile, codec="jpeg", fit="crop")
-        return _report(bench_sizes(lossless, jpeg, sizes, batch_size=args.batch_size,
-                                   workers=args.workers, rounds=args.rounds), args.json)
-    store = args.store or demo_store(images, codec=args.codec, fit="crop")  # the read path alone
-    jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
-    result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
-                           rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
-                           jpeg_store=jpeg_store)
-    return _report(result, args.json)
-
-
-def _cloud(argv: list[str]) -> int:
-    p = _parser("tilefeed bench cloud",
-                "A JPEG store read from a bucket (a local S3 server behind a proxy that adds latency "
-                "to every request and caps each connection's rate) against the same store on local "
-                "disk: stall and images/s of a cold-cache epoch and a warm one, shuffle='shard', "
-                "train augmentation, an emulated step; rounds interleaved, medians and ranges.")
-    _data_args(p, count=9600)
-    _loop_args(p, rounds=3)
-    p.add_argument("--step-ms", type=float, default=50.0, help="emulated step time")
-    p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
-    p.add_argument("--rate-mb", type=float, default=100.0, help="MB/s cap per connection")
-    p.add_argument("--shard-size", type=int, default=256,
-                   help="tiles per shard of the store made without --store (about 5 MB at 224 px "
-                   "JPEG: a small first fetch, many concurrent ones)")
-    args = p.parse_args(argv)
-    from tilefeed.bench.cloud import bench_cloud, format_cloud
-
-    store = args.store or demo_store(args.images or demo_images(args.count), codec="jpeg",
-                                     shard_size=args.shard_size)
-    result = bench_cloud(store, batch_size=args.batch_size, step_ms=args.step_ms,
-                         latency_ms=args.latency_ms, rate_mb=args.rate_mb, workers=args.workers,
-                         rounds=args.rounds)
-    return _print(format_cloud(result), result, args.json)
-
-
-def _clients(argv: list[str]) -> int:
-    p = _parser("tilefeed bench clients",
-                "obstore (what tilefeed uses) against fsspec's s3fs, when installed, on one local S3 "
-                "server: whole-shard GETs and a batch of tile-sized ranges of one shard, in MB/s.")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
-    from tilefeed.bench.clients import bench_clients, format_clients
-
-    result = bench_clients(rounds=args.rounds)
-    return _print(format_clients(result), result, args.json)
-
-
-def _parts(argv: list[str]) -> int:
-    p = _parser("tilefeed bench parts",
-                "The measurements behind the Loader's CPU path, each pair side by side in one run: "
-                "decoding into fresh or reused batch memory, resizing training windows with "
-                "pillow-simd or DALI, JPEG decoding by DALI or simplejpeg with the accurate or the "
-                "fast IDCT, an epoch's first batch against the others.")
-    _data_args(p, count=1600)
-    _loop_args(p, rounds=5)
-    args = p.parse_args(argv)
-    from tilefeed.bench.parts import bench_parts, format_parts
-
-    store = args.store or demo_store(args.images or demo_images(args.count), fit="crop")
-    result = bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
-    return _print(format_parts(result), result, args.json)
-
-
-def _stats(argv: list[str]) -> int:
-    p = _parser("tilefeed bench stats",
-                "What Loader.stats() costs (samples/s with its clocks on and off, interleaved "
-                "rounds) and whether its advice helps (a Loader made decode-bound on purpose: a "
-                "JPEG store, one worker, training on the CPU; its stats name the stage and the "
-                "change, which is then applied and the two stalls compared).")
-    _data_args(p, count=1600)
-    _loop_args(p, rounds=7)
-    p.add_argument("--step-ms", type=float, default=10.0,
-                   help="emulated step of the advice runs (shorter than one worker's batch)")
-    p.add_argument("--steps", type=int, default=40, help="measured steps of each advice run")
-    args = p.parse_args(argv)
-    from tilefeed.bench.stats_bench import advice, format_stats, overhead
-
-    images = args.images or demo_images(args.count)
-    store = args.store or demo_store(images)
-    jpeg = demo_store(images, codec="jpeg")
-    result = {"overhead": overhead(store, batch_size=args.batch_size, workers=args.workers,
-                                   rounds=args.rounds),
-              "advice": advice(jpeg, batch_size=args.batch_size, step_ms=args.step_ms,
-                               steps=args.steps)}
-    return _print(format_stats(result), result, args.json)
-
-
-def _scale(argv: list[str]) -> int:
-    p = _parser("tilefeed bench scale",
-                "What the writer, the reader and the order cost as a store grows: ImageNet-shaped "
-                "sets of tiny JPEGs (hard links, so a million sources take seconds and megabytes) "
-                "preprocessed at each size; per size the writer driver's peak memory and CPU per "
-                "source, a fresh process's store open, the random-order uint8 rate (the stores "
-                "in turn, round by round), and tilefeed info / verify; then one rank's epoch "
-                "order at --order-samples.")
-    p.add_argument("--classes", default="100,1000",
-                   help="comma list: class folders of each set (x --per-class sources)")
-    p.add_argument("--per-class", type=int, default=1281)
-    p.add_argument("--size", type=int, default=8, help="tile side")
-    p.add_argument("--workers", type=int, default=2, help="preprocess worker processes")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--warm", type=int, default=50, help="batches before the rate is timed")
-    p.add_argument("--timed", type=int, default=400, help="batches timed per rate run")
-    p.add_argument("--rounds", type=int, default=3, help="rate runs per store; medians reported")
-    p.add_argument("--root", type=Path, default=None,
-                   help="folder for the sets and stores (default: the cache folder's 'scale')")
-    p.add_argument("--order-samples", type=int, default=400_000_000,
-                   help="samples of the epoch whose order is measured (no store is made)")
-    p.add_argument("--order-world-size", type=int, default=64)
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
-    from tilefeed.bench.order_bench import format_order_cost, order_cost
-    from tilefeed.bench.scale import format_scale, run_scale
-
-    classes = [int(c) for c in args.classes.split(",") if c.strip()]
-    result = run_scale(args.root or cache_dir() / "scale", classes, per_class=args.per_class,
-                       size=args.size, workers=args.workers, batch_size=args.batch_size,
-                       warm=args.warm, timed=args.timed, rounds=args.rounds)
-    result["order"] = [order_cost(args.order_samples, args.order_world_size, shuffle=shuffle)
-                       for shuffle in ("global", "shard")]
-    table = "\n\n".join([format_scale(result), *map(format_order_cost, result["order"])])
-    return _print(table, result, args.json)
-
-
-def _soak(argv: list[str]) -> int:
-    p = _parser("tilefeed bench soak",
-                "Memory, threads, open files and shared memory over the loader patterns of long "
-                "jobs (one loader over many epochs, a loader per epoch, leaving an epoch early, an "
-                "exception in the loop, train and validation loaders at once, one loader whose "
-                "output size changes every epoch for at least 50 epochs); exit 1 when any grows "
-                "after warm-up.")
-    p.add_argument("store", type=Path, metavar="STORE")
-    p.add_argument("--seconds", type=float, default=60.0, help="total run time, shared by the patterns")
-    _loop_args(p, batch_size=16)
-    p.add_argument("--limit-kb", type=float, default=10.0,
-                   help="RSS growth per loader or epoch that still passes")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-    p.add_argument("--only", default=None,
-                   help="comma list of the patterns to run (by name, as the table shows them)")
-    args = p.parse_args(argv)
-    from tilefeed.bench.soak import header, format_row, soak, to_json
-
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    print(header(), flush=True)
-    results = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
-                   limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), flush=True),
-                   only=only)
-    failed = [r.pattern for r in results if not r.ok]
-    print(f"\nsoak: {'FAIL: ' + ', '.join(failed) if failed else 'pass'}: RSS growth per unit under "
-          f"{args.limit_kb:g} KB and threads, open files and shared memory flat after warm-up")
-    if args.json:
-        args.json.write_text(json.dumps(to_json(results), indent=2))
-    return 1 if failed else 0
-
-
-def _aspect(argv: list[str]) -> int:
-    p = _parser("tilefeed bench aspect",
-                "Train one small network three ways on a task whose label lies near the picture's "
-                "border: torchvision's crop rule on the original pictures, tilefeed with aspect-true "
-                "tiles (--fit pad) and with centre-square tiles (--fit crop); validation accuracy "
-                "on the same whole pictures.")
-    p.add_argument("--seeds", type=int, default=5, help="training runs per view")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
-    from tilefeed.bench.aspect import bench_aspect
-
-    return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
-
-
-def _gpu_report(argv: list[str]) -> int:
-    p = _parser("tilefeed bench gpu-report",
-                "On a CUDA device: JPEG decode and augmentation on the GPU (tilefeed's nvJPEG tiles, "
-                "DALI's file reader, torchvision's decode_jpeg), peak and growing device memory, and "
-                "the stall at a bf16 ResNet-50 step; one JSON report, failures recorded in it.")
-    _data_args(p, count=2048)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--batches", type=int, default=30, help="measured batches per loader")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--model-steps", type=int, default=20)
-    p.add_argument("--tests-xml", type=Path, default=None,
-                   help="JUnit XML of the gpu tests (pytest --junitxml) to include in the report")
-    args = p.parse_args(argv)
-    import torch
-
-    from tilefeed.bench.gpu_report import gpu_report, report_table, junit_summary, write_report
-    from tilefeed.store.errors import ConfigError
-
-    if not torch.cuda.is_available():
-        raise ConfigError("gpu-report needs a CUDA device (torch.cuda.is_available() is False)")
-    images = args.images or demo_images(args.count)
-    store = args.store or demo_store(images, codec="jpeg")
-    report = gpu_report(images, store, device=torch.device("cuda"), batch_size=args.batch_size,
-                        batches=args.batches, workers=args.workers, model_steps=args.model_steps)
-    if args.tests_xml:
-        report["tests"] = junit_summary(args.tests_xml)
-    print(report_table(report))
-    json_path = args.json or Path("bench-out/gpu-report.json")
-    write_report(report, json_path)
-    print(f"json: {json_path}")
-    return 0
-
-
-def _report(result: Any, json_path: Path | None) -> int:
-    return _print(result.table(), asdict(result), json_path)
-
-
-def _print(table: str, result: dict[str, Any], json_path: Path | None) -> int:
-    """The table on stdout, the result as JSON at ``json_path`` when given."""
-    print(table)
-    if json_path:
-        json_path.write_text(json.dumps(result, indent=2))
-    return 0
-
-
 def _sweep(argv: list[str]) -> int:
-    p = _parser("tilefeed bench sweep", "Stall against step time (or worker count), per loader.")
-    _harness_args(p)
+    p = form_parser("tilefeed bench sweep", "Stall against step time (or worker count), per loader.")
+    harness_args(p)
     p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms")
     p.add_argument("--values", default="0,10,20,40,80", help="comma list of values to sweep")
     args = p.parse_args(argv)
@@ -475,10 +113,10 @@ def _sweep(argv: list[str]) -> int:
 
 
 def _diagnose(argv: list[str]) -> int:
-    p = _parser("tilefeed bench diagnose",
-                "Measure the loader alone and the step alone, say whether training is input-bound "
-                "and which lever helps, with the numbers behind it.")
-    _harness_args(p, loaders="baseline")
+    p = form_parser("tilefeed bench diagnose",
+                    "Measure the loader alone and the step alone, say whether training is input-bound "
+                    "and which lever helps, with the numbers behind it.")
+    harness_args(p, loaders="baseline")
     args = p.parse_args(argv)
     from tilefeed.bench.diagnose import diagnose
 
@@ -487,34 +125,12 @@ def _diagnose(argv: list[str]) -> int:
     return 0
 
 
-def demo_main(argv: Sequence[str]) -> int:
-    parser = _parser(
-        "tilefeed demo",
-        "The tour: generate an ImageNet-like image set (cached), preprocess it into a store, and "
-        "bench the standard PIL DataLoader against tilefeed at an emulated step.")
-    parser.add_argument("--count", type=int, default=1600, help="images to generate")
-    parser.add_argument("--step-ms", type=float, default=40.0, help="emulated step per batch")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path("tilefeed-demo"),
-                        help="folder for the JSON and the plots")
-    args = parser.parse_args(argv)
-    from tilefeed.store.inspection import format_info, info
-
-    images = demo_images(args.count)
-    store = demo_store(images)
-    print(format_info(info(store), max_rejects=5))
-    print(f"\nbench: baseline (PIL DataLoader) vs tilefeed, batch 64, 2 workers, "
-          f"{args.step_ms:g} ms emulated step", flush=True)
-    # the bench's own parser and defaults, so the demo never drifts from `tilefeed bench`
-    bench_parser = _parser("tilefeed bench", "")
-    _harness_args(bench_parser)
-    bench = bench_parser.parse_args([
-        "--images", str(images), "--store", str(store), "--loaders", "baseline,tilefeed",
-        "--batch-size", "64", "--steps", str(args.steps), "--step-ms", str(args.step_ms),
-        "--workers", "2", "--count", str(args.count), "--json", str(args.out / "bench.json"),
-        "--plots", str(args.out)])
-    base, tiles = run_compare(bench)
-    print(f"\ntilefeed: stall {base.stall_fraction:.0%} -> {tiles.stall_fraction:.0%}, "
-          f"{tiles.samples_per_s / base.samples_per_s:.1f}x the samples per second of the PIL "
-          f"DataLoader at a {args.step_ms:g} ms step")
-    return 0
+# the forms in the order the help lists them
+FORMS: dict[str, Callable[[list[str]], int]] = {
+    "preprocess": bench_forms.preprocess_form, "loader": bench_forms.loader_form,
+    "sweep": _sweep, "diagnose": _diagnose, "soak": bench_forms.soak_form,
+    "aspect": bench_forms.aspect_form, "gpu-report": bench_forms.gpu_report_form,
+    "cloud": bench_forms.cloud_form, "clients": bench_forms.clients_form,
+    "parts": bench_forms.parts_form, "stats": bench_forms.stats_form,
+    "scale": bench_forms.scale_form,
+}

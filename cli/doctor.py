@@ -203,7 +203,8 @@ def format_report(report: Report) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tilefeed doctor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tilefeed doctor",
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--pil", action="store_true", help="check the PIL build only")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--offline", action="store_true",

@@ -22,10 +22,14 @@ from typing import Any
 import numpy as np
 
 from tilefeed.pipeline.stats import charge
-from tilefeed.store import format as fmt
+from tilefeed.store.attrs import StoreAttrs
+from tilefeed.store.codec import jpeg_size
+from tilefeed.store.documents import open_store
+from tilefeed.store.shard import ShardFile
 from tilefeed.store.errors import ConfigError, CorruptChunkError, TileDecodeError
 from tilefeed.store.checked import checked_arrays
-from tilefeed.store.remote import RemoteStore, default_cache_dir
+from tilefeed.store.cache_dir import default_cache_dir
+from tilefeed.store.remote import RemoteStore
 from tilefeed.store.storage import is_url, local_path
 
 
@@ -50,9 +54,9 @@ class StoreReader:
             self.location = str(self.root)
         if self.remote is not None:
             attrs = self.remote.attrs
-            meta = fmt.StoreAttrs.from_dict(attrs, f"store {self.location!r}")
+            meta = StoreAttrs.from_dict(attrs, f"store {self.location!r}")
         else:
-            attrs, meta = fmt.open_store(self.root)
+            attrs, meta = open_store(self.root)
         self.attrs = attrs
         self.samples: int = meta.samples
         self.tile: int = meta.tile
@@ -64,7 +68,7 @@ class StoreReader:
         # than deep inside an epoch; later processes map what that check left (``checked``).
         self._meta = meta
         self._open_arrays()
-        self._shards: list[fmt.ShardFile | None] = [None] * meta.shards
+        self._shards: list[ShardFile | None] = [None] * meta.shards
         self._mapped: OrderedDict[int, None] = OrderedDict()  # remote: maps kept, oldest first
         self._keep = self._maps_to_keep(window=1)
         self._lock = threading.Lock()
@@ -122,7 +126,7 @@ class StoreReader:
             cache = self.remote.cache
             cache.plan(indices, cache.window, cache.depth)
 
-    def _shard(self, shard: int) -> fmt.ShardFile:
+    def _shard(self, shard: int) -> ShardFile:
         f = self._shards[shard]
         if f is None:
             if self.remote is not None:
@@ -132,7 +136,7 @@ class StoreReader:
             with self._lock:
                 f = self._shards[shard]
                 if f is None:
-                    f = fmt.ShardFile(self.root, shard, self.shard_size)
+                    f = ShardFile(self.root, shard, self.shard_size)
                     self._shards[shard] = f
                     if self.remote is not None:
                         self._forget_old(shard)
@@ -179,7 +183,7 @@ class StoreReader:
         tile = (self.tile, self.tile)
         for index, payload in zip(indices, payloads, strict=True):
             try:
-                size = fmt.jpeg_size(payload)
+                size = jpeg_size(payload)
             except TileDecodeError as e:
                 raise CorruptChunkError(self.location, index, e.detail) from None
             if size != tile:
@@ -206,7 +210,7 @@ class StoreReader:
 
     def read_batch_into(self, indices: list[int], out: np.ndarray, fast_idct: bool = False) -> np.ndarray:
         """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
-        ``format.decode_jpeg``)."""
+        ``codec.decode_jpeg``)."""
         if self.remote is None:  # each tile straight from its shard's map into its place
             if indices:
                 self._check(min(indices), max(indices))

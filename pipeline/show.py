@@ -28,6 +28,8 @@ from PIL import Image, ImageDraw, ImageFile, ImageFont
 
 from tilefeed.pipeline.order import epoch_order
 from tilefeed.store import format as fmt
+from tilefeed.store.arrays import read_small_array
+from tilefeed.store.attrs import store_attrs
 from tilefeed.store.errors import ConfigError, StoreFormatError, TilefeedError
 from tilefeed.store.inspection import printable
 from tilefeed.store.storage import redact
@@ -126,10 +128,10 @@ def enlargement(side: int) -> int:
 def source_paths(reader: StoreReader, indices: np.ndarray) -> list[str]:
     """The source file of each sample, where the store keeps ``source_paths``; else empty
     strings."""
-    arrays = fmt.store_attrs(reader.attrs, reader.root).arrays
+    arrays = store_attrs(reader.attrs, reader.root).arrays
     if fmt.SOURCE_PATHS not in arrays or fmt.SOURCES not in arrays:
         return [""] * len(indices)
-    owners = fmt.read_small_array(reader.root, reader.attrs, fmt.SOURCES)
+    owners = read_small_array(reader.root, reader.attrs, fmt.SOURCES)
     try:  # strings: zarr reads them (the reader checked the chunks' digests when it opened)
         import zarr
 

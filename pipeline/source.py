@@ -23,7 +23,8 @@ import numpy as np
 
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.pipeline.stats import Reading, Timing
-from tilefeed.store.format import ceil_div, decode_jpeg
+from tilefeed.store.format import ceil_div
+from tilefeed.store.codec import decode_jpeg
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
 Extras = Callable[[np.ndarray], tuple[np.ndarray, ...]]  # sample indices -> per-sample graph inputs
@@ -89,7 +90,7 @@ class BatchSource:
     their epoch's size here, with pillow-simd, rather than in the graph; the ring's slots then
     hold a batch at the largest size asked so far (``reserve`` sizes them up front), so sizes
     that change between epochs reuse them. Either way the threads here decode JPEG tiles too
-    (``decodes``; ``fast_idct``: see ``format.decode_jpeg``; ``scaled_decode``: see
+    (``decodes``; ``fast_idct``: see ``codec.decode_jpeg``; ``scaled_decode``: see
     ``decode_scale``).
     """
 

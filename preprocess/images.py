@@ -31,15 +31,17 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tilefeed.preprocess.plugins import register_plugins
-from tilefeed.store.storage import redact
-from tilefeed.preprocess.settings import TileSettings, size_text
-from tilefeed.store.storage import is_url, read_object
+from tilefeed.preprocess.settings import RESAMPLERS, TileSettings, size_text
+from tilefeed.store.errors import one_line
+from tilefeed.store.object_storage import read_object
+from tilefeed.store.storage import is_url, redact
 
 
 STRIP_BYTES = 8 << 20  # float64 working set of one strip of a 16-bit or float picture
 GREY_MODES = ("L", "1")  # widened to RGB tile by tile, not picture by picture
 WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+RESAMPLING = {name: Image.Resampling[name.upper()] for name in RESAMPLERS}  # --resample's filters
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,9 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except FileNotFoundError:
         raise Rejected("missing: file not found") from None
     except OSError as e:
-        raise Rejected(redact(f"unreadable: {e.strerror or _one_line(e)}")) from None
+        raise Rejected(redact(f"unreadable: {e.strerror or one_line(e)}")) from None
     except Exception as e:  # noqa: BLE001 - anything reading one input fails with: this input only
-        raise Rejected(redact(f"unreadable: {type(e).__name__}: {_one_line(e)}")) from None
+        raise Rejected(redact(f"unreadable: {type(e).__name__}: {one_line(e)}")) from None
     if size == 0:
         raise Rejected("empty file (0 bytes)")
     try:
@@ -90,14 +92,14 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except PermissionError as e:
         raise Rejected(f"unreadable: {e.strerror}") from None
     except Image.DecompressionBombError as e:
-        raise Rejected(f"too large: over --max-pixels {settings.max_pixels} ({_one_line(e)})") from None
+        raise Rejected(f"too large: over --max-pixels {settings.max_pixels} ({one_line(e)})") from None
     except MemoryError:
         raise Rejected("too large: out of memory while decoding; lower --workers or --worker-memory") from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         # how PIL itself reports truncated and corrupt streams
-        raise Rejected(f"corrupt or truncated: {_one_line(e)}") from None
+        raise Rejected(f"corrupt or truncated: {one_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - any other failure of any plugin: this image only
-        raise Rejected(f"{type(e).__name__}: {_one_line(e)}") from None
+        raise Rejected(f"{type(e).__name__}: {one_line(e)}") from None
     zero = np.zeros(1, dtype=np.int32)
     return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32))
 
@@ -112,11 +114,6 @@ def _pillow_limit(max_pixels: int) -> Iterator[None]:
         yield
     finally:
         Image.MAX_IMAGE_PIXELS = saved
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:200]
 
 
 def _pixel_bytes(mode: str) -> int:
@@ -297,7 +294,7 @@ def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[in
     """The tile and the box (top, left, height, width) the picture fills in it."""
     t = settings.tile
     w, h = im.size
-    resample = settings.resample_filter
+    resample = RESAMPLING[settings.resample]
     if settings.fit == "stretch":
         return _rgb(im.resize((t, t), resample)), (0, 0, t, t)
     if settings.fit == "crop":

@@ -7,16 +7,19 @@ read in order, so that no more than a chunk of each is held at once.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from numcodecs import VLenUTF8, Zstd
+from numcodecs import VLenUTF8
 
 from tilefeed.store import format as fmt
+from tilefeed.store.attrs import ArrayRecord, StoreAttrs
+from tilefeed.store.codec import COMPRESSORS
+from tilefeed.store.shard import sha256_files
 from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe
 from tilefeed.preprocess.sourcelist import decode_paths
 from tilefeed.preprocess.sources import Listing
@@ -76,7 +79,7 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
     return [*names, fmt.SOURCE_PATHS]
 
 
-_VLEN_UTF8, _ZSTD = VLenUTF8(), Zstd(level=fmt.ZSTD_LEVEL)
+_VLEN_UTF8 = VLenUTF8()
 
 
 def _paths_chunk(paths: list[str], chunk: int) -> bytes:
@@ -85,7 +88,7 @@ def _paths_chunk(paths: list[str], chunk: int) -> bytes:
     zarr makes of a string array first, which cost more than the encoding itself."""
     values = np.full(chunk, "", dtype=object)
     values[: len(paths)] = paths
-    body = _ZSTD.encode(_VLEN_UTF8.encode(values))
+    body = COMPRESSORS[fmt.SMALL_ARRAY_CODEC].encode(_VLEN_UTF8.encode(values))
     return bytes(body) + fmt.crc_bytes(body)
 
 
@@ -121,28 +124,32 @@ def write_attrs(
     samples: int, rejects: list[tuple[str, str]], accepted: int, names: list[str],
     shard_bytes: list[int], shard_sha256: list[str],
 ) -> None:
-    """The group's tilefeed attributes: written last, this write marks the store complete."""
+    """The group's tilefeed attributes: written last, this write marks the store complete.
+    ``shard_sha256``: the sha256 of each shard file, which a copy of a shard (a cache folder's,
+    a download) must match before it is used."""
     import zarr
 
-    t = tiles.tile
-    attrs: dict[str, Any] = {
-        "format": fmt.FORMAT_NAME,
-        "version": fmt.FORMAT_VERSION,
-        "samples": samples,
-        "sources": len(listing) + len(listing.skipped),
-        "accepted": accepted,
-        "rejected": len(rejects),
-        "tile": [t, t, 3],
-        "codec": store.codec,
-        "quality": store.quality if store.codec == "jpeg" else None,
-        "shard_size": store.shard_size,
-        "shards": len(shard_bytes),
-        "classes": listing.classes,
-        "made": describe(tiles, store),
-        "rejects": [{"path": p, "reason": r} for p, r in rejects],
-        "fingerprint": fingerprint,
-        "arrays": fmt.describe_arrays(root, names, shard_bytes, shard_sha256),
-    }
-    attrs["digest"] = fmt.attrs_digest(attrs)
+    attrs = StoreAttrs(
+        samples=samples, sources=len(listing) + len(listing.skipped), accepted=accepted,
+        rejected=len(rejects), tile=tiles.tile, codec=store.codec,
+        quality=store.quality if store.codec == "jpeg" else None, shard_size=store.shard_size,
+        shards=len(shard_bytes), shard_bytes=tuple(shard_bytes),
+        images_metadata_sha256=sha256_files([root / fmt.IMAGES / "zarr.json"]),
+        classes=tuple(listing.classes), made=describe(tiles, store), rejects=tuple(rejects),
+        fingerprint=fingerprint, arrays={name: _array_record(root, name) for name in names},
+        digest="",  # sealed() sets it
+        shard_sha256=tuple(shard_sha256),
+    ).sealed()
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
-    group.update_attributes({fmt.ATTRS_KEY: attrs})  # last: this write marks the store complete
+    group.update_attributes({fmt.ATTRS_KEY: attrs.to_dict()})  # last: this write marks the store complete
+
+
+def _array_record(root: Path, name: str) -> ArrayRecord:
+    """What the attributes record of a small array as written, for readers and ``verify`` to
+    check it against."""
+    meta = json.loads((root / name / "zarr.json").read_text())
+    length, chunk = meta["shape"][0], meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+    ndim = len(meta["shape"])
+    chunks = fmt.small_chunk_paths(root, name, length, chunk, ndim)
+    return ArrayRecord(name=name, length=length, chunk=chunk, ndim=ndim, chunks=len(chunks),
+                       sha256=sha256_files(chunks), metadata_sha256=sha256_files([root / name / "zarr.json"]))

@@ -16,6 +16,7 @@ from typing import Any
 
 from tilefeed.store import format as fmt
 from tilefeed.store.atomic import open_lock_file
+from tilefeed.store.documents import parse_attrs
 from tilefeed.store.errors import SourceError, StoreAccessError, StoreExistsError, StoreWriteError
 from tilefeed.store.storage import Storage
 
@@ -114,7 +115,7 @@ def prepare_output(out: Storage, plan: dict[str, Any], overwrite: bool, notes: l
         raise StoreExistsError(f"OUT {root!r} is a file; give a folder path")
     plan_key = f"{fmt.WORK_DIR}/{PLAN_FILE}"
     if out.top_level():
-        attrs = _read_json(out, "zarr.json", fmt.parse_attrs)
+        attrs = _read_json(out, "zarr.json", parse_attrs)
         pending = _read_json(out, plan_key, json.loads)
         if attrs is None and pending is None:
             raise StoreExistsError(

@@ -5,20 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from PIL import Image
-
 from tilefeed.store.errors import ConfigError
+from tilefeed.store.format import CODECS, MAX_SHARD_SIZE, TILE_SIDES
 from tilefeed.store.host import available_memory, usable_cores
-from tilefeed.store.format import CODECS
 
 MODES: Final = ("resize", "grid")
 FITS: Final = ("crop", "pad", "stretch")
 ICC: Final = ("ignore", "srgb")
-RESAMPLERS: Final = {
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
+RESAMPLERS: Final = ("bilinear", "bicubic", "lanczos")  # antialiased; images.py maps each to PIL's filter
 DEFAULT_MAX_PIXELS: Final = 178_956_970  # PIL's own decompression-bomb error threshold
 # What one worker may hold to decode and convert one image: a 16-bit 13000 x 13000 PNG needs
 # about 0.5 GB, an RGBA picture at the default --max-pixels about 1.6 GB.
@@ -45,8 +39,9 @@ class TileSettings:
     worker_memory: int = DEFAULT_WORKER_MEMORY
 
     def __post_init__(self) -> None:
-        if not 8 <= self.tile <= 8192:
-            raise ConfigError(f"--size must be in 8..8192 pixels, got {self.tile}")
+        low, high = TILE_SIDES
+        if not low <= self.tile <= high:
+            raise ConfigError(f"tile must be in {low}..{high} pixels (--size), got {self.tile}")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.fit not in FITS:
@@ -76,10 +71,6 @@ class TileSettings:
         del d["worker_memory"]
         return d
 
-    @property
-    def resample_filter(self) -> Image.Resampling:
-        return RESAMPLERS[self.resample]
-
 
 @dataclass(frozen=True)
 class StoreSettings:
@@ -94,8 +85,8 @@ class StoreSettings:
             raise ConfigError(f"--codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"--quality must be in 1..100, got {self.quality}")
-        if not 1 <= self.shard_size <= 1_000_000:
-            raise ConfigError(f"--shard-size must be in 1..1000000 tiles, got {self.shard_size}")
+        if not 1 <= self.shard_size <= MAX_SHARD_SIZE:
+            raise ConfigError(f"--shard-size must be in 1..{MAX_SHARD_SIZE} tiles, got {self.shard_size}")
 
 
 def default_workers(worker_memory: int) -> int:

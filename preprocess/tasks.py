@@ -15,16 +15,20 @@ import os
 import pickle
 import time
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 from numcodecs import blosc
 
 from tilefeed.store import format as fmt
+from tilefeed.store.codec import TileCodec
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
 from tilefeed.preprocess.sourcelist import decode_paths, split_paths
+from tilefeed.store.shard import ShardIndex
 from tilefeed.store.storage import Storage, is_url
 
 # One row per tile of a part, in tile order: the source it came from, its chunk's size in the
@@ -37,11 +41,104 @@ def part_name(part: int, suffix: str) -> str:
     return f"part-{part:07d}{suffix}"
 
 
+@dataclass(frozen=True)
+class PartRecord:
+    """A done part, as its JSON record in the work folder says: its sources are [first, first +
+    count), it made ``tiles`` tiles, ``rejects`` are (source, path, reason), ``seconds`` its
+    worker's time per phase."""
+
+    first: int
+    count: int
+    tiles: int
+    rejects: tuple[tuple[int, str, str], ...]
+    seconds: Mapping[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first": self.first, "count": self.count, "tiles": self.tiles,
+                "rejects": [list(r) for r in self.rejects], "seconds": dict(self.seconds)}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> PartRecord:
+        """KeyError, TypeError or ValueError for a record of another form (an older writer's)."""
+        return cls(first=record["first"], count=record["count"], tiles=record["tiles"],
+                   rejects=tuple((source, path, reason) for source, path, reason in record["rejects"]),
+                   seconds=dict(record["seconds"]))
+
+
+@dataclass(frozen=True)
+class PartWritten:
+    """What a part's task tells the driver: its source and reject counts, and the sizes of its
+    chunks in tile order (little-endian int64 bytes: one object, not one per tile)."""
+
+    count: int
+    rejected: int
+    sizes: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "rejected": self.rejected, "sizes": self.sizes}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PartWritten:
+        return cls(count=data["count"], rejected=data["rejected"], sizes=data["sizes"])
+
+
+@dataclass(frozen=True)
+class ShardWritten:
+    """A shard a task wrote: its size in bytes, its sha256 read back as stored, and the seconds
+    the copy and the digest took."""
+
+    shard: int
+    size: int
+    sha256: str
+    seconds: float
+    digest_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shard": self.shard, "bytes": self.size, "sha256": self.sha256, "seconds": self.seconds,
+                "digest_seconds": self.digest_seconds}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardWritten:
+        return cls(shard=data["shard"], size=data["bytes"], sha256=data["sha256"], seconds=data["seconds"],
+                   digest_seconds=data["digest_seconds"])
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    """What a worker task sends back, as builtins (``to_dict``): its part (none for a task of
+    shards alone) and the shards it wrote."""
+
+    part: PartWritten | None
+    shards: tuple[ShardWritten, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"part": None if self.part is None else self.part.to_dict(),
+                "shards": [shard.to_dict() for shard in self.shards]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskDone:
+        part = data["part"]
+        return cls(part=None if part is None else PartWritten.from_dict(part),
+                   shards=tuple(ShardWritten.from_dict(shard) for shard in data["shards"]))
+
+
+class ShardSpec(NamedTuple):
+    """One shard to write, as ``write_shard`` takes it: ``pieces`` are (part, byte offset, byte
+    count) runs of the parts' chunk files, in sample order; ``sizes`` the chunk sizes that make
+    up those runs; ``sync`` asks the writer to fsync it (a worker on another machine)."""
+
+    shard: int
+    per_shard: int
+    pieces: list[tuple[int, int, int]]
+    sizes: np.ndarray
+    sync: bool
+
+
 def write_part(
     out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
     store: StoreSettings, isolate: bool = False,
-) -> dict[str, Any]:
-    """Worker task: decode one part's sources, write their chunk bytes, then the part's record.
+) -> PartWritten:
+    """Decode one part's sources, write their chunk bytes, then the part's record.
 
     ``paths`` is the part's slice of the source list as it is on disk (NUL-ended UTF-8 paths):
     one bytes object, not a Python object per source. The part's table (``.tiles``) holds one
@@ -53,7 +150,7 @@ def write_part(
     """
     blosc.use_threads = False  # a worker process of the writer's: its parallelism is the pool's
     load = load_isolated if isolate else load_tiles
-    codec = fmt.TileCodec(store.codec, tiles.tile, store.quality)
+    codec = TileCodec(store.codec, tiles.tile, store.quality)
     names = decode_paths(paths)
     rows: list[tuple[int, int, int, int, list[int]]] = []
     rejects: list[tuple[int, str, str]] = []
@@ -83,24 +180,25 @@ def write_part(
     spent["write"] += clock() - t3  # the part file's rename (or upload)
     table = np.array(rows, dtype=TILE_RECORD)
     out.write(f"{work}/{part_name(part, '.tiles')}", table.tobytes())
-    record = {"first": first, "count": len(names), "tiles": len(table), "rejects": rejects, "seconds": spent}
-    out.write(f"{work}/{part_name(part, '.json')}", json.dumps(record).encode())  # last: the part is done
-    return {"count": len(names), "rejected": len(rejects), "sizes": table["size"].tobytes()}
+    record = PartRecord(first, len(names), len(table), tuple(rejects), spent)
+    # written last: its presence marks the part done
+    out.write(f"{work}/{part_name(part, '.json')}", json.dumps(record.to_dict()).encode())
+    return PartWritten(len(names), len(rejects), table["size"].tobytes())
 
 
 def run_part(
     out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
-    store: StoreSettings, shards: list[tuple[Any, ...]], isolate: bool = False,
+    store: StoreSettings, shards: list[ShardSpec], isolate: bool = False,
 ) -> dict[str, Any]:
-    """Worker task: the shards that were ready when it was sent (``write_shards``), then one
-    part (``write_part``): one task, not two, for the driver to send and take back."""
-    written = write_shards(out, work, shards)
-    return {**write_part(out, work, part, first, paths, tiles, store, isolate), **written}
+    """Worker task: the shards that were ready when it was sent, then one part
+    (``write_part``): one task, not two, for the driver to send and take back; a ``TaskDone``."""
+    written = tuple(write_shard(out, work, spec) for spec in shards)
+    return TaskDone(write_part(out, work, part, first, paths, tiles, store, isolate), written).to_dict()
 
 
-def write_shards(out: Storage, work: str, shards: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """Worker task: shards, each given by the arguments of ``write_shard`` after ``work``."""
-    return {"shards": [{"shard": spec[0], **write_shard(out, work, *spec)} for spec in shards]}
+def write_shards(out: Storage, work: str, shards: list[ShardSpec]) -> dict[str, Any]:
+    """Worker task: shards (``write_shard``); a ``TaskDone`` of no part."""
+    return TaskDone(None, tuple(write_shard(out, work, spec) for spec in shards)).to_dict()
 
 
 def source_sizes(paths: bytes) -> bytes:
@@ -119,13 +217,13 @@ def source_sizes(paths: bytes) -> bytes:
     return np.array(sizes, dtype="<i8").tobytes()
 
 
-def read_part(out: Storage, work: str, part: int) -> tuple[dict[str, Any], np.ndarray]:
-    """A done part's record (first, count, tiles, rejects as (source, path, reason), seconds)
-    and its ``TILE_RECORD`` table; ValueError when they do not agree."""
-    record = json.loads(out.read(f"{work}/{part_name(part, '.json')}"))
+def read_part(out: Storage, work: str, part: int) -> tuple[PartRecord, np.ndarray]:
+    """A done part's record and its ``TILE_RECORD`` table; ValueError when they do not agree,
+    and ``PartRecord.from_dict``'s errors for a record of another form."""
+    record = PartRecord.from_dict(json.loads(out.read(f"{work}/{part_name(part, '.json')}")))
     data = out.read(f"{work}/{part_name(part, '.tiles')}")
-    if len(data) != record["tiles"] * TILE_RECORD.itemsize:
-        raise ValueError(f"part {part}: its tile table is not of its {record['tiles']} tiles")
+    if len(data) != record.tiles * TILE_RECORD.itemsize:
+        raise ValueError(f"part {part}: its tile table is not of its {record.tiles} tiles")
     return record, np.frombuffer(data, dtype=TILE_RECORD)
 
 
@@ -162,26 +260,21 @@ def load_isolated(path: str, tiles: TileSettings) -> Tiles:
     return value  # type: ignore[no-any-return]
 
 
-def write_shard(out: Storage, work: str, shard: int, per_shard: int,
-                pieces: list[tuple[int, int, int]], sizes: np.ndarray, sync: bool) -> dict[str, Any]:
-    """Worker task: copy chunk byte runs from part files into one shard; returns its size
-    (``bytes``), its ``sha256`` read back as stored, and the ``seconds`` the copy and the
-    digest took.
+def write_shard(out: Storage, work: str, spec: ShardSpec) -> ShardWritten:
+    """Copy chunk byte runs from part files into one shard, then read it back for its sha256.
 
-    ``pieces`` are (part, byte offset, byte count) runs, in sample order; ``sizes`` the chunk
-    sizes that make up those runs. Locally each run is one in-kernel copy (copy_file_range) and
-    ``sync`` fsyncs here, for workers on other machines (the driver fsyncs those of its own
-    machine, on a thread); in a bucket the shard is one put.
+    Locally each run is one in-kernel copy (copy_file_range) and ``spec.sync`` fsyncs here, for
+    workers on other machines (the driver fsyncs those of its own machine, on a thread); in a
+    bucket the shard is one put.
     """
     start = time.perf_counter()
-    index = fmt.ShardIndex.packed(per_shard, sizes.tolist())
-    runs = [(f"{work}/{part_name(part, '.bin')}", offset, count) for part, offset, count in pieces]
-    key = fmt.shard_relpath(shard)
-    size = out.concat(key, runs, index.encode(), sync=sync)
+    index = ShardIndex.packed(spec.per_shard, spec.sizes.tolist())
+    runs = [(f"{work}/{part_name(part, '.bin')}", offset, count) for part, offset, count in spec.pieces]
+    key = fmt.shard_relpath(spec.shard)
+    size = out.concat(key, runs, index.encode(), sync=spec.sync)
     copied = time.perf_counter()
     digest = out.sha256(key)
-    return {"bytes": size, "sha256": digest, "seconds": copied - start,
-            "digest_seconds": time.perf_counter() - copied}
+    return ShardWritten(spec.shard, size, digest, copied - start, time.perf_counter() - copied)
 
 
 def fsync(path: Path) -> float:

@@ -40,6 +40,9 @@ import numpy as np
 from typing_extensions import Buffer
 
 from tilefeed.store import format as fmt
+from tilefeed.store.arrays import boxes_problem, check_array, labels_problem, read_small_array
+from tilefeed.store.attrs import StoreAttrs
+from tilefeed.store.errors import StoreFormatError
 from tilefeed.store.atomic import NOFOLLOW, create_new
 
 RECORD_VERSION = 1
@@ -60,7 +63,7 @@ class CheckedArrays:
     mapped: bool  # from the node's record (False: checked and held in this process)
 
 
-def checked_arrays(root: Path, store: fmt.StoreAttrs, location: str, cache_dir: Path, *,
+def checked_arrays(root: Path, store: StoreAttrs, location: str, cache_dir: Path, *,
                    shards_here: bool) -> CheckedArrays:
     """The labels and boxes of the store at ``root``, checked (``shards_here``: the shards are
     under ``root`` and are checked too; a bucket store's are checked by its cache)."""
@@ -83,7 +86,7 @@ def checked_arrays(root: Path, store: fmt.StoreAttrs, location: str, cache_dir: 
         os.close(folder)
 
 
-def _checked_files(store: fmt.StoreAttrs, shards_here: bool) -> Iterator[str]:
+def _checked_files(store: StoreAttrs, shards_here: bool) -> Iterator[str]:
     """The store files a check reads, relative to its root."""
     yield "zarr.json"
     yield f"{fmt.IMAGES}/zarr.json"
@@ -94,7 +97,7 @@ def _checked_files(store: fmt.StoreAttrs, shards_here: bool) -> Iterator[str]:
         yield from (fmt.small_chunk_path(Path(), name, i, rec.ndim).as_posix() for i in range(rec.chunks))
 
 
-def _key(root: Path, store: fmt.StoreAttrs) -> str:
+def _key(root: Path, store: StoreAttrs) -> str:
     """One folder per store location and version."""
     where = os.path.realpath(root)
     return hashlib.sha256(f"{where}\0{store.digest}".encode()).hexdigest()[:32]
@@ -112,7 +115,7 @@ def _stats(root: Path, files: Iterable[str]) -> list[Stat] | None:
     return out
 
 
-def _check(root: Path, store: fmt.StoreAttrs, location: str, files: list[str],
+def _check(root: Path, store: StoreAttrs, location: str, files: list[str],
            shards_here: bool) -> tuple[CheckedArrays, list[Stat] | None]:
     """The whole check, in this process: every array against its digest, the shards for
     presence and size (the shards first: the sample count every other array is checked
@@ -120,13 +123,13 @@ def _check(root: Path, store: fmt.StoreAttrs, location: str, files: list[str],
     before = _stats(root, files)
     for name in (fmt.IMAGES, *store.arrays) if shards_here else store.arrays:
         if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
-            fmt.check_array(root, store, name)
-    labels = fmt.read_small_array(root, store, fmt.LABELS).astype(np.int64, copy=False)
-    boxes = fmt.read_small_array(root, store, fmt.BOXES).astype(np.int64, copy=False)
-    for name, problem in ((fmt.LABELS, fmt.labels_problem(labels, len(store.classes))),
-                          (fmt.BOXES, fmt.boxes_problem(boxes, store.tile))):
+            check_array(root, store, name)
+    labels = read_small_array(root, store, fmt.LABELS).astype(np.int64, copy=False)
+    boxes = read_small_array(root, store, fmt.BOXES).astype(np.int64, copy=False)
+    for name, problem in ((fmt.LABELS, labels_problem(labels, len(store.classes))),
+                          (fmt.BOXES, boxes_problem(boxes, store.tile))):
         if problem:
-            raise fmt.StoreFormatError(f"{location}/{name}: {problem}")
+            raise StoreFormatError(f"{location}/{name}: {problem}")
     full = np.array([0, 0, store.tile, store.tile])
     return CheckedArrays(labels, boxes, bool((boxes != full).any()), mapped=False), before
 
@@ -168,7 +171,7 @@ def _read(folder: int, name: str, most: int) -> bytes | None:
         return f.read(most + 1)
 
 
-def _from_record(root: Path, folder: int, store: fmt.StoreAttrs, files: list[str]) -> CheckedArrays | None:
+def _from_record(root: Path, folder: int, store: StoreAttrs, files: list[str]) -> CheckedArrays | None:
     """The arrays the record vouches for, or None (absent, another version, a file changed)."""
     data = _read(folder, RECORD, MAX_RECORD_BYTES)
     if data is None or len(data) > MAX_RECORD_BYTES:
@@ -208,7 +211,7 @@ def _mapped(folder: int, name: Any, shape: tuple[int, ...]) -> np.ndarray | None
         return np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
 
 
-def _keep(folder: int, store: fmt.StoreAttrs, files: list[str], stats: list[Stat],
+def _keep(folder: int, store: StoreAttrs, files: list[str], stats: list[Stat],
           arrays: CheckedArrays) -> None:
     """Write the arrays, then the record naming them (so a record never names a file that is
     not whole); earlier arrays of the folder go. Failing to keep them costs only a recheck."""

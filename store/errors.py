@@ -1,10 +1,13 @@
 """Every error tilefeed raises on purpose.
 
 Each also subclasses the builtin a caller would naturally catch, so ``except ValueError`` and
-``except OSError`` keep working; messages name the parameter or file and say what to do.
+``except OSError`` keep working; messages name the parameter or file and say what to do, in one
+line (``one_line`` gives the reason a library's exception carries).
 """
 
 from __future__ import annotations
+
+from typing import Final
 
 
 class TilefeedError(Exception):
@@ -68,3 +71,26 @@ class LedgerError(TilefeedError, ValueError):
 class UncheckedCacheWarning(UserWarning):
     """A store in object storage records no sha256 of its shards (written by an older tilefeed):
     the copies of its shards in the cache folder cannot be checked against the bucket."""
+
+
+# what an object store answers when no retry can help; a message carrying one is shown by that name
+REFUSALS: Final = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+
+
+def one_line(e: BaseException) -> str:
+    """The reason an exception gives, for a one-line message: its first line with runs of
+    spaces closed up, an object store's refusal shown by its code, and any query string cut off
+    (a presigned URL carries credentials in it)."""
+    lines = str(e).strip().splitlines()
+    text = " ".join(lines[0].split()) if lines else type(e).__name__
+    for code in REFUSALS:
+        if code in str(e):
+            text = f"{code} ({text.split(' - ')[0]})"
+    cut = text.find("?")
+    return (text[:cut] if cut >= 0 else text)[:300]
+
+
+def unfinished_store(where: str) -> StoreFormatError:
+    """A store whose writer has not finished (its work folder is there, its attributes not yet)."""
+    return StoreFormatError(f"store {where!r} is incomplete: preprocessing did not finish; rerun the same "
+                            "`tilefeed preprocess` command to resume it")

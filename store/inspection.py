@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 
 from tilefeed.store import format as fmt
-from tilefeed.store.remote import RemoteStore, default_cache_dir, make_cache_dir
+from tilefeed.store.arrays import array_problems, boxes_problem, labels_problem, read_small_array
+from tilefeed.store.attrs import StoreAttrs
+from tilefeed.store.codec import TileCodec
+from tilefeed.store.documents import load_attrs
+from tilefeed.store.shard import ShardFile, shard_digest_problem
+from tilefeed.store.cache_dir import default_cache_dir, make_cache_dir
+from tilefeed.store.remote import RemoteStore
 from tilefeed.store.storage import is_url, local_path, open_storage
 from tilefeed.store.errors import CorruptChunkError
 
@@ -30,7 +36,7 @@ def _open(store: str | Path, storage_options: dict[str, Any] | None,
 
 def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     root, name, remote = _open(store, storage_options)
-    attrs = fmt.load_attrs(root)
+    attrs = load_attrs(root)
     on_disk = (remote.bytes if remote is not None
                else sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink()))
     return {
@@ -115,13 +121,13 @@ def _verify(store: str | Path, deep: bool, on_shard: Callable[[], None] | None,
 
 def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: bool,
               on_shard: Callable[[], None] | None) -> list[str]:
-    meta = fmt.StoreAttrs.from_dict(fmt.load_attrs(root), f"store {str(store)!r}")
+    meta = StoreAttrs.from_dict(load_attrs(root), f"store {str(store)!r}")
     names = [fmt.IMAGES, *meta.arrays]  # the shards first: their sizes bound every other count
     problems: list[str] = []
     if remote is not None:
         problems += [f"{path}: {detail}" for path, detail in remote.problems()]
     for name in names if remote is None else ():
-        problems += [f"{path}: {detail}" for path, detail in fmt.array_problems(root, meta, name)]
+        problems += [f"{path}: {detail}" for path, detail in array_problems(root, meta, name)]
     if not problems:  # zarr-python parses the documents only once they are known to be sound
         problems += _zarr_problems(root, names)
     if not problems:
@@ -141,15 +147,15 @@ def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: b
     return problems
 
 
-def _small_array_problems(root: Path, meta: fmt.StoreAttrs) -> list[str]:
+def _small_array_problems(root: Path, meta: StoreAttrs) -> list[str]:
     """Labels that name no class, boxes outside their tile."""
     try:
-        labels = fmt.read_small_array(root, meta, fmt.LABELS)
-        boxes = fmt.read_small_array(root, meta, fmt.BOXES)
+        labels = read_small_array(root, meta, fmt.LABELS)
+        boxes = read_small_array(root, meta, fmt.BOXES)
     except CorruptChunkError as e:
         return [str(e)]
-    found = [(fmt.LABELS, fmt.labels_problem(labels, len(meta.classes))),
-             (fmt.BOXES, fmt.boxes_problem(boxes, meta.tile))]
+    found = [(fmt.LABELS, labels_problem(labels, len(meta.classes))),
+             (fmt.BOXES, boxes_problem(boxes, meta.tile))]
     return [f"{root / name}: {problem}" for name, problem in found if problem]
 
 
@@ -170,7 +176,7 @@ def _zarr_problems(root: Path, names: list[str]) -> list[str]:
     return problems
 
 
-def _fetch_and_verify(remote: RemoteStore, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileCodec,
+def _fetch_and_verify(remote: RemoteStore, shard: int, meta: StoreAttrs, codec: TileCodec,
                       deep: bool) -> list[str]:
     """The shard downloaded from the bucket into the scratch folder (its size, index and sha256
     checked on the way), its tiles checked, then the copy removed."""
@@ -184,10 +190,10 @@ def _fetch_and_verify(remote: RemoteStore, shard: int, meta: fmt.StoreAttrs, cod
         fmt.shard_path(remote.mirror, shard).unlink(missing_ok=True)
 
 
-def _verify_shard(root: Path, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileCodec, deep: bool,
+def _verify_shard(root: Path, shard: int, meta: StoreAttrs, codec: TileCodec, deep: bool,
                   digest: bool = True) -> list[str]:
     try:
-        f = fmt.ShardFile(root, shard, meta.shard_size)
+        f = ShardFile(root, shard, meta.shard_size)
     except CorruptChunkError as e:
         return [str(e)]
     except Exception as e:  # noqa: BLE001 - a damaged store is a finding, never a traceback
@@ -210,7 +216,7 @@ def _verify_shard(root: Path, shard: int, meta: fmt.StoreAttrs, codec: fmt.TileC
     f.close()
     if digest:  # after the tiles: a damaged tile is named first, by its sample
         try:
-            problem = fmt.shard_digest_problem(f.path, meta, shard)
+            problem = shard_digest_problem(f.path, meta, shard)
         except OSError as e:
             problem = f"cannot read: {e.strerror or e}"
         if problem:

@@ -3,13 +3,14 @@
 ``tilefeed.jpeg``: each chunk (1, T, T, 3) uint8 is one baseline JPEG. Registered through
 zarr's ``zarr.codecs`` entry point, so any zarr-python with tilefeed installed reads JPEG-coded
 stores as pixels; GPU readers hand the same bytes to nvJPEG instead. The contract itself
-(``format``) imports neither zarr nor this module.
+(``format``) imports neither zarr nor this module; both sides build their codecs from
+``format.CODEC_TABLE``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from zarr.abc.codec import ArrayBytesCodec
@@ -17,13 +18,8 @@ from zarr.core.buffer import Buffer, NDBuffer
 
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
-from tilefeed.store.format import (
-    JPEG_CODEC_ID,
-    LZ4_LEVEL,
-    ZSTD_LEVEL,
-    decode_jpeg,
-    encode_jpeg,
-)
+from tilefeed.store.codec import decode_jpeg, encode_jpeg
+from tilefeed.store.format import CODEC_TABLE, JPEG_CODEC_ID, SMALL_ARRAY_CODEC, CodecSpec
 
 if TYPE_CHECKING:
     from typing import Self
@@ -71,15 +67,20 @@ class JpegCodec(ArrayBytesCodec):
         raise NotImplementedError("JPEG chunks have no fixed encoded size")
 
 
+_COMPRESSORS: Final = {"blosc": BloscCodec, "zstd": ZstdCodec}  # by zarr v3 codec name
+
+
+def _compressors(spec: CodecSpec) -> list[Any]:
+    """The entry's compressor, if any, then crc32c: every chunk ends with its checksum."""
+    compressor = [] if spec.compressor is None else [_COMPRESSORS[spec.compressor](**spec.settings)]
+    return [*compressor, Crc32cCodec()]
+
+
 def images_codecs(codec: str, quality: int) -> dict[str, Any]:
     """The serializer and compressors zarr.create_array needs to declare ``images``'s inner codecs."""
-    serializer: Any = JpegCodec(quality=quality) if codec == "jpeg" else BytesCodec()
-    compressors: list[Any] = []
-    if codec == "lz4":
-        compressors = [BloscCodec(cname="lz4", clevel=LZ4_LEVEL, shuffle="noshuffle", typesize=1)]
-    elif codec == "zstd":
-        compressors = [ZstdCodec(level=ZSTD_LEVEL)]
-    return {"serializer": serializer, "compressors": [*compressors, Crc32cCodec()]}
+    spec = CODEC_TABLE[codec]
+    serializer: Any = JpegCodec(quality=quality) if spec.serializer == JPEG_CODEC_ID else BytesCodec()
+    return {"serializer": serializer, "compressors": _compressors(spec)}
 
 
 def small_array_codecs() -> dict[str, Any]:
@@ -88,5 +89,4 @@ def small_array_codecs() -> dict[str, Any]:
     ``write_empty_chunks``: zarr would skip a chunk equal to the fill value (all labels 0), and
     a missing chunk must always mean damage, never zeros.
     """
-    return {"compressors": [ZstdCodec(level=ZSTD_LEVEL), Crc32cCodec()],
-            "config": {"write_empty_chunks": True}}
+    return {"compressors": _compressors(CODEC_TABLE[SMALL_ARRAY_CODEC]), "config": {"write_empty_chunks": True}}

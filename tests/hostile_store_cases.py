@@ -31,6 +31,9 @@ from typing import Any
 import numpy as np
 
 from tilefeed.store import format as fmt
+from tilefeed.store.attrs import attrs_digest
+from tilefeed.store.codec import COMPRESSORS, encode_jpeg
+from tilefeed.store.shard import ShardFile, ShardIndex, sha256_files
 
 Case = tuple[str, Callable[[Path], object]]
 
@@ -48,7 +51,7 @@ def write_attrs(store: Path, attrs: dict[str, Any]) -> None:
     """The group's attributes replaced, their digest recomputed."""
     doc = group(store)
     attrs = dict(attrs)
-    attrs["digest"] = fmt.attrs_digest(attrs)
+    attrs["digest"] = attrs_digest(attrs)
     doc["attributes"][fmt.ATTRS_KEY] = attrs
     (store / "zarr.json").write_text(json.dumps(doc))
 
@@ -77,19 +80,19 @@ def write_small_chunk(store: Path, name: str, index: int, payload: bytes) -> Non
     rec = attrs_of(store)["arrays"][name]
     paths = fmt.small_chunk_paths(store, name, rec["length"], rec["chunk"], rec["ndim"])
     paths[index].write_bytes(payload + fmt.crc_bytes(payload))
-    edit_attrs(store, lambda a: a["arrays"][name].update(sha256=fmt.sha256_files(paths)))
+    edit_attrs(store, lambda a: a["arrays"][name].update(sha256=sha256_files(paths)))
 
 
 def write_tile_chunk(store: Path, sample: int, payload: bytes) -> None:
     """The chunk of ``sample`` replaced (crc32c appended) in a rebuilt shard, its size recorded."""
     attrs = attrs_of(store)
     per, shard = attrs["shard_size"], sample // attrs["shard_size"]
-    f = fmt.ShardFile(store, shard, per)
+    f = ShardFile(store, shard, per)
     chunks = [bytes(f.chunk(i)) for i in range(len(f))]
     f.close()
     chunks[sample % per] = payload
     parts = [c + fmt.crc_bytes(c) for c in chunks]
-    data = b"".join(parts) + fmt.ShardIndex.packed(per, [len(p) for p in parts]).encode()
+    data = b"".join(parts) + ShardIndex.packed(per, [len(p) for p in parts]).encode()
     fmt.shard_path(store, shard).write_bytes(data)
     attrs["arrays"][fmt.IMAGES]["shard_bytes"][shard] = len(data)
     write_attrs(store, attrs)
@@ -161,10 +164,10 @@ def _short_tile(codec: str) -> Callable[[Path], None]:
     """Sample 3's chunk holds a frame of 16 bytes (a 16-pixel JPEG): valid, crc32c and all."""
     def craft(s: Path) -> None:
         small = np.arange(48, dtype=np.uint8)
-        payload = {"lz4": lambda: bytes(fmt._LZ4.encode(small[:16])),
-                   "zstd": lambda: bytes(fmt._ZSTD.encode(small[:16])),
+        payload = {"lz4": lambda: bytes(COMPRESSORS["lz4"].encode(small[:16])),
+                   "zstd": lambda: bytes(COMPRESSORS["zstd"].encode(small[:16])),
                    "none": lambda: small[:16].tobytes(),
-                   "jpeg": lambda: fmt.encode_jpeg(np.zeros((4, 4, 3), np.uint8), 90)}[codec]()
+                   "jpeg": lambda: encode_jpeg(np.zeros((4, 4, 3), np.uint8), 90)}[codec]()
         write_tile_chunk(s, 3, payload)
     return craft
 
@@ -172,7 +175,7 @@ def _short_tile(codec: str) -> Callable[[Path], None]:
 def _tile_bomb(codec: str) -> Callable[[Path], None]:
     """Sample 3's chunk declares a huge picture: 2 GiB of lz4 or zstd, or a 65500x65500 JPEG."""
     def craft(s: Path) -> None:
-        f = fmt.ShardFile(s, 0, attrs_of(s)["shard_size"])
+        f = ShardFile(s, 0, attrs_of(s)["shard_size"])
         honest = bytes(f.chunk(3))
         f.close()
         if codec == "jpeg":
@@ -315,7 +318,7 @@ def byte_cases(honest: Path) -> list[Case]:
         rel, size = path.relative_to(honest), path.stat().st_size
         positions = {0, size // 2, size - 1}
         if rel.parts[0] == fmt.IMAGES:
-            f = fmt.ShardFile(honest, int(rel.parts[2]), attrs_of(honest)["shard_size"])
+            f = ShardFile(honest, int(rel.parts[2]), attrs_of(honest)["shard_size"])
             positions |= {int(o) for o, n in f.index.table[: len(f)]}
             positions |= {int(o + n) - 1 for o, n in f.index.table[: len(f)]}
             f.close()

@@ -20,10 +20,13 @@ import pytest
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store import format as fmt
+from tilefeed.store.attrs import StoreAttrs, attrs_digest
+from tilefeed.store.documents import load_attrs
+from tilefeed.store.shard import ShardIndex, sha256_fd
 from tilefeed.store.errors import CorruptChunkError, StoreFormatError, UncheckedCacheWarning
 from tilefeed.store.inspection import verify
 from tilefeed.store.remote import RemoteStore
-from tilefeed.store.storage import ObjectStorage
+from tilefeed.store.object_storage import ObjectStorage
 from tests.helpers import run_cli, s3_environment, write_folder
 
 PER_SHARD = 8
@@ -56,11 +59,11 @@ def swapped(shard: bytes) -> bytes:
     """The shard with two chunks swapped and the index rewritten: the same size, the index's and
     every chunk's crc32c valid, two samples' pictures each in the other's place."""
     tail = fmt.index_nbytes(PER_SHARD)
-    index = fmt.ShardIndex.decode(shard[-tail:], PER_SHARD, "shard")
+    index = ShardIndex.decode(shard[-tail:], PER_SHARD, "shard")
     chunks = [shard[int(o) : int(o) + int(n)] for o, n in index.table[: index.written()]]
     i, j = SWAP
     chunks[i], chunks[j] = chunks[j], chunks[i]
-    data = b"".join(chunks) + fmt.ShardIndex.packed(PER_SHARD, [len(c) for c in chunks]).encode()
+    data = b"".join(chunks) + ShardIndex.packed(PER_SHARD, [len(c) for c in chunks]).encode()
     assert len(data) == len(shard) and data != shard
     return data
 
@@ -100,13 +103,13 @@ def test_a_shared_cache_holding_a_swapped_shard_is_never_served(
 
     # checked once per process and file: a second reader hashes no shard again
     hashed: list[int] = []
-    real = fmt.sha256_fd
+    real = sha256_fd
 
     def counted(fd: int) -> str:
         hashed.append(fd)
         return real(fd)
 
-    monkeypatch.setattr(fmt, "sha256_fd", counted)
+    monkeypatch.setattr("tilefeed.store.shard_cache.sha256_fd", counted)
     with StoreReader(url, cache_dir=cache) as reader:
         assert_honest(reader, honest)
     assert hashed == []
@@ -148,7 +151,7 @@ def without_digests(store: Path) -> None:
     doc = json.loads((store / "zarr.json").read_bytes())
     attrs = doc["attributes"][fmt.ATTRS_KEY]
     del attrs["arrays"][fmt.IMAGES]["shard_sha256"]
-    attrs["digest"] = fmt.attrs_digest(attrs)
+    attrs["digest"] = attrs_digest(attrs)
     (store / "zarr.json").write_text(json.dumps(doc))
 
 
@@ -157,7 +160,7 @@ def test_a_store_without_shard_digests_reads_from_a_bucket_with_one_warning(
     old = tmp_path / "old"
     shutil.copytree(honest["store"], old)
     without_digests(old)
-    assert fmt.StoreAttrs.from_dict(fmt.load_attrs(old), "old").shard_sha256 is None
+    assert StoreAttrs.from_dict(load_attrs(old), "old").shard_sha256 is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a local store has no cache: nothing to warn about
         with StoreReader(old) as reader:
@@ -189,7 +192,7 @@ def test_local_verify_finds_a_shard_with_two_chunks_swapped(honest: dict[str, An
 def test_the_shard_digests_are_checked_as_attributes(honest: dict[str, Any], tmp_path: Path) -> None:
     store = tmp_path / "store"
     shutil.copytree(honest["store"], store)
-    attrs = fmt.load_attrs(store)
+    attrs = load_attrs(store)
     digests = attrs["arrays"][fmt.IMAGES]["shard_sha256"]
     assert digests == [hashlib.sha256(fmt.shard_path(store, s).read_bytes()).hexdigest()
                        for s in range(attrs["shards"])]
@@ -197,4 +200,4 @@ def test_the_shard_digests_are_checked_as_attributes(honest: dict[str, Any], tmp
         broken = dict(attrs, arrays={**attrs["arrays"], fmt.IMAGES: {
             **attrs["arrays"][fmt.IMAGES], "shard_sha256": bad}})
         with pytest.raises(StoreFormatError, match="arrays.images.shard_sha256"):
-            fmt.StoreAttrs.from_dict(broken, "store")
+            StoreAttrs.from_dict(broken, "store")

@@ -14,6 +14,8 @@ import pytest
 from tests.helpers import make_store
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.store import format as fmt
+from tilefeed.store.arrays import read_small_array
+from tilefeed.store.documents import load_attrs
 from tilefeed.store.errors import CorruptChunkError
 
 
@@ -93,7 +95,7 @@ def test_a_folder_others_could_write_is_not_trusted(store: Path, cache: Path, tm
     with pytest.warns(UserWarning, match="cannot be kept"):
         reader = StoreReader(store)
     assert not reader._arrays_mapped
-    assert np.array_equal(reader.labels, fmt.read_small_array(store, fmt.load_attrs(store), fmt.LABELS))
+    assert np.array_equal(reader.labels, read_small_array(store, load_attrs(store), fmt.LABELS))
 
 
 def test_a_mapped_reader_crosses_to_another_process_without_its_arrays(store: Path, cache: Path) -> None:

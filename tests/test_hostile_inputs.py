@@ -18,10 +18,11 @@ import pytest
 
 from tilefeed.bench.netem import CREDENTIALS
 from tilefeed.store import format as fmt
+from tilefeed.store.documents import load_attrs
 from tilefeed.store.errors import CacheError
 from tilefeed.store.remote import RemoteStore
 from tilefeed.preprocess.settings import default_workers
-from tilefeed.store.storage import ObjectStorage
+from tilefeed.store.object_storage import ObjectStorage
 from tests.helpers import photo, run_cli, s3_environment, write_folder
 from tests.hostile_inputs_helpers import Run, run_measured, snapshot, write_grey_png
 
@@ -179,14 +180,14 @@ def test_big_images_decode_in_bounded_memory_and_max_pixels_is_the_one_limit(
     done = bounded(run_measured("preprocess", str(big_images), str(out), *ARGS, "--max-pixels", "200000000"),
                    worker_mib=PNG_WORKER_MIB)
     assert done.returncode == 0, done.output
-    attrs = fmt.load_attrs(out)
+    attrs = load_attrs(out)
     assert attrs["rejects"] == [] and attrs["accepted"] == 4
     # the default --max-pixels, and a budget the 16-bit picture does not fit: each a reject
     # naming its size, the rest stored
     small = tmp_path / "small"
     done = bounded(run_measured("preprocess", str(big_images), str(small), *ARGS, "--worker-memory", "256M"))
     assert done.returncode == 0, done.output
-    attrs = fmt.load_attrs(small)
+    attrs = load_attrs(small)
     rejects = {Path(r["path"]).name: r["reason"] for r in attrs["rejects"]}
     assert rejects["wide.png"].startswith("too large: 13500x13400 = 180900000 pixels exceeds --max-pixels")
     assert rejects["deep.png"].startswith("too large: 13000x13000 pixels (I;16) need about")
@@ -246,7 +247,7 @@ def test_a_manifest_row_in_a_bucket_is_read_only_when_allowed(
     done = bounded(run_measured("preprocess", "m.csv", str(folder.parent / "allowed"), *ARGS,
                                 "--allow-bucket", "s3://another-bucket", cwd=folder, env=s3))
     assert done.returncode == 0, done.output
-    assert fmt.load_attrs(folder.parent / "allowed")["accepted"] == 2
+    assert load_attrs(folder.parent / "allowed")["accepted"] == 2
 
 
 # -- names and secrets ----------------------------------------------------------------------------
@@ -258,7 +259,7 @@ def test_a_file_name_that_is_not_utf8_is_a_reject_and_the_run_completes(tmp_path
     done = bounded(run_measured("preprocess", str(src), str(out), *ARGS[:-1]))
     assert done.returncode == 0, done.output
     assert "unusable name" in done.stdout
-    attrs = fmt.load_attrs(out)
+    attrs = load_attrs(out)
     assert attrs["accepted"] == 4 and attrs["samples"] == 4
     [reject] = attrs["rejects"]
     assert reject["path"].endswith("c1/caf\\xe9.jpg") and "not valid UTF-8" in reject["reason"]
@@ -282,7 +283,7 @@ def test_a_password_in_a_storage_option_never_shows(
 def test_the_storage_layer_keeps_a_password_out_of_its_errors_for_python_callers(
         s3: dict[str, str]) -> None:
     from tilefeed.store.errors import StoreAccessError
-    from tilefeed.store.storage import ObjectStorage
+    from tilefeed.store.object_storage import ObjectStorage
 
     host = s3["AWS_ENDPOINT_URL"].split("//", 1)[1]
     storage = ObjectStorage("s3://no-such-bucket/x",

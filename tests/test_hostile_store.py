@@ -16,6 +16,8 @@ import pytest
 from numcodecs import Zstd
 
 from tilefeed.store import format as fmt
+from tilefeed.store.codec import COMPRESSORS, TileCodec, decode_jpeg, encode_jpeg, zstd_content_size
+from tilefeed.store.shard import ShardFile, ShardIndex
 from tilefeed.store.errors import CorruptChunkError, TileDecodeError
 from tests.helpers import make_store
 
@@ -146,15 +148,16 @@ def test_every_chunk_damaged_is_refused_or_read_honestly(honest: dict[str, Path]
 @pytest.mark.parametrize("size", [0, 16, 255, 256, 300, 65_791, 70_000, 3 * 224 * 224])
 def test_the_zstd_header_gives_the_content_size_numcodecs_wrote(size: int) -> None:
     frame = bytes(Zstd(level=3).encode(np.arange(size, dtype=np.uint8)))
-    assert fmt.zstd_content_size(frame) == size
+    assert zstd_content_size(frame) == size
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd", "none"])
 @pytest.mark.parametrize("tiles", [0.5, 2])
 def test_a_chunk_of_another_size_is_refused_before_decoding(codec: str, tiles: float) -> None:
-    tc = fmt.TileCodec(codec, 16)
+    tc = TileCodec(codec, 16)
     wrong = np.zeros(int(tc.nbytes * tiles), dtype=np.uint8)
-    payload = {"lz4": lambda: bytes(fmt._LZ4.encode(wrong)), "zstd": lambda: bytes(fmt._ZSTD.encode(wrong)),
+    payload = {"lz4": lambda: bytes(COMPRESSORS["lz4"].encode(wrong)),
+               "zstd": lambda: bytes(COMPRESSORS["zstd"].encode(wrong)),
                "none": lambda: wrong.tobytes()}[codec]()
     out = np.full(tc.shape, 7, dtype=np.uint8)
     with pytest.raises(TileDecodeError, match=f"{codec} chunk: declares {wrong.size} decoded bytes"):
@@ -163,13 +166,13 @@ def test_a_chunk_of_another_size_is_refused_before_decoding(codec: str, tiles: f
 
 
 def test_a_shard_names_the_sample_whose_chunk_is_short(tmp_path: Path) -> None:
-    tc = fmt.TileCodec("lz4", 16)
-    short = bytes(fmt._LZ4.encode(np.ones(16, np.uint8)))  # valid lz4, its crc32c right
+    tc = TileCodec("lz4", 16)
+    short = bytes(COMPRESSORS["lz4"].encode(np.ones(16, np.uint8)))  # valid lz4, its crc32c right
     chunks = [tc.encode(np.ones(tc.shape, np.uint8)), short + fmt.crc_bytes(short)]
     path = fmt.shard_path(tmp_path, 0)
     path.parent.mkdir(parents=True)
-    path.write_bytes(b"".join(chunks) + fmt.ShardIndex.packed(2, [len(c) for c in chunks]).encode())
-    f = fmt.ShardFile(tmp_path, 0, 2)
+    path.write_bytes(b"".join(chunks) + ShardIndex.packed(2, [len(c) for c in chunks]).encode())
+    f = ShardFile(tmp_path, 0, 2)
     out = np.empty(tc.shape, np.uint8)
     f.read_into(0, tc, out)
     with pytest.raises(CorruptChunkError, match=r"0/0/0/0: sample 1: declares 16 decoded bytes, the tile"):
@@ -180,6 +183,6 @@ def test_a_shard_names_the_sample_whose_chunk_is_short(tmp_path: Path) -> None:
 def test_a_huge_jpeg_is_refused_from_its_header_without_a_buffer() -> None:
     from tests.hostile_store_cases import jpeg_with_size
 
-    jpeg = fmt.encode_jpeg(np.zeros((16, 16, 3), np.uint8), 90)
+    jpeg = encode_jpeg(np.zeros((16, 16, 3), np.uint8), 90)
     with pytest.raises(TileDecodeError, match="65500x65500 picture"):
-        fmt.decode_jpeg(jpeg_with_size(jpeg, 65500, 65500))
+        decode_jpeg(jpeg_with_size(jpeg, 65500, 65500))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 CHECK = """
 import sys
@@ -25,11 +26,46 @@ def test_the_root_import_loads_nothing_heavy_and_changes_nothing() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_the_version_command_does_not_load_torch() -> None:
-    code = ("import sys\nfrom tilefeed.cli.main import main\ntry:\n    main(['--version'])\n"
-            "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip().splitlines()[-1] == "False", done.stdout + done.stderr
+HEAVY = ("numpy", "numcodecs", "PIL", "torch", "zarr")
+
+
+def imported(stderr: str) -> set[str]:
+    """The modules ``python -X importtime`` reports in ``stderr``."""
+    return {line.split("|")[-1].strip() for line in stderr.splitlines()
+            if line.startswith("import time:") and not line.rstrip().endswith("package")}
+
+
+def test_the_version_and_help_commands_load_nothing_heavy() -> None:
+    for command in (["--version"], ["--help"], ["preprocess", "--help"], ["bench", "--help"]):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "tilefeed", *command],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        modules = imported(done.stderr)
+        assert "tilefeed.cli.main" in modules, done.stderr[-2000:]
+        heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+        assert not heavy, (command, heavy)
+
+
+INFO = """
+import sys
+from tilefeed.cli.main import main
+assert main(["info", sys.argv[1], "--json"]) == 0
+print(sorted(m for m in ("torch", "nvidia.dali") if m in sys.modules))
+"""
+
+
+def test_info_does_not_load_torch_or_dali(tmp_path: Path) -> None:
+    from tests.helpers import write_folder
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+
+    images = write_folder(tmp_path / "images", classes=2, per_class=2, size=(40, 32))
+    preprocess(images, tmp_path / "store", TileSettings(tile=16), StoreSettings(shard_size=2),
+               workers=1)
+    done = subprocess.run([sys.executable, "-c", INFO, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"samples": 4' in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
 
 
 def test_every_public_name_resolves() -> None:

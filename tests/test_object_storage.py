@@ -25,8 +25,8 @@ from tilefeed.pipeline.loader import Loader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import StoreAccessError, StoreFormatError
-from tilefeed.store.remote import _flock
-from tilefeed.store.storage import ObjectStorage
+from tilefeed.store.cache_dir import exclusive_lock
+from tilefeed.store.object_storage import ObjectStorage
 from tests.helpers import run_cli, s3_environment, tree_bytes, write_folder
 
 TILES, STORE = TileSettings(tile=32), StoreSettings(shard_size=8)
@@ -142,7 +142,7 @@ def cache_bytes(cache: Path) -> int:
     """The shards' bytes in a cache folder, counted under its lock: a download makes room and
     takes it under that lock, so the count never sees a shard about to go beside one just come
     (a folder walk is no snapshot)."""
-    with _flock(cache / ".lock"):
+    with exclusive_lock(cache / ".lock"):
         return sum(p.stat().st_size for p in cache.glob(f"*/{fmt.IMAGES}/c/*/0/0/0"))
 
 

@@ -6,7 +6,7 @@ One import name for the three parts (``tilefeed.preprocess``, ``tilefeed.pipelin
 
 from __future__ import annotations
 
-from importlib import import_module, metadata
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,10 +25,10 @@ if TYPE_CHECKING:
         TilefeedError,
     )
     from tilefeed.preprocess.settings import StoreSettings, TileSettings
-    from tilefeed.preprocess.sources import SourceOptions
+    from tilefeed.preprocess.scanning import SourceOptions
     from tilefeed.preprocess.writer import Summary, preprocess as preprocess_images
 
-__version__ = metadata.version("tilefeed")
+__version__: str  # the installed distribution's, looked up on first use (importlib.metadata is slow to load)
 
 # public name -> (module, attribute): each loads on first use, so ``import tilefeed`` (every
 # command, every spawned or Dask worker) costs no torch, zarr, DALI or numpy
@@ -41,7 +41,7 @@ _PUBLIC = {
     "StoreReader": ("tilefeed.pipeline.reader", "StoreReader"),
     "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
-    "SourceOptions": ("tilefeed.preprocess.sources", "SourceOptions"),
+    "SourceOptions": ("tilefeed.preprocess.scanning", "SourceOptions"),
     "preprocess_images": ("tilefeed.preprocess.writer", "preprocess"),
     "Summary": ("tilefeed.preprocess.writer", "Summary"),
     **{name: ("tilefeed.store.errors", name) for name in (
@@ -58,6 +58,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib import metadata
+
+        version = globals()["__version__"] = metadata.version("tilefeed")
+        return version
     where = _PUBLIC.get(name)
     if where is None:
         raise AttributeError(f"module 'tilefeed' has no attribute {name!r}")

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.store.errors import ConfigError
 from tests.helpers import run_cli, write_folder
 
 RUN_KEYS = {"loader", "batch_size", "samples", "steps", "wait_s", "step_s", "wall_s",
@@ -195,3 +197,25 @@ def test_bench_parts_measures_each_pair_on_the_store(tmp_path: Path, data: tuple
     assert all(len(f) >= 2 and all(v > 0 for v in f.values()) for f in figures.values()), figures
     assert "simplejpeg_fast_idct_img_per_s" in figures["jpeg_decode"]
     assert "window_resize: pillow_simd_us_per_tile_1_thread" in done.stdout
+
+
+def test_a_tile_side_out_of_range_names_the_field_and_the_option(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^tile must be in 8\.\.8192 pixels \(--size\), got 4$"):
+        TileSettings(tile=4)
+    r = tilefeed("preprocess", str(tmp_path / "images"), str(tmp_path / "out"), "--size", "9000")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == "tilefeed: error: tile must be in 8..8192 pixels (--size), got 9000"
+
+
+def test_doctor_runs_as_the_readme_and_the_makefile_give_it() -> None:
+    """``python -m tilefeed.cli.doctor --pil`` (what ``make setup`` runs) and ``tilefeed doctor``."""
+    pil = subprocess.run([sys.executable, "-m", "tilefeed.cli.doctor", "--pil", "--offline", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert pil.returncode == 0, pil.stdout + pil.stderr  # --offline: a PIL gap is a warning
+    names = {c["name"] for c in json.loads(pil.stdout)["checks"]}
+    assert {"PIL", "codec jpeg", "codec png"} <= names and "torch" not in names
+    full = tilefeed("doctor", "--offline", "--json")
+    assert full.returncode in (0, 1) and "Traceback" not in full.stderr, full.stderr  # 1: a gap here
+    report = json.loads(full.stdout)
+    assert {"PIL", "torch", "DALI", "zarr", "cores"} <= {c["name"] for c in report["checks"]}
+    assert (full.returncode == 1) == (report["problems"] > 0)

@@ -11,7 +11,7 @@ import torch
 
 from tilefeed.pipeline import pool
 from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
-from tilefeed.pipeline import CorruptChunkError, Loader, StoreFormatError, StoreReader
+from tilefeed.pipeline import ConfigError, CorruptChunkError, Loader, StoreFormatError, StoreReader
 from tilefeed.store import format as fmt
 from tests.helpers import psnr
 from tests.helpers import make_store
@@ -246,6 +246,27 @@ def test_options_are_validated_up_front(store: Path) -> None:
             Loader(store, batch_size, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(StoreFormatError, match="not a tilefeed store"):
         Loader(store.parent, 4)
+
+
+@pytest.mark.parametrize("device", ["tpu", "gpu:0", "meta", "xla"])
+def test_a_device_of_another_kind_is_refused_before_torch_reads_it(store: Path, device: str) -> None:
+    """torch knows kinds the Loader cannot feed, and its own error is a RuntimeError, not a ValueError."""
+    with pytest.raises(ConfigError, match=r"device must be 'cpu' or 'cuda\[:N\]', got '" + device) as err:
+        Loader(store, 4, device=device)
+    assert err.value.__cause__ is None  # refused by the settings, not translated from torch
+
+
+def test_settings_hold_the_options_resolved(store: Path) -> None:
+    with Loader(store, 4, workers=2, prefetch=3, shuffle=False, rank=1, world_size=2,
+                indices=[7, 3, 5]) as loader:
+        settings = loader.settings
+        assert (settings.workers, settings.prefetch, settings.shuffle) == (2, 3, "none")
+        assert (loader.workers, loader.prefetch, loader.shuffle, loader.rank) == (2, 3, "none", 1)
+        assert loader.subset is not None and loader.subset.tolist() == [3, 5, 7]
+        with pytest.raises(AttributeError):
+            settings.workers = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"indices must lie in 0\.\.49"):
+        Loader(store, 4, indices=[3, 50])
 
 
 @pytest.mark.parametrize("train", [True, False])

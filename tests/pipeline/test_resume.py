@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.ledger import COUNT, POPULATION, _Tally, _unpack, audit
-from tilefeed.pipeline.loader import STATE_VERSION
+from tilefeed.pipeline.resume import STATE_VERSION
 from tilefeed.pipeline.order import SHUFFLES
 from tilefeed.store.errors import ConfigError, LedgerError
 from tests.helpers import free_port, join_gloo, run_cli
@@ -68,31 +68,30 @@ def test_set_epoch_of_another_epoch_starts_it_fresh(store: Path) -> None:
 
 def _simulate(store: StoreReader, first: tuple[int, int, bool], second: tuple[int, int], shuffle: str,
               stop: int) -> tuple[Counter[int], int, int]:
-    """Ranks of one job in one process: ``stop`` batches at (world, batch, drop_last), then the
-    state of rank 0 resumed at another (world, batch). Returns delivery counts and the settings
-    of the job that finished the epoch (whose drop_last or padding rule applies)."""
+    """Ranks of one job in one process, each a running Loader: ``stop`` batches at (world, batch,
+    drop_last), then the state of rank 0 resumed at another (world, batch) to the epoch's end.
+    Returns delivery counts and the settings of the job that finished the epoch (whose drop_last
+    or padding rule applies)."""
     world1, batch1, drop_last = first
     world2, batch2 = second
     counts: Counter[int] = Counter()
     saved = []
     finished_first = False
     for rank in range(world1):
-        loader = Loader(store, batch1, shuffle=shuffle, drop_last=drop_last, rank=rank,
-                        world_size=world1, seed=3)
-        mine = loader.next_epoch_indices().tolist()
-        done = min(stop, len(loader))
-        finished_first = done == len(loader)
-        counts.update(mine[: done * batch1])
-        # what state_dict() says after `done` batches, without running DALI: a saved state
-        loader._open = loader._plan(0)
-        loader._open.batches = done
-        saved.append(loader.state_dict())
+        with Loader(store, batch1, shuffle=shuffle, drop_last=drop_last, rank=rank, world_size=world1,
+                    seed=3, **UINT8) as loader:
+            done = min(stop, len(loader))
+            finished_first = done == len(loader)
+            batches = iter(loader)
+            for _ in range(done):
+                counts.update(next(batches)[-1].tolist())
+            saved.append(loader.state_dict())  # mid-epoch, as a job stopped here saves it
     assert all(s == saved[0] for s in saved[1:]) or world1 == 1  # any one rank's state is enough
     for rank in range(world2):
-        resumed = Loader(store, batch2, shuffle=shuffle, drop_last=drop_last, rank=rank,
-                         world_size=world2, seed=3)
-        resumed.load_state_dict(json.loads(json.dumps(saved[0])))  # JSON-able, as promised
-        counts.update(resumed.next_epoch_indices().tolist())
+        with Loader(store, batch2, shuffle=shuffle, drop_last=drop_last, rank=rank, world_size=world2,
+                    seed=3, **UINT8) as resumed:
+            resumed.load_state_dict(json.loads(json.dumps(saved[0])))  # JSON-able, as promised
+            counts.update(indices_of(list(resumed)))
     return counts, *((world1, batch1) if finished_first else (world2, batch2))
 
 
@@ -214,7 +213,7 @@ def test_dataloader_keywords_work_and_defaults_do_not_augment(store: Path) -> No
 
 
 def test_options_without_effect_warn_once(store: Path) -> None:
-    import tilefeed.pipeline.loader as loader_module
+    import tilefeed.pipeline.options as loader_module
 
     loader_module._warned.discard("collate_fn")
     with pytest.warns(UserWarning, match="collate_fn"):

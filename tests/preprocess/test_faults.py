@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import tilefeed.preprocess.tasks as tasks
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store import format as fmt
+from tilefeed.store.documents import read_attrs
 from tilefeed.preprocess.images import Rejected, load_tiles
 from tilefeed.store.errors import StoreWriteError
 from tests.helpers import FAULT_ARGS, tree_bytes
@@ -47,7 +48,7 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
                 break
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            if fmt.read_attrs(out) is None:
+            if read_attrs(out) is None:
                 interrupted += 1
         done = subprocess.run([sys.executable, "-m", "tilefeed", "preprocess", str(src),
                                str(out), *FAULT_ARGS], capture_output=True, text=True, timeout=300)

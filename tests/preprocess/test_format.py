@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +9,11 @@ import pytest
 import zarr
 
 from tilefeed.store import format as fmt
+from tilefeed.store.attrs import StoreAttrs
+from tilefeed.store.codec import TileCodec
+from tilefeed.store.documents import load_attrs
 from tilefeed.store.errors import CorruptChunkError, StoreFormatError
+from tilefeed.store.shard import ShardFile, ShardIndex
 from tilefeed.store.zarr_codecs import images_codecs
 from tests.helpers import photo, psnr
 
@@ -16,7 +22,7 @@ from tests.helpers import photo, psnr
 @pytest.mark.parametrize("tile", [16, 64])
 def test_tile_codec_round_trip(codec: str, tile: int) -> None:
     pixels = np.asarray(photo(tile, tile, tile))
-    tc = fmt.TileCodec(codec, tile, quality=95)
+    tc = TileCodec(codec, tile, quality=95)
     chunk = tc.encode(pixels)
     assert fmt.crc_bytes(chunk[:-4]) == chunk[-4:]
     back = tc.decode(chunk[:-4])
@@ -27,10 +33,10 @@ def test_tile_codec_round_trip(codec: str, tile: int) -> None:
 
 
 def test_a_jpeg_of_another_size_is_refused_not_read_into_part_of_a_tile() -> None:
-    small = fmt.TileCodec("jpeg", 16, quality=90).encode(np.asarray(photo(16, 16, 16)))[:-4]
+    small = TileCodec("jpeg", 16, quality=90).encode(np.asarray(photo(16, 16, 16)))[:-4]
     tile = np.zeros((32, 32, 3), dtype=np.uint8)
     with pytest.raises(ValueError, match="the tile is"):
-        fmt.TileCodec("jpeg", 32, quality=90).decode(small, tile)
+        TileCodec("jpeg", 32, quality=90).decode(small, tile)
 
 
 @pytest.mark.parametrize("codec", fmt.CODECS)
@@ -42,10 +48,10 @@ def test_chunks_and_index_match_what_zarr_writes(tmp_path: Path, codec: str) -> 
                             chunks=(1, t, t, 3), shards=(s, t, t, 3), fill_value=0,
                             **images_codecs(codec, 90))
     arr[:] = data
-    tc = fmt.TileCodec(codec, t, 90)
+    tc = TileCodec(codec, t, 90)
     for shard in range(fmt.shard_count(n, s)):
         raw = fmt.shard_path(tmp_path, shard).read_bytes()
-        index = fmt.ShardIndex.decode(raw[-fmt.index_nbytes(s):], s, "x")
+        index = ShardIndex.decode(raw[-fmt.index_nbytes(s):], s, "x")
         for local in range(s):
             sample = shard * s + local
             offset, nbytes = (int(v) for v in index.table[local])
@@ -53,41 +59,41 @@ def test_chunks_and_index_match_what_zarr_writes(tmp_path: Path, codec: str) -> 
                 assert index.is_empty(local)
                 continue
             assert raw[offset : offset + nbytes] == tc.encode(data[sample])
-        f = fmt.ShardFile(tmp_path, shard, s)
+        f = ShardFile(tmp_path, shard, s)
         assert len(f) == min(s, n - shard * s)
         f.close()
 
 
 def test_index_corruption_is_named(tmp_path: Path) -> None:
-    index = fmt.ShardIndex.packed(3, [10, 10])
+    index = ShardIndex.packed(3, [10, 10])
     raw = bytearray(index.encode())
-    decoded = fmt.ShardIndex.decode(bytes(raw), 3, "s")
+    decoded = ShardIndex.decode(bytes(raw), 3, "s")
     np.testing.assert_array_equal(decoded.table[:2], [[0, 10], [10, 10]])
     assert decoded.written() == 2 and decoded.is_empty(2) and not decoded.is_empty(1)
     raw[3] ^= 0xFF
     with pytest.raises(CorruptChunkError, match="s: index crc32c mismatch"):
-        fmt.ShardIndex.decode(bytes(raw), 3, "s")
+        ShardIndex.decode(bytes(raw), 3, "s")
 
 
 def test_codec_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="codec must be one of"):
-        fmt.TileCodec("png", 16)
+        TileCodec("png", 16)
     with pytest.raises(ValueError, match="quality"):
-        fmt.TileCodec("jpeg", 16, quality=0)
+        TileCodec("jpeg", 16, quality=0)
 
 
 def test_load_attrs_refuses_what_is_not_a_complete_store(tmp_path: Path) -> None:
     with pytest.raises(StoreFormatError, match="does not exist"):
-        fmt.load_attrs(tmp_path / "none")
+        load_attrs(tmp_path / "none")
     with pytest.raises(StoreFormatError, match="not a tilefeed store"):
-        fmt.load_attrs(tmp_path)
+        load_attrs(tmp_path)
     (tmp_path / fmt.WORK_DIR).mkdir()
     with pytest.raises(StoreFormatError, match="incomplete"):
-        fmt.load_attrs(tmp_path)
+        load_attrs(tmp_path)
     zarr.open_group(str(tmp_path), mode="a").update_attributes(
         {fmt.ATTRS_KEY: {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION + 1}})
     with pytest.raises(StoreFormatError, match="upgrade tilefeed"):
-        fmt.load_attrs(tmp_path)
+        load_attrs(tmp_path)
 
 
 def test_the_summary_says_where_the_workers_time_went(image_folder: Path, tmp_path: Path) -> None:
@@ -106,7 +112,36 @@ def test_the_summary_says_where_the_workers_time_went(image_folder: Path, tmp_pa
 
 
 def test_group_attributes_of_any_shape_are_not_ours_rather_than_an_error() -> None:
-    from tilefeed.store.format import parse_attrs
+    from tilefeed.store.documents import parse_attrs
 
     for document in (b'{"attributes": 5}', b"[1, 2]", b'{"attributes": {"tilefeed": 3}}', b"null"):
         assert parse_attrs(document) is None
+
+
+@pytest.mark.parametrize("codec", fmt.CODECS)
+def test_zarr_declares_each_codec_as_the_table_says(codec: str) -> None:
+    spec = fmt.CODEC_TABLE[codec]
+    declared = images_codecs(codec, 90)
+    written = [c.to_dict() for c in (declared["serializer"], *declared["compressors"])]
+    assert [c["name"] for c in written] == [name for name, _ in spec.declared()]
+    if spec.compressor is not None:
+        assert written[1]["configuration"] == spec.settings
+
+
+@pytest.mark.parametrize("codec", ["lz4", "jpeg"])
+def test_the_attributes_a_writer_records_are_the_typed_record_written_out(
+        image_folder: Path, tmp_path: Path, codec: str) -> None:
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+
+    store = tmp_path / "store"
+    preprocess(image_folder, store, TileSettings(tile=32, mode="grid"), StoreSettings(codec, shard_size=4),
+               workers=1)
+    on_disk = load_attrs(store)
+    record = StoreAttrs.from_dict(on_disk, "store")
+    assert json.dumps(record.to_dict()) == json.dumps(on_disk)  # the same fields, in the same order
+    assert StoreAttrs.from_dict(record.to_dict(), "again") == record
+    assert record.sealed() == record and record.shard_sha256 is not None
+
+    older = replace(record, shard_sha256=None).sealed()  # as stores written before shard digests
+    assert "shard_sha256" not in older.to_dict()["arrays"][fmt.IMAGES]
+    assert StoreAttrs.from_dict(older.to_dict(), "older") == older

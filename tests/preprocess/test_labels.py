@@ -14,10 +14,11 @@ import zarr
 
 from tilefeed.pipeline import Loader, StoreReader, TileDataset
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.store import format as fmt
+from tilefeed.store.documents import load_attrs
 from tilefeed.store.errors import CorruptChunkError, SourceError, StoreExistsError, StoreFormatError
 from tilefeed.store.inspection import verify
-from tilefeed.preprocess.sources import SourceOptions, find_sources
+from tilefeed.preprocess.scanning import SourceOptions
+from tilefeed.preprocess.sources import find_sources
 from tilefeed.preprocess.output import writer_lock
 from tilefeed.store.storage import LocalStorage
 from tests.helpers import photo, run_cli, write_folder
@@ -47,7 +48,7 @@ def test_spreadsheet_csv_with_bom_and_crlf_keeps_integer_labels(tmp_path: Path, 
     summary = preprocess(tmp_path / "m.csv", tmp_path / "out", SMALL, workers=1)
     assert (summary.sources, summary.rejected) == (12, 0)
     assert labels_of(tmp_path / "out") == [2, 10, 0, 1] * 3  # not renumbered as text
-    attrs = fmt.load_attrs(tmp_path / "out")
+    attrs = load_attrs(tmp_path / "out")
     assert attrs["classes"] == [str(i) for i in range(11)]
 
 
@@ -140,7 +141,7 @@ def test_an_empty_class_folder_is_an_error_naming_it(tmp_path: Path) -> None:
     summary = preprocess(src, tmp_path / "out", SMALL, workers=1,
                          source_options=SourceOptions(allow_empty_classes=True))
     assert summary.notes == ["empty classes kept: c1"]
-    assert fmt.load_attrs(tmp_path / "out")["classes"] == ["c0", "c1", "c2"]
+    assert load_attrs(tmp_path / "out")["classes"] == ["c0", "c1", "c2"]
     assert labels_of(tmp_path / "out") == [0, 0, 2, 2]
 
 
@@ -157,7 +158,7 @@ def test_symlink_loops_hidden_files_and_dangling_links(tmp_path: Path) -> None:
     (src / "c2").rmdir()
     summary = preprocess(src, tmp_path / "out", SMALL, workers=1)
     assert (summary.accepted, summary.rejected, summary.hidden) == (4, 2, 1)
-    rejects = {r["path"]: r["reason"] for r in fmt.load_attrs(tmp_path / "out")["rejects"]}
+    rejects = {r["path"]: r["reason"] for r in load_attrs(tmp_path / "out")["rejects"]}
     assert rejects == {
         str(src / "c0" / "loop"): "symlink loop: the folder it links to was already read",
         str(src / "c1" / "gone.jpg"): "dangling link: its target does not exist",
@@ -183,7 +184,7 @@ def test_out_inside_src_is_left_out_of_the_scan_and_reruns(tmp_path: Path) -> No
     src = write_folder(tmp_path / "src", classes=2, per_class=2)
     out = src / "store"
     first = preprocess(src, out, SMALL, workers=1)
-    assert fmt.load_attrs(out)["classes"] == ["c0", "c1"]
+    assert load_attrs(out)["classes"] == ["c0", "c1"]
     assert first.notes == ["OUT 'store' inside SRC was not scanned"]
     again = preprocess(src, out, SMALL, workers=1)
     assert again.up_to_date
@@ -199,7 +200,7 @@ def test_overwrite_removes_only_what_tilefeed_wrote(tmp_path: Path) -> None:
     summary = preprocess(src, out, TileSettings(tile=24), workers=1, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"
     assert summary.notes == ["--overwrite removed the old store and left 1 entries it did not write: notes.txt"]
-    assert fmt.load_attrs(out)["tile"] == [24, 24, 3]
+    assert load_attrs(out)["tile"] == [24, 24, 3]
 
 
 def test_a_second_writer_is_told_to_wait(tmp_path: Path) -> None:

@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tilefeed.preprocess.publish as publish
 import tilefeed.preprocess.tasks as tasks
-from tilefeed.preprocess import StoreSettings, TileSettings, preprocess, sourcelist, sources, spill, writer
+from tilefeed.preprocess import StoreSettings, TileSettings, folders, preprocess, sourcelist, spill, writer
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import SourceError, StoreWriteError
 from tilefeed.preprocess.sourcelist import SourceListWriter, split_paths
-from tilefeed.preprocess.sources import SourceOptions, find_sources, scan_sources
+from tilefeed.preprocess.scanning import SourceOptions
+from tilefeed.preprocess.sources import find_sources, scan_sources
 from tests.helpers import photo, tree_bytes, write_folder
 
 TINY = TileSettings(tile=8)
@@ -169,9 +171,9 @@ def test_a_class_sorted_on_disk_keeps_the_imagefolder_order(tmp_path: Path,
     (src / "b" / "a" / "loop").symlink_to(src / "b")
     os.close(os.open(os.fsencode(src / "b") + b"/bad\xff.png", os.O_CREAT | os.O_WRONLY))
     held = find_sources(src)
-    monkeypatch.setattr(sources, "SCAN_CHUNK", 2)  # each folder read a few names at a time
+    monkeypatch.setattr(folders, "SCAN_CHUNK", 2)  # each folder read a few names at a time
     chunked = find_sources(src)
-    monkeypatch.setattr(sources, "HELD_NAMES", 2)
+    monkeypatch.setattr(folders, "HELD_NAMES", 2)
     monkeypatch.setattr(spill, "RUN_BUDGET", 100)
     runs = count_runs(monkeypatch)
     spilled = find_sources(src)
@@ -192,17 +194,17 @@ def test_a_class_sorted_on_disk_keeps_the_imagefolder_order(tmp_path: Path,
 _MEASURED = """
 import json, sys, tracemalloc
 import zarr  # imported before measuring: its modules are not the run's memory
-from tilefeed.preprocess import TileSettings, preprocess, writer
+from tilefeed.preprocess import TileSettings, preprocess, publish
 
 peaks = {}
-write_arrays = writer.write_arrays
+write_arrays = publish.write_arrays
 
 def measured(*args):
     peaks["scan, plan and build"] = tracemalloc.get_traced_memory()[1]
     tracemalloc.reset_peak()
     return write_arrays(*args)
 
-writer.write_arrays = measured
+publish.write_arrays = measured
 tracemalloc.start()
 summary = preprocess(sys.argv[1], sys.argv[2], TileSettings(tile=8), workers=2)
 peaks["metadata"] = tracemalloc.get_traced_memory()[1]
@@ -282,7 +284,7 @@ def test_a_run_killed_in_its_metadata_resumes_from_its_parts_and_shards(
     def full_disk(*args: Any) -> list[str]:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(writer, "write_arrays", full_disk)
+    monkeypatch.setattr(publish, "write_arrays", full_disk)
     with pytest.raises(StoreWriteError, match="No space left on device"):
         preprocess(src, tmp_path / "out", TINY, store, workers=2)
     monkeypatch.undo()

@@ -14,6 +14,9 @@ import zarr
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store import format as fmt
+from tilefeed.store.codec import TileCodec
+from tilefeed.store.documents import load_attrs
+from tilefeed.store.shard import ShardFile
 from tilefeed.store.errors import SourceError, StoreExistsError, StoreFormatError
 from tilefeed.store.inspection import info, verify
 from tests.helpers import photo, run_cli, tree_bytes, write_folder
@@ -34,11 +37,11 @@ def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec
     assert list(group["sources"][:]) == list(range(15))
     paths = sorted(image_folder.rglob("*.jpg"))
     assert list(group["source_paths"][:]) == [str(p) for p in paths]
-    codec_obj = fmt.TileCodec(codec, 32)
+    codec_obj = TileCodec(codec, 32)
     for i in (0, 6, 14):
         tile = images[i]
         assert tile.shape == (32, 32, 3)
-        shard = fmt.ShardFile(out, i // 4, 4)
+        shard = ShardFile(out, i // 4, 4)
         np.testing.assert_array_equal(codec_obj.decode(shard.chunk(i % 4)), tile)
         shard.close()
     assert not (out / fmt.WORK_DIR).exists()
@@ -132,7 +135,7 @@ def test_empty_or_missing_sources(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no usable image among 1 inputs"):
         preprocess(tmp_path / "empty", tmp_path / "o", SMALL, workers=1)
     with pytest.raises(StoreFormatError, match="incomplete"):
-        fmt.load_attrs(tmp_path / "o")
+        load_attrs(tmp_path / "o")
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, image_folder: Path) -> None:
@@ -192,7 +195,7 @@ def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path, moment:
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers, mid-run
     proc.wait()
     with pytest.raises(StoreFormatError, match="incomplete"):
-        fmt.load_attrs(out)
+        load_attrs(out)
     r = run_cli("preprocess", str(src), str(out), *args[:-1])
     assert r.returncode == 0, r.stderr
     assert "resumed" in r.stdout

@@ -1,0 +1,278 @@
+"""The ``tilefeed bench`` forms that measure one part each: preprocessing, the loader alone,
+a bucket store, the object-store clients, the CPU path's parts, ``Loader.stats()``, growth with
+the store's size, long jobs (soak), the tile fit (aspect) and the GPU report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tilefeed.cli.bench_options import data_args, form_parser, loop_args
+from tilefeed.cli.demo_data import cache_dir, demo_images, demo_store
+
+
+def preprocess_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench preprocess",
+                    "Preprocessing throughput against bare PIL decode+resize.")
+    data_args(p, count=2400, store=False)
+    p.add_argument("--size", type=int, default=224, help="tile side")
+    p.add_argument("--codec", default="lz4", help="tile codec")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
+    args = p.parse_args(argv)
+    from tilefeed.bench.preprocess_bench import bench_preprocess
+
+    result = bench_preprocess(args.images or demo_images(args.count), size=args.size,
+                              codec=args.codec, rounds=args.rounds)
+    return _report(result, args.json)
+
+
+def loader_form(argv: list[str]) -> int:
+    from tilefeed.store.format import CODECS
+
+    p = form_parser("tilefeed bench loader",
+                    "Loader-alone throughput: tilefeed against a memcpy of the decoded tiles and a PIL "
+                    "DataLoader. The default image count makes epochs long enough that the pipeline "
+                    "refill at each epoch's start (a few ms) does not dominate.")
+    data_args(p, count=4800)
+    loop_args(p, rounds=5)
+    p.add_argument("--peer", choices=("ffcv",), default=None,
+                   help="add a peer loader on the same tiles, raw and JPEG, with its recommended "
+                   "pipeline, in rounds interleaved with tilefeed's")
+    p.add_argument("--peer-python", default=None,
+                   help="the Python of the peer's own environment (FFCV pulls plain Pillow and "
+                   "OpenCV, so it usually lives apart): e.g. ~/ffcv-venv/bin/python")
+    p.add_argument("--codec", default="lz4", choices=[c for c in CODECS if c != "jpeg"],
+                   help="codec of the lossless store made without --store (none: raw pixels, "
+                   "as FFCV's raw store)")
+    p.add_argument("--sizes", default=None,
+                   help="comma list of output sizes (e.g. 128,160,192,224): training img/s at each "
+                   "from the same --tile px stores, lossless and JPEG with reduced-scale decoding "
+                   "on and off, one Loader each changing size, and JPEG decode speed per DCT scale")
+    p.add_argument("--tile", type=int, default=256, help="tile side of the stores made for --sizes")
+    args = p.parse_args(argv)
+    from tilefeed.bench.loader_bench import bench_loaders, bench_sizes
+    from tilefeed.store.errors import ConfigError
+
+    if args.peer and not args.peer_python:
+        raise ConfigError("--peer ffcv needs --peer-python: the Python of an environment with FFCV")
+    images = args.images or demo_images(args.count)
+    if args.sizes:
+        sizes = [int(v) for v in args.sizes.split(",") if v.strip()]
+        lossless = demo_store(images, size=args.tile, codec=args.codec, fit="crop")
+        jpeg = demo_store(images, size=args.tile, codec="jpeg", fit="crop")
+        return _report(bench_sizes(lossless, jpeg, sizes, batch_size=args.batch_size,
+                                   workers=args.workers, rounds=args.rounds), args.json)
+    store = args.store or demo_store(images, codec=args.codec, fit="crop")  # the read path alone
+    jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
+    result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
+                           rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
+                           jpeg_store=jpeg_store)
+    return _report(result, args.json)
+
+
+def cloud_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench cloud",
+                    "A JPEG store read from a bucket (a local S3 server behind a proxy that adds latency "
+                    "to every request and caps each connection's rate) against the same store on local "
+                    "disk: stall and images/s of a cold-cache epoch and a warm one, shuffle='shard', "
+                    "train augmentation, an emulated step; rounds interleaved, medians and ranges.")
+    data_args(p, count=9600)
+    loop_args(p, rounds=3)
+    p.add_argument("--step-ms", type=float, default=50.0, help="emulated step time")
+    p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
+    p.add_argument("--rate-mb", type=float, default=100.0, help="MB/s cap per connection")
+    p.add_argument("--shard-size", type=int, default=256,
+                   help="tiles per shard of the store made without --store (about 5 MB at 224 px "
+                   "JPEG: a small first fetch, many concurrent ones)")
+    args = p.parse_args(argv)
+    from tilefeed.bench.cloud import bench_cloud, format_cloud
+
+    store = args.store or demo_store(args.images or demo_images(args.count), codec="jpeg",
+                                     shard_size=args.shard_size)
+    result = bench_cloud(store, batch_size=args.batch_size, step_ms=args.step_ms,
+                         latency_ms=args.latency_ms, rate_mb=args.rate_mb, workers=args.workers,
+                         rounds=args.rounds)
+    return _print(format_cloud(result), result, args.json)
+
+
+def clients_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench clients",
+                    "obstore (what tilefeed uses) against fsspec's s3fs, when installed, on one local S3 "
+                    "server: whole-shard GETs and a batch of tile-sized ranges of one shard, in MB/s.")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from tilefeed.bench.clients import bench_clients, format_clients
+
+    result = bench_clients(rounds=args.rounds)
+    return _print(format_clients(result), result, args.json)
+
+
+def parts_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench parts",
+                    "The measurements behind the Loader's CPU path, each pair side by side in one run: "
+                    "decoding into fresh or reused batch memory, resizing training windows with "
+                    "pillow-simd or DALI, JPEG decoding by DALI or simplejpeg with the accurate or the "
+                    "fast IDCT, an epoch's first batch against the others.")
+    data_args(p, count=1600)
+    loop_args(p, rounds=5)
+    args = p.parse_args(argv)
+    from tilefeed.bench.parts import bench_parts, format_parts
+
+    store = args.store or demo_store(args.images or demo_images(args.count), fit="crop")
+    result = bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
+    return _print(format_parts(result), result, args.json)
+
+
+def stats_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench stats",
+                    "What Loader.stats() costs (samples/s with its clocks on and off, interleaved "
+                    "rounds) and whether its advice helps (a Loader made decode-bound on purpose: a "
+                    "JPEG store, one worker, training on the CPU; its stats name the stage and the "
+                    "change, which is then applied and the two stalls compared).")
+    data_args(p, count=1600)
+    loop_args(p, rounds=7)
+    p.add_argument("--step-ms", type=float, default=10.0,
+                   help="emulated step of the advice runs (shorter than one worker's batch)")
+    p.add_argument("--steps", type=int, default=40, help="measured steps of each advice run")
+    args = p.parse_args(argv)
+    from tilefeed.bench.stats_bench import advice, format_stats, overhead
+
+    images = args.images or demo_images(args.count)
+    store = args.store or demo_store(images)
+    jpeg = demo_store(images, codec="jpeg")
+    result = {"overhead": overhead(store, batch_size=args.batch_size, workers=args.workers,
+                                   rounds=args.rounds),
+              "advice": advice(jpeg, batch_size=args.batch_size, step_ms=args.step_ms,
+                               steps=args.steps)}
+    return _print(format_stats(result), result, args.json)
+
+
+def scale_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench scale",
+                    "What the writer, the reader and the order cost as a store grows: ImageNet-shaped "
+                    "sets of tiny JPEGs (hard links, so a million sources take seconds and megabytes) "
+                    "preprocessed at each size; per size the writer driver's peak memory and CPU per "
+                    "source, a fresh process's store open, the random-order uint8 rate (the stores "
+                    "in turn, round by round), and tilefeed info / verify; then one rank's epoch "
+                    "order at --order-samples.")
+    p.add_argument("--classes", default="100,1000",
+                   help="comma list: class folders of each set (x --per-class sources)")
+    p.add_argument("--per-class", type=int, default=1281)
+    p.add_argument("--size", type=int, default=8, help="tile side")
+    p.add_argument("--workers", type=int, default=2, help="preprocess worker processes")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--warm", type=int, default=50, help="batches before the rate is timed")
+    p.add_argument("--timed", type=int, default=400, help="batches timed per rate run")
+    p.add_argument("--rounds", type=int, default=3, help="rate runs per store; medians reported")
+    p.add_argument("--root", type=Path, default=None,
+                   help="folder for the sets and stores (default: the cache folder's 'scale')")
+    p.add_argument("--order-samples", type=int, default=400_000_000,
+                   help="samples of the epoch whose order is measured (no store is made)")
+    p.add_argument("--order-world-size", type=int, default=64)
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from tilefeed.bench.order_bench import format_order_cost, order_cost
+    from tilefeed.bench.scale import format_scale, run_scale
+
+    classes = [int(c) for c in args.classes.split(",") if c.strip()]
+    result = run_scale(args.root or cache_dir() / "scale", classes, per_class=args.per_class,
+                       size=args.size, workers=args.workers, batch_size=args.batch_size,
+                       warm=args.warm, timed=args.timed, rounds=args.rounds)
+    result["order"] = [order_cost(args.order_samples, args.order_world_size, shuffle=shuffle)
+                       for shuffle in ("global", "shard")]
+    table = "\n\n".join([format_scale(result), *map(format_order_cost, result["order"])])
+    return _print(table, result, args.json)
+
+
+def soak_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench soak",
+                    "Memory, threads, open files and shared memory over the loader patterns of long "
+                    "jobs (one loader over many epochs, a loader per epoch, leaving an epoch early, an "
+                    "exception in the loop, train and validation loaders at once, one loader whose "
+                    "output size changes every epoch for at least 50 epochs); exit 1 when any grows "
+                    "after warm-up.")
+    p.add_argument("store", type=Path, metavar="STORE")
+    p.add_argument("--seconds", type=float, default=60.0, help="total run time, shared by the patterns")
+    loop_args(p, batch_size=16)
+    p.add_argument("--limit-kb", type=float, default=10.0,
+                   help="RSS growth per loader or epoch that still passes")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--only", default=None,
+                   help="comma list of the patterns to run (by name, as the table shows them)")
+    args = p.parse_args(argv)
+    from tilefeed.bench.soak import header, format_row, soak, to_json
+
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    print(header(), flush=True)
+    results = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
+                   limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), flush=True),
+                   only=only)
+    failed = [r.pattern for r in results if not r.ok]
+    print(f"\nsoak: {'FAIL: ' + ', '.join(failed) if failed else 'pass'}: RSS growth per unit under "
+          f"{args.limit_kb:g} KB and threads, open files and shared memory flat after warm-up")
+    if args.json:
+        args.json.write_text(json.dumps(to_json(results), indent=2))
+    return 1 if failed else 0
+
+
+def aspect_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench aspect",
+                    "Train one small network three ways on a task whose label lies near the picture's "
+                    "border: torchvision's crop rule on the original pictures, tilefeed with aspect-true "
+                    "tiles (--fit pad) and with centre-square tiles (--fit crop); validation accuracy "
+                    "on the same whole pictures.")
+    p.add_argument("--seeds", type=int, default=5, help="training runs per view")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from tilefeed.bench.aspect import bench_aspect
+
+    return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
+
+
+def gpu_report_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench gpu-report",
+                    "On a CUDA device: JPEG decode and augmentation on the GPU (tilefeed's nvJPEG tiles, "
+                    "DALI's file reader, torchvision's decode_jpeg), peak and growing device memory, and "
+                    "the stall at a bf16 ResNet-50 step; one JSON report, failures recorded in it.")
+    data_args(p, count=2048)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batches", type=int, default=30, help="measured batches per loader")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--model-steps", type=int, default=20)
+    p.add_argument("--tests-xml", type=Path, default=None,
+                   help="JUnit XML of the gpu tests (pytest --junitxml) to include in the report")
+    args = p.parse_args(argv)
+    import torch
+
+    from tilefeed.bench.gpu_report import gpu_report, report_table, junit_summary, write_report
+    from tilefeed.store.errors import ConfigError
+
+    if not torch.cuda.is_available():
+        raise ConfigError("gpu-report needs a CUDA device (torch.cuda.is_available() is False)")
+    images = args.images or demo_images(args.count)
+    store = args.store or demo_store(images, codec="jpeg")
+    report = gpu_report(images, store, device=torch.device("cuda"), batch_size=args.batch_size,
+                        batches=args.batches, workers=args.workers, model_steps=args.model_steps)
+    if args.tests_xml:
+        report["tests"] = junit_summary(args.tests_xml)
+    print(report_table(report))
+    json_path = args.json or Path("bench-out/gpu-report.json")
+    write_report(report, json_path)
+    print(f"json: {json_path}")
+    return 0
+
+
+def _report(result: Any, json_path: Path | None) -> int:
+    return _print(result.table(), asdict(result), json_path)
+
+
+def _print(table: str, result: dict[str, Any], json_path: Path | None) -> int:
+    """The table on stdout, the result as JSON at ``json_path`` when given."""
+    print(table)
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,63 @@
+"""The options the ``tilefeed bench`` forms share, and the parser each starts from."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def form_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=prog, description=description,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def location(text: str) -> str | Path:
+    from tilefeed.store.storage import is_url
+
+    return text if is_url(text) else Path(text)
+
+
+def data_args(p: argparse.ArgumentParser, *, count: int, store: bool = True) -> None:
+    """--images, --store, --count and --json, as every bench form takes them."""
+    p.add_argument("--images", type=Path, default=None, help="source JPEG folder (one subfolder "
+                   "per class); default: a generated ImageNet-like set in the cache")
+    if store:
+        p.add_argument("--store", type=location, default=None,
+                       help="tilefeed store made from --images (a folder, or a bucket URL read "
+                       "with the cloud's standard configuration); default: made in the cache")
+    p.add_argument("--count", type=int, default=count, help="generated images, without --images")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+
+
+def loop_args(p: argparse.ArgumentParser, *, batch_size: int = 64, rounds: int | None = None) -> None:
+    """--batch-size, --workers and (for forms that repeat their runs) --rounds."""
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--workers", type=int, default=2, help="workers (Loader threads) for every loader")
+    if rounds is not None:
+        p.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds; medians reported")
+
+
+def harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
+    data_args(p, count=1600)
+    p.add_argument("--codec", default="lz4", help="codec of the store made without --store "
+                   "(jpeg: decoded by nvJPEG on a GPU)")
+    p.add_argument("--loaders", default=loaders,
+                   help="comma list of baseline, dali-files, tiles-dataloader, tilefeed")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=40, help="measured steps per loader")
+    p.add_argument("--warmup", type=int, default=3, help="steps run first and left out")
+    p.add_argument("--step", choices=("emulated", "model"), default="emulated",
+                   help="emulated: a --step-ms accelerator step that leaves the host CPU free; "
+                   "model: a ResNet-style forward/backward/optimizer step")
+    p.add_argument("--step-ms", type=float, default=20.0, help="emulated step length")
+    p.add_argument("--accumulate", type=int, default=1, help="model step: micro-batches per step")
+    p.add_argument("--model-width", type=int, default=None,
+                   help="model step: first-stage width (default 64 on a GPU = ResNet-18, 16 on CPU)")
+    p.add_argument("--workers", type=int, default=2, help="workers/threads for every loader")
+    p.add_argument("--size", type=int, default=224, help="output image side")
+    p.add_argument("--eval", action="store_true", help="eval augmentation instead of train")
+    p.add_argument("--output", choices=("float32", "channels_last", "uint8"), default="float32",
+                   help="batches as float32 NCHW (every loader), or tilefeed alone as float32 "
+                        "channels_last or uint8 NHWC")
+    p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda if available)")
+    p.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")

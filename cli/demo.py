@@ -1,0 +1,44 @@
+"""``tilefeed demo``: the tour, from generated images to the stall of the PIL DataLoader
+against tilefeed's, through the same parser and defaults as ``tilefeed bench``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tilefeed.cli.bench import run_compare
+from tilefeed.cli.bench_options import form_parser, harness_args
+from tilefeed.cli.demo_data import demo_images, demo_store
+
+
+def demo_main(argv: Sequence[str]) -> int:
+    parser = form_parser(
+        "tilefeed demo",
+        "The tour: generate an ImageNet-like image set (cached), preprocess it into a store, and "
+        "bench the standard PIL DataLoader against tilefeed at an emulated step.")
+    parser.add_argument("--count", type=int, default=1600, help="images to generate")
+    parser.add_argument("--step-ms", type=float, default=40.0, help="emulated step per batch")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("tilefeed-demo"),
+                        help="folder for the JSON and the plots")
+    args = parser.parse_args(argv)
+    from tilefeed.store.inspection import format_info, info
+
+    images = demo_images(args.count)
+    store = demo_store(images)
+    print(format_info(info(store), max_rejects=5))
+    print(f"\nbench: baseline (PIL DataLoader) vs tilefeed, batch 64, 2 workers, "
+          f"{args.step_ms:g} ms emulated step", flush=True)
+    # the bench's own parser and defaults, so the demo never drifts from `tilefeed bench`
+    bench_parser = form_parser("tilefeed bench", "")
+    harness_args(bench_parser)
+    bench = bench_parser.parse_args([
+        "--images", str(images), "--store", str(store), "--loaders", "baseline,tilefeed",
+        "--batch-size", "64", "--steps", str(args.steps), "--step-ms", str(args.step_ms),
+        "--workers", "2", "--count", str(args.count), "--json", str(args.out / "bench.json"),
+        "--plots", str(args.out)])
+    base, tiles = run_compare(bench)
+    print(f"\ntilefeed: stall {base.stall_fraction:.0%} -> {tiles.stall_fraction:.0%}, "
+          f"{tiles.samples_per_s / base.samples_per_s:.1f}x the samples per second of the PIL "
+          f"DataLoader at a {args.step_ms:g} ms step")
+    return 0

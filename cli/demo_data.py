@@ -1,0 +1,44 @@
+"""The images and stores a bench or the demo runs on when none is given: an ImageNet-like
+image set generated into the cache folder, and the store made from it, each made once and
+reused by every later run."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    from tilefeed.store.cache_dir import default_cache_dir
+
+    return default_cache_dir()
+
+
+def demo_images(count: int, classes: int = 8) -> Path:
+    from tilefeed.bench.synthetic import make_image_folder
+    from tilefeed.store.format import ceil_div
+
+    per_class = ceil_div(count, classes)
+    folder = cache_dir() / f"images-{classes}x{per_class}"
+    print(f"images: {folder} ({classes} classes x {per_class}, generated once, then reused)",
+          flush=True)
+    return make_image_folder(folder, classes=classes, per_class=per_class)
+
+
+def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad",
+               shard_size: int = 1024) -> Path:
+    """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+    from tilefeed.cli.progress import progress_bar
+
+    shards = "" if shard_size == 1024 else f"-s{shard_size}"
+    # named by the folder's full path too: two folders of one name make two stores
+    where = hashlib.sha256(str(images.resolve()).encode()).hexdigest()[:8]
+    store = cache_dir() / f"{images.name}-{where}-{size}-{codec}-{fit}{shards}"
+    s = preprocess(images, store, TileSettings(tile=size, fit=fit),
+                   StoreSettings(codec=codec, shard_size=shard_size),
+                   progress=progress_bar(sys.stderr.isatty()))
+    print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
+          flush=True)
+    return store

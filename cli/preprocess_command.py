@@ -1,0 +1,184 @@
+"""``tilefeed preprocess``: its options, the run and the summary it prints.
+
+The parser needs only the names of the settings and source rules (their modules load no PIL,
+NumPy or zarr); the writer loads when the run starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
+from tilefeed.preprocess.scanning import LABEL_RULES
+from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS, parse_size
+from tilefeed.store.format import CODECS
+
+if TYPE_CHECKING:
+    from tilefeed.preprocess.writer import Summary
+
+HELP = "convert images into a tiled, sharded Zarr v3 store"
+
+
+def _colour(text: str) -> tuple[int, int, int]:
+    text = text.strip()
+    try:
+        if text.startswith("#") and len(text) == 7:
+            return (int(text[1:3], 16), int(text[3:5], 16), int(text[5:7], 16))
+        parts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or not all(0 <= p <= 255 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected R,G,B (0..255 each) or #rrggbb, got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tilefeed preprocess",
+        description="Decode every source image once, cut it into TxT RGB tiles and store them as a "
+        "sharded Zarr v3 array. Unusable inputs are listed in the store's rejects with a reason. "
+        "Rerunning the same command after an interruption resumes where it stopped.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC",
+                   help="folder with one subfolder per class, or a manifest (.csv or .jsonl of "
+                   "path,label; relative paths resolve against the manifest's folder)")
+    p.add_argument("out", metavar="OUT", help="store to create: a new or empty folder, or an "
+                   "object-store URL (s3://bucket/prefix, gs://, az://)")
+    _tile_args(p)
+    _store_args(p)
+    _source_args(p)
+    p.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a tilefeed store already at OUT (other folders are never touched)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    add_storage_option(p)
+    return p
+
+
+def _tile_args(p: argparse.ArgumentParser) -> None:
+    """How each image becomes tiles (``TileSettings``)."""
+    p.add_argument("--size", type=_positive, default=256, help="tile side T in pixels")
+    p.add_argument("--mode", choices=MODES, default="resize",
+                   help="resize: one tile per image; grid: cut each image into TxT tiles")
+    p.add_argument("--fit", choices=FITS, default="pad",
+                   help="resize mode: pad keeps the whole picture (longer side T, its box recorded, "
+                   "so training crops and evaluation framing see what torchvision's do); crop keeps "
+                   "the centre square (the borders never reach training); stretch distorts")
+    p.add_argument("--stride", type=_positive, default=None,
+                   help="grid mode: pixels between tile origins (default: T, no overlap)")
+    p.add_argument("--resample", choices=sorted(RESAMPLERS), default="bicubic",
+                   help="antialiased resampling filter")
+    p.add_argument("--background", type=_colour, default=(255, 255, 255),
+                   help="R,G,B or #rrggbb under transparent pixels, pad borders and grid edges")
+    p.add_argument("--icc", choices=ICC, default="ignore",
+                   help="embedded ICC profiles (CMYK and colour-managed photos): ignore gives what "
+                   "PIL's Image.convert('RGB') gives, as a torchvision PIL pipeline sees it; srgb "
+                   "converts the pixels to sRGB through littlecms")
+    p.add_argument("--max-pixels", type=_positive, default=DEFAULT_MAX_PIXELS,
+                   help="reject larger images (decompression-bomb limit; Pillow's own limit follows it)")
+    p.add_argument("--worker-memory", type=_size, default="2G", metavar="SIZE",
+                   help="the most memory one worker may use to decode and convert one image (e.g. "
+                   "2G, 512M): an image that would need more is rejected, naming its size; the "
+                   "default --workers is lowered until every worker's share fits in the memory "
+                   "available")
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    """How tiles are stored (``StoreSettings``), and who does the work."""
+    p.add_argument("--codec", choices=CODECS, default="lz4",
+                   help="tile codec: lz4 (blosc) or zstd are lossless and fast to read on the CPU; "
+                   "none stores raw pixels; jpeg is lossy and decodes on the GPU (nvJPEG)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --codec jpeg")
+    p.add_argument("--shard-size", type=_positive, default=1024, help="tiles per shard file")
+    p.add_argument("--workers", type=_positive, default=None,
+                   help="worker processes (default: all available cores, fewer where the available "
+                   "memory holds fewer --worker-memory shares)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the work on a Dask distributed cluster (e.g. tcp://host:8786) instead "
+                   "of local processes; its workers must see SRC at the same path, and OUT too "
+                   "unless OUT is a bucket (workers then upload the shards themselves)")
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    """How SRC is read (``SourceOptions``)."""
+    p.add_argument("--labels", choices=LABEL_RULES, default="auto",
+                   help="manifest labels: auto keeps integers when every label is one and reads "
+                   "names when none looks numeric (anything mixed is refused); int or names force it")
+    p.add_argument("--allow-duplicates", action="store_true",
+                   help="keep a path a manifest lists more than once (refused by default)")
+    p.add_argument("--allow-outside", action="store_true",
+                   help="let a manifest name files outside its own folder (absolute or ../ paths, "
+                   "or links that lead out of it)")
+    p.add_argument("--allow-bucket", action="append", default=[], metavar="BUCKET",
+                   help="let a manifest's URL rows read objects in BUCKET (s3://name, gs://name, "
+                   "az://name, or a bare name in any of them; '*' for every bucket); they are read "
+                   "with this machine's cloud credentials, so rows naming any other bucket are "
+                   "refused; repeat for more")
+    p.add_argument("--allow-empty-classes", action="store_true",
+                   help="keep a class folder with no files as a class with no samples (refused by "
+                   "default: it would shift the ids of the classes after it)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tilefeed.cli.progress import progress_bar
+    from tilefeed.preprocess.settings import StoreSettings, TileSettings
+    from tilefeed.preprocess.scanning import SourceOptions
+    from tilefeed.preprocess.writer import preprocess
+
+    tiles = TileSettings(
+        tile=args.size, mode=args.mode, fit=args.fit, stride=args.stride or 0,
+        resample=args.resample, background=args.background, max_pixels=args.max_pixels,
+        icc=args.icc, worker_memory=args.worker_memory,
+    )
+    store = StoreSettings(codec=args.codec, quality=args.quality, shard_size=args.shard_size)
+    rules = SourceOptions(labels=args.labels, allow_duplicates=args.allow_duplicates,
+                          allow_outside=args.allow_outside,
+                          allow_empty_classes=args.allow_empty_classes,
+                          buckets=tuple(args.allow_bucket))
+    summary = preprocess(
+        args.src, args.out, tiles, store, workers=args.workers, overwrite=args.overwrite,
+        progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
+        source_options=rules, storage_options=storage_options(args),
+    )
+    if not args.quiet:
+        _print_summary(summary, args)
+    if args.strict and summary.rejected:
+        print(f"tilefeed: error: --strict: {summary.rejected} inputs were rejected "
+              f"(see `tilefeed info {shown(args.out, args)}`)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_summary(s: Summary, args: argparse.Namespace) -> None:
+    state = "already complete, nothing to do" if s.up_to_date else f"{s.seconds:.1f} s"
+    rate = f", {s.sources / s.seconds:.0f} img/s" if s.seconds and not s.up_to_date else ""
+    print(f"{shown(args.out, args)}: {state}{rate}")
+    print(f"  sources {s.sources}: accepted {s.accepted}, rejected {s.rejected}"
+          + (f"; {s.hidden} hidden files and folders skipped" if s.hidden else ""))
+    for reason, n in s.rejects_by_reason.items():
+        print(f"    {n:>6}  {shown(reason, args)}")
+    for note in s.notes:
+        print(f"  note: {shown(note, args)}")
+    print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
+    if s.resumed_parts:
+        print(f"  resumed: {s.resumed_parts} parts were already done")

@@ -1,0 +1,43 @@
+"""What scripts written for torch's DataLoader reach for besides the batches: ``loader.dataset``
+and ``loader.sampler`` (with its ``set_epoch``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tilefeed.pipeline.order import samples_per_rank
+from tilefeed.pipeline.reader import StoreReader
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.loader import Loader
+
+
+def dataset_of(reader: StoreReader, subset: np.ndarray | None) -> Any:
+    """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()`` is the
+    number of samples an epoch covers, as scripts that count processed samples expect."""
+    from torch.utils.data import Subset
+
+    from tilefeed.pipeline.dataset import TileDataset
+
+    full = TileDataset(reader)
+    return full if subset is None else Subset(full, subset.tolist())
+
+
+class EpochSampler:
+    """What ``loader.sampler`` is: scripts call ``sampler.set_epoch(epoch)`` on it each epoch."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return samples_per_rank(self.loader.samples, self.loader.world_size, self.loader.batch_size,
+                                self.loader.drop_last)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.loader.epoch_indices(self.loader._epoch).tolist())

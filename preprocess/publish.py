@@ -1,0 +1,92 @@
+"""The store finished once every shard is in place, synced and digested: the small arrays and
+the array metadata, then the group's tilefeed attributes last, whose write marks the store
+complete; the work folder goes after.
+
+The metadata of a store in a bucket is written in a scratch folder, then put object by object,
+the group's last.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tilefeed.preprocess import tasks
+from tilefeed.preprocess.metadata import PartTiles, write_arrays, write_attrs
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import SourceError
+
+if TYPE_CHECKING:
+    from tilefeed.preprocess.schedule import Scheduler
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the store holds: its inputs, the rejected ones as (path, reason) in the order the
+    store lists them, its tiles, and its shards and their bytes."""
+
+    inputs: int
+    rejects: list[tuple[str, str]]
+    samples: int
+    shards: int
+    bytes: int
+
+
+def publish(build: Scheduler, fingerprint: str) -> Published:
+    """Write the store's metadata after the shards ``build`` wrote, the attributes last, and
+    remove the work folder; SourceError when no source made a tile."""
+    out, listing, samples = build.out, build.listing, build.samples
+    rejects: list[tuple[str, str]] = []
+    parts = _read_parts(build, rejects)
+    inputs = len(listing) + len(listing.skipped)
+    if samples == 0:
+        for _ in parts:  # only their rejects, for the message
+            pass
+        reasons = reason_counts(r for _, r in rejects + listing.skipped)
+        raise SourceError(
+            f"no usable image among {inputs} inputs "
+            f"({', '.join(f'{n} {k}' for k, n in reasons.items())})"
+        )
+    shards = fmt.shard_count(samples, build.per_shard)
+    shard_bytes = build.shard_sizes(shards)
+    # every shard on disk and digested before any metadata declares it
+    shard_sha256 = build.shard_digests(shards)
+
+    def write(root: Path) -> None:
+        names = write_arrays(root, listing, build.tiles, build.store, samples, parts)
+        rejects.extend(listing.skipped)  # after the parts': the order the store lists them
+        write_attrs(root, listing, build.tiles, build.store, fingerprint, samples, rejects,
+                    inputs - len(rejects), names, shard_bytes, shard_sha256)
+
+    if out.local is not None:
+        for stray in (out.local / fmt.IMAGES).rglob(".*.tmp-*"):
+            stray.unlink()  # a shard a killed worker was writing; written again since
+        write(out.local)
+    else:  # written in a scratch folder, then put object by object, the group's last
+        with tempfile.TemporaryDirectory(prefix="tilefeed-metadata-") as scratch:
+            write(Path(scratch))
+            shutil.rmtree(Path(scratch) / fmt.WORK_DIR, ignore_errors=True)
+            out.upload_tree(Path(scratch), last="zarr.json")
+    out.remove(build.work)
+    return Published(inputs, rejects, samples, shards, sum(shard_bytes))
+
+
+def reason_counts(reasons: Iterable[str]) -> dict[str, int]:
+    """How many rejects of each kind (a reason's words before its colon), the most first."""
+    return dict(Counter(reason.split(":", 1)[0] for reason in reasons).most_common())
+
+
+def _read_parts(build: Scheduler, rejects: list[tuple[str, str]]) -> Iterator[PartTiles]:
+    """Every part's tile table in order, read from its record; its rejects go to ``rejects``
+    and its seconds to the phases as it is read."""
+    for part in range(build.parts):
+        record, table = tasks.read_part(build.out, build.work, part)
+        rejects.extend((path, reason) for _, path, reason in record.rejects)
+        for phase, seconds in record.seconds.items():
+            build.phases[phase] += seconds
+        yield PartTiles(part * build.part_size, record.count, table)

@@ -1,0 +1,344 @@
+"""The store's group attributes as a typed record: ``StoreAttrs.from_dict`` checks every field
+for type and range and against the others before any count sizes a loop or an allocation;
+``to_dict`` is the one way a writer puts them in the group's zarr.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import reprlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from tilefeed.store.codec import TileCodec
+from tilefeed.store.errors import StoreFormatError
+from tilefeed.store.format import (
+    BOXES,
+    CODECS,
+    COLS,
+    CRC_NBYTES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IMAGES,
+    MAX_PATH_BYTES,
+    MAX_SHARD_SIZE,
+    PATHS_CHUNK,
+    REQUIRED_ARRAYS,
+    ROWS,
+    SMALL_ARRAYS,
+    SMALL_CHUNK,
+    SMALL_DTYPES,
+    SOURCE_PATHS,
+    TILE_SIDES,
+    ceil_div,
+    index_nbytes,
+    shard_count,
+    small_chunk_path,
+)
+
+
+def attrs_digest(attrs: dict[str, Any]) -> str:
+    """sha256 of the attributes themselves (less this digest): a flipped byte there is caught."""
+    body = {k: v for k, v in attrs.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def short_repr(value: Any) -> str:
+    """A value for a one-line message: short, whatever a hostile document put there."""
+    text = _REPR.repr(value)  # a few entries of a few levels, however large the value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_REPR: Final = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Fields:
+    """One JSON object of the attributes, read field by field: a field absent or not of the type
+    and range the format gives it is a StoreFormatError naming it (``arrays.labels.chunk``)."""
+
+    def __init__(self, value: Any, where: str, path: str) -> None:
+        if not isinstance(value, dict):
+            raise StoreFormatError(f"{where}: attribute {path!r} must be an object, got {short_repr(value)}")
+        self.d, self.where, self.path = value, where, path
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, what: str) -> StoreFormatError:
+        value = self.d.get(key)
+        return StoreFormatError(f"{self.where}: attribute {self.name(key)!r} {what}, got {short_repr(value)}")
+
+    def get(self, key: str) -> Any:
+        if key not in self.d:
+            raise StoreFormatError(f"{self.where}: attribute {self.name(key)!r} is missing")
+        return self.d[key]
+
+    def whole(self, key: str, low: int, high: int) -> int:
+        value = self.get(key)
+        if not _is_int(value) or not low <= value <= high:
+            raise self.fail(key, f"must be a whole number in {low}..{high}")
+        return int(value)
+
+    def equal(self, key: str, expected: int, why: str) -> int:
+        value = self.get(key)
+        if not _is_int(value) or value != expected:
+            raise self.fail(key, f"must be {expected} ({why})")
+        return int(value)
+
+    def digests(self, key: str, count: int) -> tuple[str, ...]:
+        """A list of exactly ``count`` sha256 digests in hex."""
+        value = self.get(key)
+        if (not isinstance(value, list) or len(value) != count
+                or not all(isinstance(v, str) and _is_sha256(v) for v in value)):
+            raise self.fail(key, f"must list {count} sha256 digests in hex (one per shard)")
+        return tuple(value)
+
+    def text(self, key: str, hex64: bool = False) -> str:
+        value = self.get(key)
+        if not isinstance(value, str) or hex64 and not _is_sha256(value):
+            raise self.fail(key, "must be a sha256 in hex" if hex64 else "must be a string")
+        return value
+
+    def values(self, key: str, item: type, low: int = 0) -> list[Any]:
+        value = self.get(key)
+        if (not isinstance(value, list) or len(value) < low
+                or not all(isinstance(v, item) and not isinstance(v, bool) for v in value)):
+            raise self.fail(key, f"must be a list of {low} or more {item.__name__} values")
+        return value
+
+    def child(self, key: str) -> _Fields:
+        return _Fields(self.get(key), self.where, self.name(key))
+
+
+_SHA256: Final = re.compile("[0-9a-f]{64}")
+
+
+def _is_sha256(text: str) -> bool:
+    return _SHA256.fullmatch(text) is not None
+
+
+@dataclass(frozen=True)
+class ArrayRecord:
+    """What the attributes record of one array beside the tiles (chunked along rows only)."""
+
+    name: str
+    length: int
+    chunk: int  # rows per chunk
+    ndim: int
+    chunks: int
+    sha256: str  # of the chunk files, in order
+    metadata_sha256: str
+
+    @property
+    def row(self) -> int:
+        """Values per row: boxes hold four (top, left, height, width), the others one."""
+        return 4 if self.ndim == 2 else 1
+
+    @property
+    def dtype(self) -> str:
+        return SMALL_DTYPES[self.name]
+
+    def chunk_path(self, root: Path, index: int) -> Path:
+        return small_chunk_path(root, self.name, index, self.ndim)
+
+    def chunk_paths(self, root: Path) -> Iterator[Path]:
+        return (self.chunk_path(root, i) for i in range(self.chunks))
+
+    @property
+    def decoded_chunk_bytes(self) -> int:
+        """The bytes of one decoded chunk (zarr writes edge chunks whole); 0 for strings."""
+        return 0 if self.dtype == "string" else self.chunk * self.row * np.dtype(self.dtype).itemsize
+
+    @property
+    def max_chunk_file(self) -> int:
+        """The largest a chunk file can be: zstd's worst case over the decoded chunk (strings:
+        each a path and its length), and the crc32c."""
+        decoded = self.decoded_chunk_bytes or 4 + self.chunk * (4 + MAX_PATH_BYTES)
+        return decoded + (decoded >> 7) + 512 + CRC_NBYTES
+
+    @classmethod
+    def from_dict(cls, name: str, f: _Fields, samples: int, sources: int) -> ArrayRecord:
+        if name == SOURCE_PATHS:  # one per source read, the skipped ones aside
+            length, most = f.whole("length", 1, sources), PATHS_CHUNK
+        else:
+            length, most = f.equal("length", samples, "one per sample"), SMALL_CHUNK
+        chunk = f.whole("chunk", 1, min(length, most))
+        return cls(name=name, length=length, chunk=chunk,
+                   ndim=f.equal("ndim", 2 if name == BOXES else 1, f"the dimensions of {name}"),
+                   chunks=f.equal("chunks", ceil_div(length, chunk), "ceil(length / chunk)"),
+                   sha256=f.text("sha256", hex64=True), metadata_sha256=f.text("metadata_sha256", hex64=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"length": self.length, "chunk": self.chunk, "ndim": self.ndim, "chunks": self.chunks,
+                "sha256": self.sha256, "metadata_sha256": self.metadata_sha256}
+
+
+@dataclass(frozen=True)
+class StoreAttrs:
+    """The group attributes of a store, every field checked for type and range and against the
+    others, so no count sizes a loop or an allocation before it has been: ``from_dict``.
+
+    What ties the counts to the bytes on disk: ``shards`` is the length of ``shard_bytes``
+    (bounded by the document), ``samples`` agrees with both and with each shard's size, which is
+    compared with the file or the bucket listing before a shard is read; the arrays beside the
+    tiles hold one row per sample, their chunks at most SMALL_CHUNK rows."""
+
+    samples: int
+    sources: int
+    accepted: int
+    rejected: int
+    tile: int
+    codec: str
+    quality: int | None
+    shard_size: int
+    shards: int
+    shard_bytes: tuple[int, ...]
+    images_metadata_sha256: str
+    classes: tuple[str, ...]
+    made: dict[str, Any]
+    rejects: tuple[tuple[str, str], ...]
+    fingerprint: str
+    arrays: dict[str, ArrayRecord]  # the arrays beside the tiles, by name
+    digest: str  # of the other fields (``attrs_digest``); a writer's record gets it from ``sealed``
+    # sha256 of each shard file; None in stores written before shards had digests, whose copies
+    # (a bucket store's cache) cannot be checked against the original
+    shard_sha256: tuple[str, ...] | None = None
+
+    @property
+    def tile_codec(self) -> TileCodec:
+        return TileCodec(self.codec, self.tile, self.quality or 90)
+
+    def held(self, shard: int) -> int:
+        """The tiles shard ``shard`` holds: all but the last are full."""
+        return min(self.shard_size, self.samples - shard * self.shard_size)
+
+    @classmethod
+    def from_dict(cls, attrs: Any, where: str) -> StoreAttrs:
+        f = _Fields(attrs, where, "")
+        if f.get("format") != FORMAT_NAME:
+            raise f.fail("format", f"must be {FORMAT_NAME!r}")
+        f.equal("version", FORMAT_VERSION, "the version this tilefeed reads")
+        sources = f.whole("sources", 1, 2**48)
+        rejects = _rejects(f)
+        rejected = f.equal("rejected", len(rejects), "the entries of rejects")
+        accepted = f.equal("accepted", sources - rejected, "sources less rejected")
+        shard_size = f.whole("shard_size", 1, MAX_SHARD_SIZE)
+        samples = f.whole("samples", 1, 2**48)
+        shards = f.equal("shards", shard_count(samples, shard_size), "ceil(samples / shard_size)")
+        tile = _tile(f)
+        codec = f.get("codec")
+        if codec not in CODECS:
+            raise f.fail("codec", f"must be one of {', '.join(CODECS)}")
+        quality = f.whole("quality", 1, 100) if codec == "jpeg" else None
+        if codec != "jpeg" and f.get("quality") is not None:
+            raise f.fail("quality", f"must be null for codec {codec}")
+        arrays = f.child("arrays")
+        _array_names(arrays)
+        images = arrays.child(IMAGES)
+        images.equal("chunks", shards, "the shard count")
+        shard_bytes = tuple(images.values("shard_bytes", int))
+        if len(shard_bytes) != shards:
+            raise images.fail("shard_bytes", f"must list {shards} sizes (one per shard)")
+        store = cls(
+            samples=samples, sources=sources, accepted=accepted, rejected=rejected, tile=tile,
+            codec=codec, quality=quality, shard_size=shard_size, shards=shards, shard_bytes=shard_bytes,
+            images_metadata_sha256=images.text("metadata_sha256", hex64=True),
+            classes=tuple(f.values("classes", str, low=1)), made=_made(f), rejects=rejects,
+            fingerprint=f.text("fingerprint"), digest=f.text("digest", hex64=True),
+            arrays={name: ArrayRecord.from_dict(name, arrays.child(name), samples, sources)
+                    for name in arrays.d if name != IMAGES},
+            shard_sha256=images.digests("shard_sha256", shards) if "shard_sha256" in images.d else None,
+        )
+        store._check_shard_bytes(images)
+        return store
+
+    def to_dict(self) -> dict[str, Any]:
+        """The attributes as the group's zarr.json records them: ``from_dict`` reads back this record."""
+        images: dict[str, Any] = {"chunks": self.shards, "shard_bytes": list(self.shard_bytes)}
+        if self.shard_sha256 is not None:
+            images["shard_sha256"] = list(self.shard_sha256)
+        images["metadata_sha256"] = self.images_metadata_sha256
+        return {
+            "format": FORMAT_NAME, "version": FORMAT_VERSION, "samples": self.samples,
+            "sources": self.sources, "accepted": self.accepted, "rejected": self.rejected,
+            "tile": [self.tile, self.tile, 3], "codec": self.codec, "quality": self.quality,
+            "shard_size": self.shard_size, "shards": self.shards, "classes": list(self.classes),
+            "made": dict(self.made), "rejects": [{"path": p, "reason": r} for p, r in self.rejects],
+            "fingerprint": self.fingerprint,
+            "arrays": {IMAGES: images, **{name: rec.to_dict() for name, rec in self.arrays.items()}},
+            "digest": self.digest,
+        }
+
+    def sealed(self) -> StoreAttrs:
+        """This record with ``digest`` set to the sha256 of its other fields."""
+        return replace(self, digest=attrs_digest(self.to_dict()))
+
+    def _check_shard_bytes(self, images: _Fields) -> None:
+        """Each shard holds its index and a chunk per tile: an uncompressed one exactly the
+        tile's bytes, any other at least one byte, each with its crc32c."""
+        exact = self.codec == "none"
+        per_tile = CRC_NBYTES + (self.tile_codec.nbytes if exact else 1)
+        for shard, size in enumerate(self.shard_bytes):
+            least = index_nbytes(self.shard_size) + self.held(shard) * per_tile
+            if size < least or size > 2**62 or exact and size != least:
+                raise images.fail("shard_bytes", f"entry {shard} must be {'' if exact else 'at least '}"
+                                  f"{least} ({self.held(shard)} tiles and the index)")
+
+
+def _tile(f: _Fields) -> int:
+    tile = f.get("tile")
+    low, high = TILE_SIDES
+    if (not isinstance(tile, list) or len(tile) != 3 or not all(_is_int(v) for v in tile)
+            or tile[0] != tile[1] or tile[2] != 3 or not low <= tile[0] <= high):
+        raise f.fail("tile", f"must be [T, T, 3] with T in {low}..{high}")
+    return int(tile[0])
+
+
+def _rejects(f: _Fields) -> tuple[tuple[str, str], ...]:
+    rejects = f.get("rejects")
+    if not isinstance(rejects, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("path"), str) and isinstance(r.get("reason"), str)
+            for r in rejects):
+        raise f.fail("rejects", "must be a list of {path, reason} strings")
+    return tuple((r["path"], r["reason"]) for r in rejects)
+
+
+def _made(f: _Fields) -> dict[str, Any]:
+    made = f.child("made").d
+    scalar = (str, int, float, bool, type(None))
+    for key, value in made.items():
+        if not isinstance(value, scalar) and not (
+                isinstance(value, list) and all(isinstance(v, scalar) for v in value)):
+            raise StoreFormatError(f"{f.where}: attribute 'made.{key[:40]}' must be a value or a "
+                                   f"list of values, got {short_repr(value)}")
+    return dict(made)
+
+
+def _array_names(arrays: _Fields) -> None:
+    """Array names come from the fixed set: a name is a path under the store root, and
+    ``../elsewhere`` or ``/etc`` would have a reader look outside it."""
+    known = (IMAGES, *SMALL_ARRAYS)
+    for name in arrays.d:
+        if name not in known:
+            raise StoreFormatError(f"{arrays.where}: attribute 'arrays' names {short_repr(name)}, not one of "
+                                   f"{', '.join(known)}")
+    for name in REQUIRED_ARRAYS:
+        arrays.get(name)
+    if (ROWS in arrays.d) != (COLS in arrays.d):
+        raise StoreFormatError(f"{arrays.where}: attribute 'arrays' must hold both {ROWS} and {COLS} "
+                               "(grid mode) or neither")
+
+
+def store_attrs(attrs: Mapping[str, Any] | StoreAttrs, root: Path) -> StoreAttrs:
+    return attrs if isinstance(attrs, StoreAttrs) else StoreAttrs.from_dict(attrs, f"store {str(root)!r}")
+

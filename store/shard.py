@@ -1,0 +1,183 @@
+"""A shard file of the images array: its index (the (offset, nbytes) table and crc32c at its
+end), the checked reading of its chunks, and the sha256 digests the attributes record of it."""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from typing_extensions import Buffer
+
+import crc32c as _crc32c
+import numpy as np
+
+from tilefeed.store.codec import TileCodec
+from tilefeed.store.errors import CorruptChunkError, TileDecodeError
+from tilefeed.store.format import CRC_NBYTES, EMPTY_CHUNK, crc_bytes, index_nbytes, inside, shard_path
+
+if TYPE_CHECKING:
+    from tilefeed.store.attrs import StoreAttrs
+
+_CRC: Final = struct.Struct("<I")
+_ENTRY: Final = struct.Struct("<QQ")  # a shard index entry: offset, nbytes
+
+
+class ShardIndex:
+    """The (offset, nbytes) table at the end of a shard, with named operations (as zarr's
+    ``_ShardIndex``): an entry of all ones marks a chunk that is not written."""
+
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = table  # (S, 2) uint64
+
+    @classmethod
+    def packed(cls, tiles_per_shard: int, sizes: list[int]) -> ShardIndex:
+        """The first ``len(sizes)`` chunks back to back from offset 0; the rest not written."""
+        table = np.full((tiles_per_shard, 2), EMPTY_CHUNK, dtype=np.uint64)
+        n = len(sizes)
+        table[:n, 1] = sizes
+        table[:n, 0] = np.cumsum(sizes, dtype=np.uint64) - table[:n, 1]
+        return cls(table)
+
+    @classmethod
+    def decode(cls, buf: bytes | memoryview, tiles_per_shard: int, shard_name: str) -> ShardIndex:
+        """Shard index bytes -> the table, after checking the crc32c."""
+        expected = index_nbytes(tiles_per_shard)
+        if len(buf) != expected:
+            raise CorruptChunkError(shard_name, None, f"index is {len(buf)} bytes, expected {expected}")
+        raw = memoryview(buf)[:-CRC_NBYTES]
+        if crc_bytes(raw) != bytes(buf[-CRC_NBYTES:]):
+            raise CorruptChunkError(shard_name, None, "index crc32c mismatch")
+        return cls(np.frombuffer(raw, dtype="<u8").reshape(tiles_per_shard, 2).copy())
+
+    def encode(self) -> bytes:
+        raw = np.ascontiguousarray(self.table, dtype="<u8").tobytes()
+        return raw + crc_bytes(raw)
+
+    def is_empty(self, local: int) -> bool:
+        return bool((self.table[local] == EMPTY_CHUNK).all())
+
+    def written(self) -> int:
+        """How many chunks the index lists as written."""
+        return int(np.count_nonzero(~(self.table == EMPTY_CHUNK).all(axis=1)))
+
+
+class ShardFile:
+    """One shard, memory-mapped, its index checked once; chunks come out as crc-checked views."""
+
+    # a store of a thousand shards keeps a thousand of these: slots keep each one compact
+    __slots__ = ("path", "first", "_map", "_view", "_tail", "_tiles", "_data_end")
+
+    def __init__(self, root: Path, shard: int, tiles_per_shard: int) -> None:
+        self.path = shard_path(root, shard)
+        self.first = shard * tiles_per_shard
+        if not inside(root, self.path):
+            raise CorruptChunkError(str(self.path), None, "lies outside the store (a link)")
+        try:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise CorruptChunkError(str(self.path), None, f"cannot map shard: {e}") from None
+        self._view = memoryview(self._map)
+        self._tail = index_nbytes(tiles_per_shard)
+        self._tiles = tiles_per_shard
+        if len(self._view) < self._tail:
+            raise CorruptChunkError(str(self.path), None, "file is shorter than its index")
+        self.index  # noqa: B018 - its crc32c checked once, here
+        self._data_end = len(self._view) - self._tail
+        # Entries are read from the map as tiles are: the page cache holds one copy for every
+        # process, where a parsed copy per shard would grow each process with the store.
+
+    @property
+    def index(self) -> ShardIndex:
+        return ShardIndex.decode(self._view[-self._tail:], self._tiles, str(self.path))
+
+    def __len__(self) -> int:
+        return self.index.written()
+
+    def nbytes(self, local: int) -> int:
+        """Bytes the ``local``-th tile's chunk occupies in the shard, as its index says."""
+        return int(_ENTRY.unpack_from(self._map, self._data_end + 16 * local)[1])
+
+    def chunk(self, local: int) -> memoryview:
+        """The payload (crc32c stripped) of this shard's ``local``-th tile, checked."""
+        payload, end = self._payload(local)
+        self._verify(local, payload, end)
+        return payload
+
+    def _payload(self, local: int) -> tuple[memoryview, int]:
+        """The ``local``-th tile's payload, unchecked, and where its crc32c begins."""
+        offset, nbytes = _ENTRY.unpack_from(self._map, self._data_end + 16 * local)
+        end = offset + nbytes - CRC_NBYTES
+        # one bounds check serves all: a chunk not written has offset and size 2**64 - 1
+        if nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
+            raise CorruptChunkError(str(self.path), self.first + local,
+                                    f"index entry ({offset}, {nbytes}) is invalid")
+        return self._view[offset:end], end
+
+    def read_into(self, local: int, codec: TileCodec, out: np.ndarray, fast_idct: bool = False) -> None:
+        """This shard's ``local``-th tile decoded into ``out``, checked. An uncompressed tile is
+        copied first and checked in ``out``: the check then reads bytes the copy left in the
+        cache, where checking the map first would read them from memory twice."""
+        if codec.name != "none":
+            try:
+                codec.decode(self.chunk(local), out, fast_idct)
+            except TileDecodeError as e:
+                raise CorruptChunkError(str(self.path), self.first + local, e.detail) from None
+            return
+        payload, end = self._payload(local)
+        if len(payload) != out.nbytes:
+            raise CorruptChunkError(str(self.path), self.first + local,
+                                    f"chunk is {len(payload)} bytes, the tile {out.nbytes}")
+        np.copyto(out, np.frombuffer(payload, dtype=np.uint8).reshape(out.shape))
+        self._verify(local, out.data, end)
+
+    def _verify(self, local: int, payload: Buffer, end: int) -> None:
+        if _crc32c.crc32c(payload) != _CRC.unpack_from(self._map, end)[0]:
+            raise CorruptChunkError(str(self.path), self.first + local, "chunk crc32c mismatch")
+
+    def close(self) -> None:
+        try:
+            self._view.release()
+            self._map.close()
+        except BufferError:
+            pass  # a caller still holds a chunk view; the map closes when the last one goes
+
+
+def sha256_fd(fd: int) -> str:
+    """sha256 of the whole file open as ``fd``, read from its start (the file position is not
+    used, so other readers of the descriptor are not disturbed)."""
+    h, offset = hashlib.sha256(), 0
+    while block := os.pread(fd, 1 << 20, offset):
+        h.update(block)
+        offset += len(block)
+    return h.hexdigest()
+
+
+def shard_digest_problem(path: Path, store: StoreAttrs, shard: int) -> str:
+    """'' when the shard file ``path`` has the sha256 the store records (or records none): what
+    no file of the right size with its chunks moved about, each crc32c intact, passes."""
+    if store.shard_sha256 is None:
+        return ""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        actual = sha256_fd(fd)
+    finally:
+        os.close(fd)
+    if actual != store.shard_sha256[shard]:
+        return "differs from what was written (shard sha256 mismatch)"
+    return ""
+
+
+def sha256_files(paths: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
+
