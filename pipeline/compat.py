@@ -9,18 +9,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tilefeed.pipeline.order import samples_per_rank
+from tilefeed.pipeline.mixed_reader import AnyReader
 from tilefeed.pipeline.reader import StoreReader
+from tilefeed.store.errors import ConfigError
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.loader import Loader
 
 
-def dataset_of(reader: StoreReader, subset: np.ndarray | None) -> Any:
+def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> Any:
     """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()`` is the
     number of samples an epoch covers, as scripts that count processed samples expect."""
     from torch.utils.data import Subset
 
     from tilefeed.pipeline.dataset import TileDataset
+
+    if not isinstance(reader, StoreReader):
+        raise ConfigError("a Loader over a Mix has no single Dataset: len(loader) and loader.samples "
+                          "count its epoch, loader.source_of names a sample's store")
 
     full = TileDataset(reader)
     return full if subset is None else Subset(full, subset.tolist())

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from tilefeed.pipeline.mixed_reader import MixedArray
     from tilefeed.pipeline.augment import Augment
 
 TRIES = 10
@@ -99,7 +100,7 @@ def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np
                    width.astype(np.int64), flip)
 
 
-def window_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int,
+def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int,
                   samples: np.ndarray, size: int | None = None) -> tuple[np.ndarray, ...]:
     """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip.
 
@@ -121,7 +122,7 @@ def window_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int,
             np.zeros(len(samples), dtype=np.int32))
 
 
-def graph_inputs(boxes: np.ndarray, a: Augment, seed: int, epoch: int, size: int,
+def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
                  samples: np.ndarray) -> tuple[np.ndarray, ...]:
     """Everything the graph takes per sample besides the pixels, for an epoch at ``size``.
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tilefeed.pipeline.mixing import Mixture, MixtureOrder
 from tilefeed.pipeline.options import LoaderSettings
 from tilefeed.pipeline.order import EpochOrder, Segment, epoch_order, rank_indices
 from tilefeed.pipeline.resume import Loaded
@@ -33,25 +34,39 @@ class Shares:
     the next epoch is read ahead. Memory in proportion to the share, never to the store."""
 
     def __init__(self, settings: LoaderSettings, samples: int, shard_size: int,
-                 subset: np.ndarray | None) -> None:
-        self.settings, self.samples, self.shard_size, self.subset = settings, samples, shard_size, subset
-        self._kept: dict[tuple[int, tuple[Segment, ...]], np.ndarray] = {}
+                 subset: np.ndarray | None, mixture: Mixture | None = None) -> None:
+        self.settings, self.shard_size, self.subset, self.mixture = settings, shard_size, subset, mixture
+        # what an epoch's order permutes: the store's samples, or a mixture's positions
+        self.positions = samples if mixture is None else len(mixture.plan)
+        self._kept: dict[tuple[int, tuple[Segment, ...], bool], np.ndarray] = {}
         self._lock = threading.RLock()  # the feeding thread asks for the next epoch's
 
-    def order(self, epoch: int) -> EpochOrder:
+    def order(self, epoch: int) -> EpochOrder | MixtureOrder:
         """The epoch's order as a function of position: only its shard order is held."""
         s = self.settings
-        return epoch_order(self.samples, shuffle=s.shuffle, seed=s.seed, epoch=epoch,
-                           shard_size=self.shard_size, window=s.shuffle_window, subset=self.subset)
+        order = epoch_order(self.positions, shuffle=s.shuffle, seed=s.seed, epoch=epoch,
+                            shard_size=self.shard_size, window=s.shuffle_window, subset=self.subset)
+        return order if self.mixture is None else self.mixture.order(order, epoch)
 
     def get(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray:
         """This rank's samples of what ``after`` left of ``epoch``, in order (read-only)."""
-        key = (epoch, after)
+        return self._share(epoch, after, located=True)
+
+    def recorded(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray:
+        """What the ledger records of the same share: a mixture's positions (each one entry of
+        the epoch's planned multiset of samples, so exactly-once is checked per entry)."""
+        return self._share(epoch, after, located=self.mixture is None)
+
+    def _share(self, epoch: int, after: tuple[Segment, ...], located: bool) -> np.ndarray:
+        key = (epoch, after, located)
         with self._lock:
             share = self._kept.get(key)
             if share is None:
                 s = self.settings
-                share = rank_indices(self.order(epoch), rank=s.rank, world_size=s.world_size,
+                order = self.order(epoch)
+                if not located and isinstance(order, MixtureOrder):
+                    order = order.positions
+                share = rank_indices(order, rank=s.rank, world_size=s.world_size,
                                      batch_size=s.batch_size, drop_last=s.drop_last, after=after)
                 share.flags.writeable = False
                 self._kept = {k: v for k, v in self._kept.items() if k[0] in (epoch - 1, epoch, epoch + 1)}

@@ -76,14 +76,18 @@ def _unpack(data: bytes, name: str = "ledger") -> np.ndarray:
 class Ledger:
     """The writer side: one per Loader; ``record`` rewrites this rank's file for an epoch."""
 
-    def __init__(self, root: str | Path, *, rank: int, population: np.ndarray | None, samples: int) -> None:
+    def __init__(self, root: str | Path, *, rank: int, population: np.ndarray | None, samples: int,
+                 mixture: dict[str, Any] | None = None) -> None:
+        """``mixture``: a mixture's sources and their blocks of the epoch's ``samples`` positions,
+        which the records then hold (one position, one entry of the planned multiset)."""
         self.root = Path(root)
         self.rank = rank
         self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.root / POPULATION).exists() and not (self.root / COUNT).exists():
             if population is None:
-                atomic_write(self.root / COUNT, json.dumps({"samples": int(samples)}).encode())
+                described = {"samples": int(samples)} | ({} if mixture is None else {"mixture": mixture})
+                atomic_write(self.root / COUNT, json.dumps(described).encode())
             else:
                 atomic_write(self.root / POPULATION, _pack(population))
 

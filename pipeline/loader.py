@@ -24,6 +24,7 @@ from tilefeed.pipeline.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.epochs import OpenEpoch, Shares, plan_epoch, progress, starting_size
 from tilefeed.pipeline.feed import Feed, Following
 from tilefeed.pipeline.ledger import Ledger
+from tilefeed.pipeline.mixing import Mix, open_mix, source_of
 from tilefeed.pipeline.options import LoaderSettings, check_int, require_dali
 from tilefeed.pipeline.order import batches_per_rank
 from tilefeed.pipeline.reader import StoreReader
@@ -43,9 +44,9 @@ class Loader:
 
     Parameters
     ----------
-    store : str, Path or StoreReader
+    store : str, Path, StoreReader or Mix
         A tilefeed store. A ``StoreReader`` the caller passes stays the caller's: ``close()``
-        does not close it.
+        does not close it. A ``Mix`` (``pipeline.mixing``) reads several stores by weight.
     batch_size : int
         Samples per batch on each rank.
     shuffle : bool or {"global", "shard", "none"}, default True
@@ -81,7 +82,8 @@ class Loader:
         and the cheapest float output on the CPU. ``NCHW`` is contiguous (DALI transposes);
         ``NHWC`` is the HWC tensor itself.
     with_index : bool, default False
-        Yield ``(images, labels, indices)``: the store indices of the batch's samples.
+        Yield ``(images, labels, indices)``: the store indices of the batch's samples (of a
+        ``Mix``: ids that ``source_of`` names).
     num_workers : int, optional
         DALI's CPU threads (threads, not processes: nothing is pickled or copied between
         processes); default min(4, cores). Reader threads are half as many. ``workers`` is the
@@ -92,8 +94,7 @@ class Loader:
     pin_memory, persistent_workers : bool
         Accepted for the swap; batches already land on the device and threads persist anyway.
     indices : sequence of int, optional
-        Load only these samples of the store (a train/validation split of one store); order,
-        exactly-once, resume and ``len()`` all hold over the subset.
+        Only these samples of the store; order, exactly-once, resume and ``len()`` hold over them.
     ledger : str or Path, optional
         A folder where each rank records which samples it handed over, per epoch, for
         ``tilefeed audit`` (see ``pipeline.ledger``). Call ``state_dict()`` on every rank.
@@ -109,30 +110,25 @@ class Loader:
         ``{"endpoint": "http://minio:9000", "region": "us-east-1"}``.
     cache_dir : str or Path, optional
         Local folder the bucket's shards are fetched into, ahead of the epoch, in the order it
-        reads them; ranks and processes on one node may share it. Default
-        ``$TILEFEED_CACHE`` or ``~/.cache/tilefeed``.
+        reads them; shared by a node's ranks. Default ``$TILEFEED_CACHE`` or ``~/.cache/tilefeed``.
     cache_limit : int, optional
         Bytes of shards the cache folder may hold (least recently used go first); default no
         limit. Under ``shuffle="global"`` a limit below the store's size reads tiles by ranged
         requests instead of whole shards; otherwise it must hold ``shuffle_window + 2`` shards.
     fast_idct : bool, default False
-        JPEG stores decoded on the CPU: libjpeg-turbo's fast integer IDCT, as FFCV always uses,
-        in place of the accurate one. Decoding gets faster (``tilefeed bench parts``); pixels
-        move by a few levels (on the bench's q90 tiles: at most 5, 1.0 on average). nvJPEG on
-        a GPU is not affected.
+        JPEG stores decoded on the CPU: libjpeg-turbo's fast integer IDCT (as FFCV), faster
+        (``tilefeed bench parts``), pixels a few levels off; nvJPEG on a GPU is not affected.
     scaled_decode : bool, default True
-        JPEG stores cut and resized on the CPU: each tile is decoded at 1/2, 1/4 or 1/8 scale
-        (libjpeg-turbo scales in the DCT) when its crop window still spans the output size
-        there, so low resolutions decode less (``tilefeed bench loader --sizes``); pixels stay
-        above 35 dB PSNR against a full decode resized. False always decodes at full size.
+        JPEG stores cut and resized on the CPU: a tile is decoded at 1/2, 1/4 or 1/8 scale (in
+        the DCT) when its crop window still spans the output size there, so low resolutions
+        decode less (``tilefeed bench loader --sizes``). False always decodes at full size.
     stats : bool, default True
-        Time each stage of every batch for ``stats()`` (measured under 1% of the throughput:
-        ``tilefeed bench stats``). False leaves every clock out.
+        Time each stage of every batch for ``stats()`` (``tilefeed bench stats``); False: no clocks.
     """
 
     def __init__(  # long mostly for its keyword list, one per line: DataLoader's options and tilefeed's
         self,
-        store: str | Path | StoreReader,
+        store: str | Path | StoreReader | Mix,
         batch_size: int,
         *,
         shuffle: bool | str = True,
@@ -185,20 +181,22 @@ class Loader:
         self.workers, self.prefetch, self.shuffle_window = s.workers, s.prefetch, s.shuffle_window
         self.pin_memory, self.persistent_workers = s.pin_memory, s.persistent_workers
         self._owns_reader = not isinstance(store, StoreReader)
-        self.reader = s.open_store(store)
+        self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
+        self.reader = self.mixture.reader if self.mixture else s.open_store(store)  # type: ignore[arg-type]
         self._schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
         self._fixed: int | None = None  # set_size(): every epoch not yet begun, schedule or not
-        self.subset = s.subset(len(self.reader))
+        self.subset = s.subset(len(self.reader), mixed=self.mixture is not None)
         self.augment = s.augment(self.reader.tile, self.reader.padded)
         # the stored tiles, handed out with no graph, while nothing can ask for another size
         self._direct = (not callable(self._schedule) and self.device.type == "cpu"
                         and self.augment.stored_tiles(self._schedule))
         self.timed = s.stats
         self._stats: Recorder | None = None  # made with the graph: it knows the reader threads
-        self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=len(self.reader))
+        self._shares = Shares(s, len(self.reader), self.reader.shard_size, self.subset, self.mixture)
+        self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=self._shares.positions,
+                              mixture=self.mixture.describe() if self.mixture else None)
                        if s.ledger is not None else None)
         self._epoch = 0
-        self._shares = Shares(s, len(self.reader), self.reader.shard_size, self.subset)
         self._resume: Loaded | None = None  # loaded state not yet iterated
         self._open: OpenEpoch | None = None
         self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
@@ -236,8 +234,12 @@ class Loader:
 
     @property
     def samples(self) -> int:
-        """Samples an epoch covers: the store's, or the subset's."""
-        return len(self.reader) if self.subset is None else len(self.subset)
+        """Samples an epoch covers: the store's, the subset's, or a mixture's epoch_samples."""
+        return self._shares.positions if self.subset is None else len(self.subset)
+
+    def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
+        """The store names (one store: its location) and sample indices of ``with_index`` ids."""
+        return source_of(self.mixture, self.reader.location, ids)
 
     # -- the DataLoader contract --------------------------------------------------------------
     def __len__(self) -> int:
@@ -342,9 +344,8 @@ class Loader:
         return self._graph.feed, generation
 
     def stats(self, last: int = 50) -> LoaderStats:
-        """Where the time of the last ``last`` batches (at most 1,000) and of the epoch so far
-        went, per stage (``pipeline.stats``); the stage that binds, and the one change most
-        likely to help."""
+        """Where the time of the last ``last`` batches (at most 1,000) and of the epoch went, per
+        stage (``pipeline.stats``); the stage that binds, and the change most likely to help."""
         if self._stats is None:
             raise ConfigError("no figures yet: stats() needs Loader(stats=True) and a batch "
                               "handed over")
@@ -387,27 +388,27 @@ class Loader:
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands, over all ranks: a small JSON-able dict for a checkpoint.
-
-        Load it into a new Loader (any world size or batch size) to deliver exactly the samples
-        of the epoch not yet delivered by any rank. With a ledger, also records what this rank
-        handed over so far: call it on every rank.
-        """
+        Loaded into a new Loader (any world size or batch size), it delivers exactly what no rank
+        delivered yet. With a ledger, records what this rank handed over: call it on every rank."""
         epoch, segments = progress(self.settings, self._open, self._resume, self._epoch)
         self._record(complete=False)  # records only while an epoch is being iterated
-        return saved(self.settings, identity(self.settings, len(self.reader), self.subset), epoch,
-                     segments, self.size_of(epoch), self._fixed)
+        return saved(self.settings, self._identity(), epoch, segments, self.size_of(epoch), self._fixed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next ``iter()`` (or a ``set_epoch`` of the same epoch,
         then ``iter()``) delivers the rest of that epoch, split over this Loader's ranks."""
-        self._resume = load(state, identity(self.settings, len(self.reader), self.subset))
+        self._resume = load(state, self._identity())
         self._fixed, self._epoch, self._open = self._resume.fixed, self._resume.epoch, None
+
+    def _identity(self) -> dict[str, Any]:
+        return identity(self.settings, self._shares.positions, self.subset, self.mixture)
 
     def _record(self, *, complete: bool) -> None:
         plan = self._open
         if self.ledger is None or plan is None:
             return
-        handed = plan.indices[plan.first * self.batch_size : plan.batches * self.batch_size]
+        recorded = self._shares.recorded(plan.epoch, tuple(plan.prior))  # a mixture's: its positions
+        handed = recorded[plan.first * self.batch_size : plan.batches * self.batch_size]
         self.ledger.record(plan.epoch, handed, world_size=self.world_size,
                            batch_size=self.batch_size, drop_last=self.drop_last, complete=complete)
 

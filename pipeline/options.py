@@ -19,6 +19,7 @@ import torch
 
 from tilefeed.pipeline.augment import Augment
 from tilefeed.pipeline.device import default_device
+from tilefeed.pipeline.mixed_reader import AnyReader
 from tilefeed.pipeline.order import SHUFFLES
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.pipeline.sizes import Schedule, check_size
@@ -213,10 +214,13 @@ class LoaderSettings:
             shuffle_window, storage_options, cache_dir, limit, bool(fast_idct), bool(scaled_decode),
             bool(stats))
 
-    def subset(self, samples: int) -> np.ndarray | None:
+    def subset(self, samples: int, mixed: bool = False) -> np.ndarray | None:
         """``indices`` checked against a store of ``samples`` samples, in store order."""
         if self.indices is None:
             return None
+        if mixed:
+            raise ConfigError("indices selects samples of one store; a Mix takes none (sub-sample "
+                              "a source with its weight and epoch_samples)")
         if self.indices.min() < 0 or self.indices.max() >= samples:
             raise ConfigError(f"indices must lie in 0..{samples - 1}")
         if len(np.unique(self.indices)) != len(self.indices):
@@ -243,7 +247,7 @@ class LoaderSettings:
                       window=self.shuffle_window if self.shuffle == "shard" else 1)
         return reader
 
-    def advice(self, reader: StoreReader) -> Advice:
+    def advice(self, reader: AnyReader) -> Advice:
         """What ``stats()`` weighs its advice against: threads and cores, the store, these settings."""
         return Advice(workers=self.workers, cores=usable_cores(), jpeg=reader.is_image_coded,
                       bucket=reader.remote is not None, shuffle=self.shuffle, layout=self.layout,

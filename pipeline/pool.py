@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from tilefeed.pipeline.augment import Augment
-from tilefeed.pipeline.reader import StoreReader
+from tilefeed.pipeline.mixed_reader import AnyReader
 from tilefeed.pipeline.feed import Feed, Following
 from tilefeed.pipeline.source import BatchSource, Epoch
 
@@ -53,7 +53,7 @@ class Graph:
         """Batches the graph holds prepared ahead of the consumer, at most."""
         return self.source.ahead + (self.pipe.prefetch_queue_depth + 2 if self.pipe is not None else 0)
 
-    def arm(self, reader: StoreReader, epoch: Epoch, first_batch: int, following: Following,
+    def arm(self, reader: AnyReader, epoch: Epoch, first_batch: int, following: Following,
             cast: torch.dtype | None = None, timed: bool = True) -> int:
         """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
         to ask ``feed.next`` for."""
@@ -89,11 +89,11 @@ class Settings:
     device_id: int | None
 
 
-def key(reader: StoreReader, augment: Augment, settings: Settings, direct: bool = False) -> Hashable:
+def key(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = False) -> Hashable:
     return (augment, reader.codec.shape, reader.is_image_coded, settings, direct)
 
 
-def take(reader: StoreReader, augment: Augment, settings: Settings, direct: bool = False) -> Graph:
+def take(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = False) -> Graph:
     """An idle graph with these settings, or a new one. ``direct``: the output is the stored
     tiles at their size, always (no DALI pipeline; on the CPU only)."""
     with _lock:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefeed.pipeline.mixing import Mixture
 from tilefeed.pipeline.options import LoaderSettings, check_int
 from tilefeed.pipeline.order import Segment
 from tilefeed.pipeline.sizes import check_size
@@ -19,7 +20,9 @@ from tilefeed.store.errors import ConfigError
 # changed and a state saved before cannot say which samples its epoch has left
 # 4: the output size may change between epochs: the state carries the size of the epoch in
 # progress and any set_size(), without which a resumed epoch could come out at another size
-STATE_VERSION = 4
+# 5: a Loader may read a mixture of stores: the state names it (sources, sizes, quotas, labels),
+# and its samples count the mixture's positions
+STATE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,12 @@ class Loaded:
     fixed: int | None  # set_size()'s, for every epoch not yet begun
 
 
-def identity(settings: LoaderSettings, samples: int, subset: np.ndarray | None) -> dict[str, Any]:
+def identity(settings: LoaderSettings, samples: int, subset: np.ndarray | None,
+             mixture: Mixture | None = None) -> dict[str, Any]:
     """What a state must agree on to be resumed here: it decides the epoch's order."""
     digest = None if subset is None else hashlib.sha256(subset.tobytes()).hexdigest()[:16]
-    return {"seed": settings.seed, "shuffle": settings.shuffle, "samples": samples, "subset": digest}
+    return {"seed": settings.seed, "shuffle": settings.shuffle, "samples": samples, "subset": digest,
+            "mixture": None if mixture is None else mixture.identity()}
 
 
 def saved(settings: LoaderSettings, mine: dict[str, Any], epoch: int, segments: list[Segment],
@@ -72,8 +77,8 @@ def load(state: dict[str, Any], mine: dict[str, Any]) -> Loaded:
         if state.get(key) != value:
             raise ConfigError(
                 f"state_dict was saved with {key}={state.get(key)!r}, this Loader has {value!r}; "
-                "resume with the same store, seed, shuffle and indices (world size and batch "
-                "size may differ)")
+                "resume with the same store (or mixture), seed, shuffle and indices (world size and "
+                "batch size may differ)")
     segments = [_segment(s) for s in state.get("segments", [])]
     size = check_size(state.get("size"), "state_dict size")
     fixed = state.get("set_size")

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefeed.pipeline.reader import StoreReader
+from tilefeed.pipeline.mixed_reader import AnyReader
 from tilefeed.pipeline.stats import Reading, Timing
 from tilefeed.store.format import ceil_div
 from tilefeed.store.codec import decode_jpeg
@@ -94,7 +94,7 @@ class BatchSource:
     ``decode_scale``).
     """
 
-    def __init__(self, reader: StoreReader, batch_size: int, threads: int, ahead: int,
+    def __init__(self, reader: AnyReader, batch_size: int, threads: int, ahead: int,
                  dali_depth: int, handed_out: bool = False, host_resize: bool = False,
                  fast_idct: bool = False, scaled_decode: bool = True) -> None:
         self.reader = reader

@@ -130,21 +130,22 @@ def test_a_state_of_another_store_seed_or_subset_is_refused(store: Path) -> None
 def test_a_state_of_another_version_is_refused_with_what_to_do(store: Path) -> None:
     with Loader(store, 4, seed=1) as loader:
         state = loader.state_dict()
-        assert state["version"] == STATE_VERSION == 4
+        assert state["version"] == STATE_VERSION == 5
         loader.load_state_dict(json.loads(json.dumps(state)))  # its own version loads
         # what tilefeed wrote before the order changed: version 2, and version 1 without segments;
-        # version 3, before sizes could change between epochs
+        # version 3, before sizes could change between epochs; version 4, before mixtures
         older = dict(state, version=2, segments=[[1, 4, False, 3]], batch=3)
         first = {k: v for k, v in older.items() if k != "segments"} | {"version": 1}
         unmarked = {k: v for k, v in state.items() if k != "version"}
-        sizeless = {k: v for k, v in state.items() if k not in ("size", "set_size")} | {"version": 3}
-        for saved, says in ((older, "2"), (first, "1"), (sizeless, "3"), (dict(state, version=5), "5"),
-                            (unmarked, "None")):
+        sizeless = {k: v for k, v in state.items() if k not in ("size", "set_size", "mixture")} | {"version": 3}
+        unmixed = {k: v for k, v in state.items() if k != "mixture"} | {"version": 4}
+        for saved, says in ((older, "2"), (first, "1"), (sizeless, "3"), (unmixed, "4"),
+                            (dict(state, version=6), "6"), (unmarked, "None")):
             with pytest.raises(ConfigError) as refused:
                 loader.load_state_dict(saved)
             message = str(refused.value)
             assert "\n" not in message
-            assert f"state_dict is version {says}, this Loader reads version 4" in message
+            assert f"state_dict is version {says}, this Loader reads version 5" in message
             assert "start the epoch afresh" in message and "tilefeed that saved it" in message
         assert loader.next_epoch_indices().tolist() == loader.epoch_indices(0).tolist()  # nothing loaded
 

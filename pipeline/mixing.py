@@ -1,0 +1,147 @@
+"""A Loader over several stores mixed by weight: ``Loader(Mix({...}, weights={...}), ...)``.
+
+A ``Mix`` names its sources (folders, bucket URLs or open ``StoreReader``s), their weights, the
+samples an epoch holds and how their class lists combine. The Loader then reads one
+``MixedReader`` (one index space: source ``s``'s sample ``i`` is ``offsets[s] + i``) in the order
+of a ``MixtureOrder``: the epoch's positions ordered and split over ranks exactly as a single
+store's samples are (``pipeline.order``), each position then located in its source by the
+``MixturePlan`` (``pipeline.mixture``). So every promise of the single store holds per position:
+exactly once over all ranks, mid-epoch and elastic resume, the ledger (which records positions:
+a position is one entry of the epoch's planned multiset of samples).
+
+Orders: ``shuffle=True`` interleaves the sources uniformly at random; ``"none"`` reads source
+after source, each its full passes in store order, then its extras; ``"shard"`` shuffles runs of
+``shard_size`` consecutive positions (the smallest source's shard size), which within a source's
+full passes are runs of its store order, so reads stay within few shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tilefeed.pipeline.mixed_reader import LABEL_RULES
+from tilefeed.pipeline.mixture import MixturePlan
+from tilefeed.pipeline.order import EpochOrder
+from tilefeed.store.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.mixed_reader import MixedReader
+    from tilefeed.pipeline.options import LoaderSettings
+    from tilefeed.pipeline.reader import StoreReader
+
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Several stores read as one, each epoch taking ``weights`` shares of ``epoch_samples``.
+
+    ``stores``: name -> folder or bucket URL (each opened with the Loader's storage options and
+    cache). ``weights``: name -> weight (any non-negative numbers; default each source's
+    size, so an epoch reads every sample once). ``epoch_samples``: positions an epoch holds
+    (default the sum of the sources' sizes); a source whose share exceeds its size repeats, each
+    sample at most once more than any other, one whose share is smaller is sub-sampled, every
+    sample visited before any again over consecutive epochs. ``labels``: how class lists
+    combine: ``"same"`` (the stores' lists must be equal), ``"offset"`` (each source's classes
+    after the previous sources') or ``"names"`` (merged by class name)."""
+
+    stores: Mapping[str, str | Path]
+    weights: Mapping[str, float] | None = None
+    epoch_samples: int | None = None
+    labels: str = "same"
+    names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        stores = dict(self.stores)
+        if not stores:
+            raise ConfigError("Mix needs at least one store")
+        if not all(isinstance(n, str) and n for n in stores):
+            raise ConfigError(f"Mix store names must be non-empty strings, got {list(stores)!r}")
+        if not all(isinstance(v, (str, Path)) for v in stores.values()):
+            raise ConfigError("Mix stores must be folders or bucket URLs (str or Path): the Loader opens "
+                              "and closes them")
+        if self.weights is not None and set(self.weights) != set(stores):
+            raise ConfigError(f"Mix weights must name the same sources as the stores: stores "
+                              f"{sorted(stores)}, weights {sorted(self.weights)}")
+        if self.labels not in LABEL_RULES:
+            raise ConfigError(f"Mix labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
+        object.__setattr__(self, "stores", stores)
+        object.__setattr__(self, "names", tuple(stores))
+
+    def plan(self, sizes: list[int], seed: int) -> MixturePlan:
+        weights = sizes if self.weights is None else [float(self.weights[n]) for n in self.names]
+        try:
+            return MixturePlan(sizes, weights, seed, self.epoch_samples)
+        except ValueError as e:
+            raise ConfigError(f"Mix {dict(zip(self.names, sizes, strict=True))} (sizes): {e}") from None
+
+
+class MixtureOrder:
+    """An epoch's order of a mixture's positions, as the samples (global ids) they locate: the
+    face ``pipeline.order`` reads (``len``, ``at``)."""
+
+    def __init__(self, positions: EpochOrder, plan: MixturePlan, epoch: int, offsets: np.ndarray) -> None:
+        self.positions, self.plan, self.epoch, self.offsets = positions, plan, epoch, offsets
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def at(self, places: np.ndarray) -> np.ndarray:
+        sources, samples = self.plan.locate(self.epoch, self.positions.at(places))
+        return self.offsets[sources] + samples
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """A mixture opened: its reader and its plan."""
+
+    mix: Mix
+    reader: MixedReader
+    plan: MixturePlan
+
+    def order(self, positions: EpochOrder, epoch: int) -> MixtureOrder:
+        return MixtureOrder(positions, self.plan, epoch, np.asarray(self.reader.offsets, dtype=np.int64))
+
+    def identity(self) -> str:
+        """What a resumed state must agree on besides seed and shuffle: sources, sizes, quotas, labels."""
+        described = {"names": self.mix.names, "sizes": self.plan.sizes, "quotas": self.plan.quotas,
+                     "labels": self.mix.labels}
+        return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        """The sources and their blocks of an epoch's positions (for the ledger's audit)."""
+        return {"names": list(self.mix.names), "sizes": list(self.plan.sizes),
+                "quotas": list(self.plan.quotas), "starts": list(self.plan.starts)}
+
+
+def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
+    """Each source opened (as ``settings.open_store`` opens one store) and checked against the
+    others by ``MixedReader``; the plan keyed on the Loader's seed."""
+    from tilefeed.pipeline.mixed_reader import MixedReader
+
+    opened: list[StoreReader] = []
+    try:
+        for store in mix.stores.values():
+            opened.append(settings.open_store(store))
+        reader = MixedReader(opened, list(mix.names), mix.labels)
+    except BaseException:
+        for one in opened:
+            one.close()
+        raise
+    return Mixture(mix, reader, mix.plan([len(r) for r in opened], settings.seed))
+
+
+def source_of(mixture: Mixture | None, location: str, ids: Any) -> tuple[list[str], np.ndarray]:
+    """The store names and sample indices of a Loader's ``with_index`` ids (one store: its
+    ``location`` for every id)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if mixture is None:
+        return [location] * len(ids), ids
+    sources, samples = mixture.reader.source_of(ids)
+    return [mixture.mix.names[k] for k in sources.tolist()], samples

@@ -1,0 +1,146 @@
+"""A Loader over a Mix of stores: exact shares, exactly once over ranks, elastic resume, the
+ledger's audit, labels across stores, and the refusals."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tilefeed.pipeline import Loader
+from tilefeed.pipeline.ledger import audit
+from tilefeed.pipeline.mixing import Mix
+from tilefeed.store.errors import ConfigError
+from tests.helpers import make_store
+
+UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
+EPOCH = 200
+WEIGHTS = {"big": 0.3, "mid": 0.2, "small": 0.5}  # quotas 60 of 100, 40 of 50, 100 of 10
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    sizes = {"big": 20, "mid": 10, "small": 2}  # per class, 5 classes: 100, 50 and 10 samples
+    return {name: make_store(tmp_path_factory.mktemp(name), "lz4", samples_per_class=n)
+            for name, n in sizes.items()}
+
+
+def mix(stores: dict[str, Path], **kwargs: object) -> Mix:
+    return Mix(stores, weights=WEIGHTS, epoch_samples=EPOCH, **kwargs)  # type: ignore[arg-type]
+
+
+def planned(loader: Loader, epoch: int) -> Counter[int]:
+    """The epoch's planned multiset of samples (global ids), from the plan itself."""
+    assert loader.mixture is not None
+    sources, samples = loader.mixture.plan.locate(epoch, np.arange(EPOCH))
+    offsets = np.asarray(loader.mixture.reader.offsets)
+    return Counter((offsets[sources] + samples).tolist())
+
+
+def delivered(stores: dict[str, Path], world: int, epoch: int, **kwargs: object) -> tuple[Counter[int], Loader]:
+    counts: Counter[int] = Counter()
+    loader = None
+    for rank in range(world):
+        loader = Loader(mix(stores), 8, rank=rank, world_size=world, seed=5, **UINT8, **kwargs)  # type: ignore[arg-type]
+        loader.set_epoch(epoch)
+        with loader:
+            for batch in loader:
+                counts.update(batch[-1].tolist())
+    assert loader is not None
+    return counts, loader
+
+
+def test_each_epoch_takes_the_exact_shares_and_the_repeat_and_visit_rules_hold(stores: dict[str, Path]) -> None:
+    with Loader(mix(stores), 8, seed=5, **UINT8) as loader:  # type: ignore[arg-type]
+        assert loader.mixture is not None and loader.samples == EPOCH
+        assert loader.mixture.plan.quotas == (60, 40, 100)
+        seen_big: list[set[int]] = []
+        for epoch in range(4):
+            got = Counter(i for batch in loader for i in batch[-1].tolist())
+            assert got == planned(loader, epoch)
+            names, samples = loader.source_of(list(got.elements()))
+            assert Counter(names) == {"big": 60, "mid": 40, "small": 100}
+            small = Counter(s for n, s in zip(names, samples.tolist(), strict=True) if n == "small")
+            assert set(small.values()) == {10}  # ten times over: each exactly its share
+            big = sorted(s for n, s in zip(names, samples.tolist(), strict=True) if n == "big")
+            assert len(set(big)) == 60  # sub-sampled: no sample twice in an epoch
+            seen_big.append(set(big))
+        # 60 an epoch of 100: epochs 0 and 1 hold the stream's first cycle, every sample once
+        assert len(seen_big[0] | seen_big[1]) == 100
+
+
+@pytest.mark.parametrize("shuffle", [True, "none", "shard"])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_exactly_once_over_ranks(stores: dict[str, Path], shuffle: object, drop_last: bool) -> None:
+    for world in (1, 3, 4):
+        got, loader = delivered(stores, world, epoch=1, shuffle=shuffle, drop_last=drop_last)
+        plan = planned(loader, 1)
+        extra, missing = got - plan, plan - got
+        if drop_last:
+            assert not extra and sum(missing.values()) < world * 8
+        else:
+            assert not missing and sum(extra.values()) < world
+
+
+def test_shuffle_interleaves_the_sources(stores: dict[str, Path]) -> None:
+    with Loader(mix(stores), EPOCH, seed=5, **UINT8) as loader:  # type: ignore[arg-type]
+        names, _ = loader.source_of(next(iter(loader))[-1])
+    runs = sum(1 for a, b in zip(names, names[1:], strict=False) if a != b)
+    assert runs > 50  # blocks of one source would change source twice
+
+
+def test_elastic_resume_on_another_world_size_and_the_audit(stores: dict[str, Path], tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    saved = []
+    counts: Counter[int] = Counter()
+    for rank in range(2):  # two ranks stop after 3 batches
+        with Loader(mix(stores), 8, rank=rank, world_size=2, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
+            batches = iter(loader)
+            for _ in range(3):
+                counts.update(next(batches)[-1].tolist())
+            saved.append(loader.state_dict())
+    state = json.loads(json.dumps(saved[0]))
+    assert state["version"] == 5 and state["mixture"]
+    for rank in range(3):  # three ranks finish the epoch
+        with Loader(mix(stores), 16, rank=rank, world_size=3, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
+            loader.load_state_dict(state)
+            for batch in loader:
+                counts.update(batch[-1].tolist())
+    plan = planned(loader, 0)
+    assert not plan - counts and sum((counts - plan).values()) < 3
+    (result,) = audit(ledger)
+    assert result.ok and result.complete and result.population == EPOCH
+
+
+def test_a_state_of_another_mixture_is_refused(stores: dict[str, Path]) -> None:
+    with Loader(mix(stores), 8, seed=5, **UINT8) as loader:  # type: ignore[arg-type]
+        state = loader.state_dict()
+    other = Mix(stores, weights={"big": 0.5, "mid": 0.2, "small": 0.3}, epoch_samples=EPOCH)
+    with Loader(other, 8, seed=5, **UINT8) as loader, pytest.raises(ConfigError, match="mixture="):  # type: ignore[arg-type]
+        loader.load_state_dict(state)
+
+
+def test_labels_follow_the_rule(stores: dict[str, Path]) -> None:
+    with Loader(mix(stores), EPOCH, seed=5, **UINT8) as loader:  # type: ignore[arg-type]
+        _, labels, ids = next(iter(loader))
+        names, samples = loader.source_of(ids)
+        for name, sample, label in zip(names, samples.tolist(), labels.tolist(), strict=True):
+            assert label == loader.mixture.reader.sources[["big", "mid", "small"].index(name)].labels[sample]
+    with Loader(mix(stores, labels="offset"), EPOCH, seed=5, **UINT8) as loader:  # type: ignore[arg-type]
+        _, labels, ids = next(iter(loader))
+        names, _ = loader.source_of(ids)
+        shift = {"big": 0, "mid": 5, "small": 10}
+        assert all(shift[n] <= lab < shift[n] + 5 for n, lab in zip(names, labels.tolist(), strict=True))
+
+
+def test_refusals(stores: dict[str, Path]) -> None:
+    with pytest.raises(ConfigError, match="same sources"):
+        Mix(stores, weights={"big": 1.0})
+    with pytest.raises(ConfigError, match="indices"):
+        Loader(mix(stores), 8, indices=[0, 1], **UINT8)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="Dataset"):
+        _ = Loader(mix(stores), 8, **UINT8).dataset  # type: ignore[arg-type]
