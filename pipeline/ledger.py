@@ -147,6 +147,8 @@ class EpochAudit:
     ok: bool
     examples_twice: list[int]
     examples_never: list[int]
+    # a mixture's ledger: per source, its positions delivered once, twice or more, never
+    sources: dict[str, dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class _Population:
 
     size: int
     ids: np.ndarray | None
+    mixture: dict[str, Any] | None = None  # sources and their blocks of positions (Loader of a Mix)
 
     def places(self, ids: np.ndarray, path: Path) -> np.ndarray:
         """Where each of a record's ``ids`` stands in the population; LedgerError for an id
@@ -192,10 +195,27 @@ def _population(root: Path) -> _Population:
         meta = json.loads(data) if len(data) <= MAX_HEAD else None
     except (ValueError, RecursionError):
         meta = None
-    samples = meta.get("samples") if isinstance(meta, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    samples = meta.get("samples")
     if not isinstance(samples, int) or isinstance(samples, bool) or not 0 <= samples <= MAX_SAMPLES:
         raise LedgerError(f"{count_file}: damaged (not a sample count)")
-    return _Population(samples, None)
+    return _Population(samples, None, _mixture(meta.get("mixture"), samples, count_file))
+
+
+def _mixture(described: Any, samples: int, path: Path) -> dict[str, Any] | None:
+    """A mixture ledger's sources, checked: blocks of positions that tile 0..samples-1."""
+    if described is None:
+        return None
+    try:
+        names, starts, quotas = described["names"], described["starts"], described["quotas"]
+        ok = (len(names) == len(starts) == len(quotas) and all(isinstance(n, str) for n in names)
+              and all(isinstance(v, int) and v >= 0 for v in (*starts, *quotas))
+              and [*starts, samples] == [0, *np.cumsum(quotas).tolist()])
+    except (TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise LedgerError(f"{path}: damaged (the mixture's sources do not tile its {samples} positions)")
+    return {"names": names, "starts": starts, "quotas": quotas}
 
 
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
@@ -292,6 +312,18 @@ class _Tally:
     def distinct(self) -> int:
         return len(self.seen) if self.bits is None else _popcount(self.bits[0])
 
+    def within(self, low: int, high: int) -> tuple[int, int]:
+        """Places in [low, high) delivered once or more, and twice or more."""
+        if self.bits is None:
+            return tuple(int(np.searchsorted(a, high) - np.searchsorted(a, low))  # type: ignore[return-value]
+                         for a in (self.seen, self.again))
+        counts = []
+        for bits in self.bits:
+            flags = np.unpackbits(bits[low >> 3 : -(-high >> 3)], bitorder="little")
+            offset = low & 7
+            counts.append(int(flags[offset : offset + high - low].sum()))
+        return counts[0], counts[1]
+
     def twice(self) -> int:
         return len(self.again) if self.bits is None else _popcount(self.bits[1])
 
@@ -347,7 +379,18 @@ def audit(root: str | Path) -> list[EpochAudit]:
             complete=complete, allowed_twice=allowed_twice, allowed_never=allowed_never, runs=len(runs),
             ok=ok, examples_twice=population.samples(tally.examples_twice()),
             examples_never=population.samples(tally.examples_never()),
+            sources=_per_source(tally, population.mixture),
         ))
+    return out
+
+
+def _per_source(tally: _Tally, mixture: dict[str, Any] | None) -> dict[str, dict[str, int]] | None:
+    if mixture is None:
+        return None
+    out = {}
+    for name, start, quota in zip(mixture["names"], mixture["starts"], mixture["quotas"], strict=True):
+        seen, again = tally.within(start, start + quota)
+        out[name] = {"planned": quota, "once": seen - again, "twice": again, "never": quota - seen}
     return out
 
 
@@ -363,6 +406,8 @@ def format_audit(results: list[EpochAudit]) -> str:
             if r.complete:
                 verdict += f" (drop_last explains {r.allowed_never}, e.g. {r.examples_never})"
         lines.append(row.format(r.epoch, r.population, r.once, r.twice, r.never, r.runs, verdict))
+        for name, c in (r.sources or {}).items():  # a mixture: its positions, per source
+            lines.append(row.format("", c["planned"], c["once"], c["twice"], c["never"], "", f"  {name}"))
     return "\n".join(lines)
 
 

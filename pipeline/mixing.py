@@ -30,6 +30,7 @@ from tilefeed.pipeline.mixed_reader import LABEL_RULES
 from tilefeed.pipeline.mixture import MixturePlan
 from tilefeed.pipeline.order import EpochOrder
 from tilefeed.store.errors import ConfigError
+from tilefeed.store.storage import is_url
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.mixed_reader import MixedReader
@@ -124,11 +125,12 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
     """Each source opened (as ``settings.open_store`` opens one store) and checked against the
     others by ``MixedReader``; the plan keyed on the Loader's seed."""
     from tilefeed.pipeline.mixed_reader import MixedReader
+    from tilefeed.pipeline.reader import StoreReader
 
     opened: list[StoreReader] = []
     try:
-        for store in mix.stores.values():
-            opened.append(settings.open_store(store))
+        for store in mix.stores.values():  # the bucket options are for the stores in buckets
+            opened.append(settings.open_store(store if is_url(store) else StoreReader(store)))
         reader = MixedReader(opened, list(mix.names), mix.labels)
     except BaseException:
         for one in opened:

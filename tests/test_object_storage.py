@@ -318,3 +318,26 @@ def test_stats_name_the_download_when_the_bucket_is_slow(
     assert stats.epoch.stage_seconds["download"] > 0.25 and stats.last.wait > 0.2
     assert stats.cache is not None and stats.cache["downloads"] == 6  # a cold cache: every shard
     assert stats.cache["downloaded_bytes"] > 0 and "downloaded" in str(stats)
+
+
+def test_a_mixture_of_a_bucket_store_and_a_local_one(stores: tuple[Path, str, Path]) -> None:
+    """The same images in a bucket and on disk, mixed 3:1 over an epoch of 60 positions: the
+    shares are exact, and each delivered tile is the one its store holds for that sample."""
+    from collections import Counter
+
+    from tilefeed.pipeline.mixing import Mix
+
+    _, url, local = stores
+    mix = Mix({"bucket": url, "disk": local}, weights={"bucket": 3, "disk": 1}, epoch_samples=60)
+    framing = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=2)
+    with Loader(local, 64, shuffle=False, **framing) as alone:  # type: ignore[arg-type]
+        expected = next(iter(alone))[0].numpy()  # sample i at row i: the evaluation framing
+    with Loader(mix, 16, storage_options=s3_options(os.environ["AWS_ENDPOINT_URL"]),
+                **framing) as loader:  # type: ignore[arg-type]
+        assert loader.reader.remote is not None  # the bucket's cache, seen through the mixture
+        got = [(x.numpy().copy(), i.numpy().copy()) for x, _, i in loader]
+    names, samples = loader.source_of(np.concatenate([i for _, i in got]))
+    assert Counter(names) == {"bucket": 45, "disk": 15}
+    images = np.concatenate([x for x, _ in got])
+    for image, sample in zip(images, samples.tolist(), strict=True):
+        np.testing.assert_array_equal(image, expected[sample])  # one tile, either store

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tilefeed.pipeline import Loader
-from tilefeed.pipeline.ledger import audit
+from tilefeed.pipeline.ledger import audit, format_audit
 from tilefeed.pipeline.mixing import Mix
 from tilefeed.store.errors import ConfigError
 from tests.helpers import make_store
@@ -114,6 +114,10 @@ def test_elastic_resume_on_another_world_size_and_the_audit(stores: dict[str, Pa
     assert not plan - counts and sum((counts - plan).values()) < 3
     (result,) = audit(ledger)
     assert result.ok and result.complete and result.population == EPOCH
+    assert result.sources is not None and {n: c["planned"] for n, c in result.sources.items()} == {
+        "big": 60, "mid": 40, "small": 100}
+    assert sum(c["never"] for c in result.sources.values()) == 0
+    assert "small" in format_audit([result])
 
 
 def test_a_state_of_another_mixture_is_refused(stores: dict[str, Path]) -> None:
@@ -144,3 +148,14 @@ def test_refusals(stores: dict[str, Path]) -> None:
         Loader(mix(stores), 8, indices=[0, 1], **UINT8)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="Dataset"):
         _ = Loader(mix(stores), 8, **UINT8).dataset  # type: ignore[arg-type]
+
+
+def test_per_source_counts_agree_in_both_forms_of_the_tally() -> None:
+    from tilefeed.pipeline.ledger import _Tally
+
+    for size in (10_000, 40):  # sorted arrays of places, then (past a thirty-second) bitmaps
+        tally = _Tally(size)
+        tally.add(np.array([3, 5, 5, 9, 17, 30]))
+        assert (tally.bits is None) == (size == 10_000)
+        assert tally.within(4, 18) == (3, 1) and tally.within(0, size) == (5, 1)
+        assert tally.within(6, 9) == (0, 0)
