@@ -1,9 +1,11 @@
 """Loader-alone throughput: tilefeed's Loader against the fastest copy of the decoded tiles this
 machine can do (the limit: all cores) and against a torch DataLoader decoding the source JPEGs
-with PIL, at the same worker count, batch size, samples, output shape and dtype. Rounds
-interleave the loaders; medians reported. ``bench_sizes`` (``--sizes``): training throughput at
-several output sizes from one store, each Loader changing size between measurements, with JPEG
-decoding at reduced DCT scale on and off, and the decode alone at each scale."""
+with PIL, at the same worker count, batch size, samples, output shape and dtype; and, given two
+halves of the store (``mixture_halves``), the same Loader over a 50/50 ``Mix`` of them, the
+store's very samples. Rounds interleave the loaders; medians and ranges reported.
+``bench_sizes`` (``--sizes``): training throughput at several output sizes from one store, each
+Loader changing size between measurements, with JPEG decoding at reduced DCT scale on and off,
+and the decode alone at each scale."""
 
 from __future__ import annotations
 
@@ -23,7 +25,10 @@ import numpy as np
 import torch
 
 from tilefeed.bench.baseline import jpeg_dataloader
+from tilefeed.bench.mixture_halves import HALVES, check_halves
 from tilefeed.pipeline import Loader, StoreReader
+from tilefeed.pipeline.mixing import Mix
+from tilefeed.store.errors import ConfigError
 from tilefeed.store.host import usable_cores
 
 
@@ -35,6 +40,11 @@ class LoaderBenchResult:
     tile: int
     codec: str
     rates: dict[str, float] = field(default_factory=dict)  # img/s, medians
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # img/s, over rounds
+    # the mixture row: samples of one of its epochs (the store's), and mixture / single store,
+    # uint8: the ratio of the medians, and the least and most of the rounds' ratios
+    mixture_samples: int | None = None
+    mixture_ratio: tuple[float, float, float] | None = None
     # FFCV beside tilefeed, figure -> (FFCV median, tilefeed median, FFCV range, tilefeed range)
     peer: dict[str, tuple[float, float, tuple[float, float], tuple[float, float]]] = field(
         default_factory=dict)
@@ -43,16 +53,24 @@ class LoaderBenchResult:
         return self.rates[a] / self.rates[b]
 
     def table(self) -> str:
+        wide = max(map(len, ["loader", *self.rates]))
         lines = [f"{self.samples} samples, batch {self.batch_size}, {self.workers} workers, "
-                 f"{self.tile}px tiles ({self.codec}), medians",
-                 f"| {'loader':<58} | {'img/s':>8} |", f"|{'-' * 60}|{'-' * 10}|"]
-        lines += [f"| {name:<58} | {rate:>8.0f} |" for name, rate in self.rates.items()]
+                 f"{self.tile}px tiles ({self.codec}), medians and ranges over rounds",
+                 f"| {'loader':<{wide}} | {'img/s':>8} | {'range':>13} |",
+                 f"|{'-' * (wide + 2)}|{'-' * 10}|{'-' * 15}|"]
+        lines += [f"| {name:<{wide}} | {rate:>8.0f} | {self._range(name):>13} |"
+                  for name, rate in self.rates.items()]
         lines += [
             f"uint8: tilefeed / the limit = {self.ratio(UINT8_TILEFEED, MEMCPY):.0%} (goal >= 30%); "
             f"tilefeed / PIL DataLoader = {self.ratio(UINT8_TILEFEED, UINT8_PIL):.1f}x (goal >= 20x)",
             f"float32 augmented: tilefeed / PIL DataLoader = "
             f"{self.ratio(AUG_TILEFEED, AUG_PIL):.1f}x (goal >= 3x)",
         ]
+        if self.mixture_ratio is not None:
+            ratio, low, high = self.mixture_ratio
+            lines.append(f"uint8: 50/50 mixture of two halves / the single store = {ratio:.3f} "
+                         f"(rounds {low:.3f}-{high:.3f}; same {self.mixture_samples} samples an "
+                         f"epoch; goal >= 0.95)")
         if self.peer:
             lines += ["", "| figure (img/s) | FFCV | tilefeed | tilefeed / FFCV | FFCV range "
                       "| tilefeed range |",
@@ -63,6 +81,10 @@ class LoaderBenchResult:
                              f"{our_range[0]:.0f}-{our_range[1]:.0f} |")
         return "\n".join(lines)
 
+    def _range(self, name: str) -> str:
+        low, high = self.ranges.get(name, (float("nan"), float("nan")))
+        return f"{low:.0f}-{high:.0f}"
+
 
 MEMCPY = "the limit: fastest copy of decoded tiles into batches, all cores"
 UINT8_TILEFEED = "tilefeed Loader, uint8 NHWC tiles"
@@ -70,6 +92,7 @@ UINT8_PIL = "DataLoader + PIL decode, centre crop, uint8"
 AUG_TILEFEED = "tilefeed Loader, train: crop+flip+normalise, float32"
 AUG_PIL = "DataLoader + PIL decode, train: crop+flip+normalise, float32"
 AUG_TILEFEED_CL = "tilefeed Loader, train: crop+flip+normalise, float32 channels_last"
+MIX_TILEFEED = "tilefeed Loader, 50/50 Mix of the store's halves, uint8 NHWC"
 
 
 def _rate(epoch: Callable[[], int], min_seconds: float) -> float:
@@ -123,19 +146,37 @@ def _copy_limit(store: Path, batch_size: int, threads: int) -> Callable[[], int]
 # Long on purpose: the rows of one side-by-side table, each measured in turn in the same rounds.
 def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: int = 2,
                   rounds: int = 5, min_seconds: float = 1.5, log: bool = True,
-                  peer_python: str | None = None, jpeg_store: Path | None = None) -> LoaderBenchResult:
-    """``peer_python``: the Python of an environment with FFCV; its loaders then run on the same
+                  peer_python: str | None = None, jpeg_store: Path | None = None,
+                  halves: tuple[Path, Path] | None = None) -> LoaderBenchResult:
+    """``halves``: two stores that together hold exactly ``store``'s samples
+    (``mixture_halves.split_store``; refused otherwise); a Loader over their 50/50 ``Mix``, with
+    the uint8 row's options, is then measured right after that row in every round.
+    ``peer_python``: the Python of an environment with FFCV; its loaders then run on the same
     tiles in rounds interleaved with tilefeed's: raw, and ``jpeg_store``'s JPEG files (the same
     pictures, ``--codec jpeg``), which FFCV stores as they are. Both decode those with
     libjpeg-turbo's fast IDCT, the only one FFCV has."""
     reader = StoreReader(store)
     tile = reader.tile
+    if halves is not None:
+        check_halves(reader, halves)
     if log:
         print("building loaders and warming up (a few epochs each)...", flush=True)
     contenders: dict[str, Callable[[], int]] = {
         MEMCPY: _copy_limit(store, batch_size, usable_cores()),
         UINT8_TILEFEED: _drain(Loader(store, batch_size, train=False, size=tile, dtype=torch.uint8,
                                       layout="NHWC", workers=workers, device="cpu")),
+    }
+    mixture_samples = None
+    if halves is not None:
+        mix = Mix(dict(zip(HALVES, halves, strict=True)), weights={name: 0.5 for name in HALVES})
+        contenders[MIX_TILEFEED] = _drain(Loader(mix, batch_size, train=False, size=tile,
+                                                 dtype=torch.uint8, layout="NHWC", workers=workers,
+                                                 device="cpu"))
+        single, mixture_samples = contenders[UINT8_TILEFEED](), contenders[MIX_TILEFEED]()
+        if mixture_samples != single:
+            raise ConfigError(f"an epoch of the mixture of {halves[0]} and {halves[1]} delivered "
+                             f"{mixture_samples} samples, one of {store} {single}")
+    contenders |= {
         UINT8_PIL: _drain(jpeg_dataloader(images, batch_size, workers=workers, train=False,
                                           size=tile, dtype=torch.uint8)),
         AUG_TILEFEED: _drain(Loader(store, batch_size, train=True, size=tile, workers=workers,
@@ -179,6 +220,11 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
             peer.close()
     result = LoaderBenchResult(len(reader), batch_size, workers, tile, reader.codec.name)
     result.rates = {name: statistics.median(v) for name, v in rates.items()}
+    result.ranges = {name: (min(v), max(v)) for name, v in rates.items()}
+    if mixture_samples is not None:
+        each = [m / s for m, s in zip(rates[MIX_TILEFEED], rates[UINT8_TILEFEED], strict=True)]
+        result.mixture_samples = mixture_samples
+        result.mixture_ratio = (result.ratio(MIX_TILEFEED, UINT8_TILEFEED), min(each), max(each))
     for figure, ours in figures.items():
         if figure in peer_rates:
             theirs = peer_rates[figure]

@@ -4,6 +4,7 @@ the store's size, long jobs (soak), the tile fit (aspect) and the GPU report."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -51,6 +52,10 @@ def loader_form(argv: list[str]) -> int:
                    "from the same --tile px stores, lossless and JPEG with reduced-scale decoding "
                    "on and off, one Loader each changing size, and JPEG decode speed per DCT scale")
     p.add_argument("--tile", type=int, default=256, help="tile side of the stores made for --sizes")
+    p.add_argument("--mixture", action=argparse.BooleanOptionalAction, default=True,
+                   help="add a row: the uint8 Loader over a 50/50 Mix of two halves of the store "
+                   "(made once in the cache from its source paths, with its settings), the same "
+                   "samples, and the mixture / single store ratio")
     args = p.parse_args(argv)
     from tilefeed.bench.loader_bench import bench_loaders, bench_sizes
     from tilefeed.store.errors import ConfigError
@@ -68,8 +73,25 @@ def loader_form(argv: list[str]) -> int:
     jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
     result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
                            rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
-                           jpeg_store=jpeg_store)
+                           jpeg_store=jpeg_store, halves=_halves(store) if args.mixture else None)
     return _report(result, args.json)
+
+
+def _halves(store: str | Path) -> tuple[Path, Path] | None:
+    """The two halves of a local store, in the cache beside the demo stores, named by the
+    store's full path; none for a bucket store (the halves would be local: other reads)."""
+    if isinstance(store, str):
+        print("no mixture row: the store is in a bucket", flush=True)
+        return None
+    import hashlib
+    import sys
+
+    from tilefeed.bench.mixture_halves import split_store
+    from tilefeed.cli.progress import progress_bar
+
+    where = hashlib.sha256(str(store.resolve()).encode()).hexdigest()[:8]
+    return split_store(store, cache_dir() / f"{store.name}-{where}-halves",
+                       progress=progress_bar(sys.stderr.isatty()))
 
 
 def cloud_form(argv: list[str]) -> int:

@@ -101,8 +101,10 @@ def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np
 
 
 def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int,
-                  samples: np.ndarray, size: int | None = None) -> tuple[np.ndarray, ...]:
-    """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip.
+                  samples: np.ndarray, size: int | None = None,
+                  keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip, drawn
+    from ``keys`` (default the samples themselves).
 
     ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
     random-resized crop of the picture (the same at every output size). Evaluation: its
@@ -111,7 +113,8 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
     """
     top, left, height, width = boxes[samples].T
     if a.train:
-        w = random_resized_crops(seed, epoch, samples, height, width, a.scale, a.ratio)
+        w = random_resized_crops(seed, epoch, samples if keys is None else keys, height, width, a.scale,
+                                 a.ratio)
         start, end = w.roi()
         offset = np.stack([top, left], axis=1).astype(np.float32)
         return start + offset, end + offset, w.flip
@@ -123,7 +126,7 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
 
 
 def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray) -> tuple[np.ndarray, ...]:
+                 samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Everything the graph takes per sample besides the pixels, for an epoch at ``size``.
 
     With windows: (start, end, flip, output [h, w]). Without (evaluation framing of whole
@@ -132,5 +135,5 @@ def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
     """
     n = len(samples)
     if a.windows:
-        return (*window_inputs(boxes, a, seed, epoch, samples, size), np.full((n, 2), size, np.float32))
+        return (*window_inputs(boxes, a, seed, epoch, samples, size, keys), np.full((n, 2), size, np.float32))
     return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefeed.pipeline.mixing import Mixture, MixtureOrder
+from tilefeed.pipeline.mixing import Mixture
 from tilefeed.pipeline.options import LoaderSettings
 from tilefeed.pipeline.order import EpochOrder, Segment, epoch_order, rank_indices
 from tilefeed.pipeline.resume import Loaded
@@ -26,6 +26,7 @@ class OpenEpoch:
     indices: np.ndarray  # this rank's samples in this stretch, in order
     batches: int  # handed over so far in this stretch (counting those before a same-settings resume)
     first: int  # the batch this run started at: what the ledger records begins there
+    keys: np.ndarray | None = None  # a mixture's positions of ``indices`` (see Shares.keys)
 
 
 class Shares:
@@ -41,33 +42,36 @@ class Shares:
         self._kept: dict[tuple[int, tuple[Segment, ...], bool], np.ndarray] = {}
         self._lock = threading.RLock()  # the feeding thread asks for the next epoch's
 
-    def order(self, epoch: int) -> EpochOrder | MixtureOrder:
+    def order(self, epoch: int) -> EpochOrder:
         """The epoch's order as a function of position: only its shard order is held."""
         s = self.settings
-        order = epoch_order(self.positions, shuffle=s.shuffle, seed=s.seed, epoch=epoch,
-                            shard_size=self.shard_size, window=s.shuffle_window, subset=self.subset)
-        return order if self.mixture is None else self.mixture.order(order, epoch)
+        return epoch_order(self.positions, shuffle=s.shuffle, seed=s.seed, epoch=epoch,
+                           shard_size=self.shard_size, window=s.shuffle_window, subset=self.subset)
 
     def get(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray:
-        """This rank's samples of what ``after`` left of ``epoch``, in order (read-only)."""
-        return self._share(epoch, after, located=True)
+        """This rank's samples of what ``after`` left of ``epoch``, in order (read-only): a
+        mixture's are its positions' samples (global ids), located by its plan."""
+        return self._share(epoch, after, located=self.mixture is not None)
 
-    def recorded(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray:
-        """What the ledger records of the same share: a mixture's positions (each one entry of
-        the epoch's planned multiset of samples, so exactly-once is checked per entry)."""
-        return self._share(epoch, after, located=self.mixture is None)
+    def keys(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray | None:
+        """A mixture's positions of the same share, or None (one store's samples are their own
+        keys): what the ledger records (one entry of the epoch's planned multiset of samples
+        each, so exactly-once is checked per entry) and what crops and flips are drawn from (a
+        sample repeated in an epoch is cut anew each time)."""
+        return None if self.mixture is None else self._share(epoch, after, located=False)
 
     def _share(self, epoch: int, after: tuple[Segment, ...], located: bool) -> np.ndarray:
         key = (epoch, after, located)
         with self._lock:
             share = self._kept.get(key)
             if share is None:
-                s = self.settings
-                order = self.order(epoch)
-                if not located and isinstance(order, MixtureOrder):
-                    order = order.positions
-                share = rank_indices(order, rank=s.rank, world_size=s.world_size,
-                                     batch_size=s.batch_size, drop_last=s.drop_last, after=after)
+                if located:
+                    assert self.mixture is not None
+                    share = self.mixture.locate(epoch, self._share(epoch, after, located=False))
+                else:
+                    s = self.settings
+                    share = rank_indices(self.order(epoch), rank=s.rank, world_size=s.world_size,
+                                         batch_size=s.batch_size, drop_last=s.drop_last, after=after)
                 share.flags.writeable = False
                 self._kept = {k: v for k, v in self._kept.items() if k[0] in (epoch - 1, epoch, epoch + 1)}
                 self._kept[key] = share
@@ -77,16 +81,15 @@ class Shares:
 def plan_epoch(shares: Shares, epoch: int, size: int, resume: list[Segment] | None) -> OpenEpoch:
     """This rank's part of ``epoch`` at ``size``: fresh, or continuing the loaded state whose
     stretches of this epoch are ``resume``."""
-    if resume is None:
-        return OpenEpoch(epoch, size, [], shares.get(epoch), 0, 0)
     s = shares.settings
     last = resume[-1] if resume else None
+    prior, batches = resume or [], 0
     if last is not None and (last.world_size, last.batch_size, last.drop_last) == (
             s.world_size, s.batch_size, s.drop_last):
         # same settings: continue the very split the saved run was in, batch for batch
-        return OpenEpoch(epoch, size, resume[:-1], shares.get(epoch, tuple(resume[:-1])),
-                         last.batches, last.batches)
-    return OpenEpoch(epoch, size, resume, shares.get(epoch, tuple(resume)), 0, 0)
+        prior, batches = prior[:-1], last.batches
+    after = tuple(prior)
+    return OpenEpoch(epoch, size, prior, shares.get(epoch, after), batches, batches, shares.keys(epoch, after))
 
 
 def starting_size(schedule: int | Schedule, fixed: int | None, resume: Loaded | None, epoch: int) -> int:

@@ -19,6 +19,7 @@ never a table sized by a number a file states.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -32,6 +33,7 @@ import numpy as np
 
 from tilefeed.store.atomic import atomic_write
 from tilefeed.store.errors import LedgerError
+from tilefeed.store.inspection import printable
 
 POPULATION = "population.npz"  # the samples an epoch covers: a subset's ids, written once
 COUNT = "population.json"  # or, for a whole store, {"samples": N}: the samples 0..N-1
@@ -90,6 +92,15 @@ class Ledger:
                 atomic_write(self.root / COUNT, json.dumps(described).encode())
             else:
                 atomic_write(self.root / POPULATION, _pack(population))
+        else:  # a folder kept from an earlier run: its records must count the same population
+            held = _population(self.root)
+            same = (held.size == (samples if population is None else len(population))
+                    and held.mixture == mixture
+                    and (held.ids is None) == (population is None)
+                    and (population is None or np.array_equal(held.ids, population)))  # type: ignore[arg-type]
+            if not same:
+                raise LedgerError(f"{self.root}: holds the ledger of another store, subset or mixture; "
+                                  "give this run a folder of its own")
 
     def record(self, epoch: int, ids: np.ndarray, *, world_size: int, batch_size: int,
                drop_last: bool, complete: bool) -> None:
@@ -147,8 +158,7 @@ class EpochAudit:
     ok: bool
     examples_twice: list[int]
     examples_never: list[int]
-    # a mixture's ledger: per source, its positions delivered once, twice or more, never
-    sources: dict[str, dict[str, int]] | None = None
+    sources: dict[str, dict[str, int]] | None = None  # a mixture's: per source, as above
 
 
 @dataclass(frozen=True)
@@ -208,9 +218,11 @@ def _mixture(described: Any, samples: int, path: Path) -> dict[str, Any] | None:
         return None
     try:
         names, starts, quotas = described["names"], described["starts"], described["quotas"]
-        ok = (len(names) == len(starts) == len(quotas) and all(isinstance(n, str) for n in names)
-              and all(isinstance(v, int) and v >= 0 for v in (*starts, *quotas))
-              and [*starts, samples] == [0, *np.cumsum(quotas).tolist()])
+        ok = (all(isinstance(v, list) for v in (names, starts, quotas))
+              and len(names) == len(starts) == len(quotas) == len(set(names))
+              and all(isinstance(n, str) and n for n in names)
+              and all(type(v) is int and 0 <= v <= samples for v in (*starts, *quotas))
+              and [*starts, samples] == [0, *itertools.accumulate(quotas)])  # Python ints: no wrap
     except (TypeError, KeyError):
         ok = False
     if not ok:
@@ -319,9 +331,16 @@ class _Tally:
                          for a in (self.seen, self.again))
         counts = []
         for bits in self.bits:
-            flags = np.unpackbits(bits[low >> 3 : -(-high >> 3)], bitorder="little")
-            offset = low & 7
-            counts.append(int(flags[offset : offset + high - low].sum()))
+            if high - low <= 16:
+                flags = np.unpackbits(bits[low >> 3 : -(-high >> 3)], bitorder="little")
+                counts.append(int(flags[(low & 7) : (low & 7) + high - low].sum()))
+                continue
+            # whole bytes counted a chunk at a time (two bits a place at most held), the two
+            # part bytes at the ends by their bits
+            first, last = -(-low >> 3), high >> 3
+            head = np.unpackbits(bits[low >> 3 : first], bitorder="little")[low & 7 :].sum()
+            tail = np.unpackbits(bits[last : last + 1], bitorder="little")[: high & 7].sum()
+            counts.append(_popcount(bits[first:last]) + int(head) + int(tail))
         return counts[0], counts[1]
 
     def twice(self) -> int:
@@ -407,7 +426,8 @@ def format_audit(results: list[EpochAudit]) -> str:
                 verdict += f" (drop_last explains {r.allowed_never}, e.g. {r.examples_never})"
         lines.append(row.format(r.epoch, r.population, r.once, r.twice, r.never, r.runs, verdict))
         for name, c in (r.sources or {}).items():  # a mixture: its positions, per source
-            lines.append(row.format("", c["planned"], c["once"], c["twice"], c["never"], "", f"  {name}"))
+            lines.append(row.format("", c["planned"], c["once"], c["twice"], c["never"], "",
+                                    f"  {printable(name)}"))
     return "\n".join(lines)
 
 

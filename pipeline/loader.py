@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -183,9 +183,18 @@ class Loader:
         self._owns_reader = not isinstance(store, StoreReader)
         self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
         self.reader = self.mixture.reader if self.mixture else s.open_store(store)  # type: ignore[arg-type]
+        try:
+            self._assemble(s)
+        except BaseException:
+            if self._owns_reader:
+                self.reader.close()  # ends the downloads just started
+            raise
+
+    def _assemble(self, s: LoaderSettings) -> None:
+        """Everything on the open store: order, crops, ledger, the first reads, the graph."""
         self._schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
         self._fixed: int | None = None  # set_size(): every epoch not yet begun, schedule or not
-        self.subset = s.subset(len(self.reader), mixed=self.mixture is not None)
+        self.subset = s.subset(len(self.reader))
         self.augment = s.augment(self.reader.tile, self.reader.padded)
         # the stored tiles, handed out with no graph, while nothing can ask for another size
         self._direct = (not callable(self._schedule) and self.device.type == "cpu"
@@ -201,16 +210,9 @@ class Loader:
         self._open: OpenEpoch | None = None
         self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None
-        self._dataset: Any = None
         # a bucket store starts fetching the first epoch's shards now, while the graph is built
-        # and the caller sets up
         self.reader.will_read(self.next_epoch_indices().numpy())
-        try:
-            self._take_graph()
-        except BaseException:
-            if self._owns_reader:
-                self.reader.close()  # ends the downloads just started
-            raise
+        self._take_graph()
 
     # -- the output size ----------------------------------------------------------------------
     def size_of(self, epoch: int) -> int:
@@ -245,13 +247,11 @@ class Loader:
     def __len__(self) -> int:
         return batches_per_rank(self.samples, self.world_size, self.batch_size, self.drop_last)
 
-    @property
+    @cached_property
     def dataset(self) -> Any:
         """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()``
         is the number of samples an epoch covers, as scripts that count processed samples expect."""
-        if self._dataset is None:
-            self._dataset = dataset_of(self.reader, self.subset)
-        return self._dataset
+        return dataset_of(self.reader, self.subset)
 
     @property
     def sampler(self) -> EpochSampler:
@@ -374,7 +374,7 @@ class Loader:
         # the extras are a plain function of the settings, not a bound method: the graph, which
         # may outlive this Loader in the pool, must not keep it alive (or form a cycle with it)
         extras = partial(graph_inputs, self.reader.boxes, self.augment, self.seed, plan.epoch, plan.size)
-        return Epoch(plan.epoch, plan.indices, extras, plan.size)
+        return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys)
 
     def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         images = out["images"]  # already bfloat16 where asked: cast by the feed, off this thread
@@ -407,7 +407,7 @@ class Loader:
         plan = self._open
         if self.ledger is None or plan is None:
             return
-        recorded = self._shares.recorded(plan.epoch, tuple(plan.prior))  # a mixture's: its positions
+        recorded = plan.indices if plan.keys is None else plan.keys  # a mixture's positions
         handed = recorded[plan.first * self.batch_size : plan.batches * self.batch_size]
         self.ledger.record(plan.epoch, handed, world_size=self.world_size,
                            batch_size=self.batch_size, drop_last=self.drop_last, complete=complete)

@@ -16,7 +16,6 @@ one codec, ``reader.codec`` (``source.BatchSource``). JPEG stores of different q
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, TypeAlias, cast
 
@@ -120,19 +119,21 @@ class MixedArray:
         else:
             ids = _as_ids(mask)
         flat = ids.ravel()
-        flat = np.where(flat < 0, flat + len(self), flat)  # counted from the end, as numpy does
-        if flat.size and (flat.min() < 0 or flat.max() >= len(self)):
-            bad = flat.min() if flat.min() < 0 else flat.max()
-            raise IndexError(f"index {int(bad) - len(self) if bad < 0 else int(bad)} is out of "
-                             f"bounds for {len(self)} samples")
+        if flat.size:
+            low, high = int(flat.min()), int(flat.max())
+            if low < 0:  # counted from the end, as numpy does
+                flat = np.where(flat < 0, flat + len(self), flat)
+                low, high = int(flat.min()), int(flat.max())
+            if low < 0 or high >= len(self):
+                bad = low if low < 0 else high
+                raise IndexError(f"index {bad - len(self) if bad < 0 else bad} is out of bounds for "
+                                 f"{len(self)} samples")
         source = np.searchsorted(self._ends, flat, side="right")
-        local = flat - self._starts[source]
         out = np.empty((flat.size, *self.shape[1:]), dtype=self.dtype)
-        for s, part in enumerate(self.parts):
-            picked = np.flatnonzero(source == s)
-            if picked.size:
-                rows = part[local[picked]]
-                out[picked] = rows if self.lookups is None else self.lookups[s][rows]
+        for s, part in enumerate(self.parts):  # a batch's ids, gathered per source
+            picked = source == s
+            rows = part[flat[picked] - self._starts[s]]
+            out[picked] = rows if self.lookups is None else self.lookups[s][rows]
         return out.reshape((*ids.shape, *self.shape[1:]))[()]  # an int key: a scalar or one row
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -233,31 +234,6 @@ class MixedReader:
         self.labels = MixedArray([r.labels for r in self.sources], self._lookups)  # (N,) int64
         self.boxes = MixedArray([r.boxes for r in self.sources])  # (N, 4) as each store's
 
-    @classmethod
-    def open(cls, stores: Sequence[str | os.PathLike[str]], names: Sequence[str], labels: str = "same",
-             store_options: Sequence[dict[str, Any]] | None = None) -> MixedReader:
-        """Each store opened (``store_options``: each one's StoreReader keyword arguments) and
-        mixed; ``MixedReader.open(reader.locations, **reader.options())`` opens ``reader`` again."""
-        options = list(store_options) if store_options is not None else [{} for _ in stores]
-        if len(options) != len(stores):
-            raise ConfigError(f"store_options must hold one dict per store: {len(stores)} stores, "
-                              f"{len(options)} dicts")
-        opened: list[StoreReader] = []
-        try:
-            for store, kwargs in zip(stores, options, strict=True):
-                opened.append(StoreReader(store, **kwargs))
-            return cls(opened, names, labels)
-        except BaseException:
-            for reader in opened:
-                reader.close()
-            raise
-
-    def options(self) -> dict[str, Any]:
-        """The keyword arguments beside ``locations`` that ``open`` takes to open this mixture
-        again (in another process)."""
-        return {"names": list(self.names), "labels": self.rule,
-                "store_options": [r.options() for r in self.sources]}
-
     def __len__(self) -> int:
         return self.samples
 
@@ -290,14 +266,6 @@ class MixedReader:
             places = np.flatnonzero(source == s)
             if places.size:
                 yield reader, places, local[places]
-
-    def stream(self, *, random_order: bool, window: int = 1, ahead: int = 4) -> None:
-        """How each bucket source will be read (``StoreReader.stream``; each has its own cache limit)."""
-        for name, reader in zip(self.names, self.sources, strict=True):
-            try:
-                reader.stream(random_order=random_order, window=window, ahead=ahead)
-            except ConfigError as e:
-                raise ConfigError(f"store {name!r}: {e}") from None
 
     def will_read(self, indices: np.ndarray) -> None:
         """The samples about to be read, in order: each source is told its own, in that order
@@ -353,16 +321,6 @@ class MixedReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the views hold the sources' mapped arrays: made again from the sources there, which
-        # map them again rather than sending them through the pipe
-        state = self.__dict__.copy()
-        del state["labels"], state["boxes"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._views()
 
 
 AnyReader: TypeAlias = StoreReader | MixedReader  # what the Loader's feeding code and graph read

@@ -1,24 +1,27 @@
 """A Loader over several stores mixed by weight: ``Loader(Mix({...}, weights={...}), ...)``.
 
-A ``Mix`` names its sources (folders, bucket URLs or open ``StoreReader``s), their weights, the
-samples an epoch holds and how their class lists combine. The Loader then reads one
-``MixedReader`` (one index space: source ``s``'s sample ``i`` is ``offsets[s] + i``) in the order
-of a ``MixtureOrder``: the epoch's positions ordered and split over ranks exactly as a single
-store's samples are (``pipeline.order``), each position then located in its source by the
-``MixturePlan`` (``pipeline.mixture``). So every promise of the single store holds per position:
-exactly once over all ranks, mid-epoch and elastic resume, the ledger (which records positions:
-a position is one entry of the epoch's planned multiset of samples).
+A ``Mix`` names its sources (folders or bucket URLs), their weights, the samples an epoch holds
+and how their class lists combine. The Loader then reads one ``MixedReader`` (one index space:
+source ``s``'s sample ``i`` is ``offsets[s] + i``): the epoch's positions are ordered and split
+over ranks exactly as a single store's samples are (``pipeline.order``), each position then
+located in its source by the ``MixturePlan`` (``pipeline.mixture``). So every promise of the
+single store holds per position: exactly once over all ranks, mid-epoch and elastic resume, the
+ledger (which records positions: a position is one entry of the epoch's planned multiset of
+samples), and crops and flips are drawn from the position (a repeated sample is cut anew).
 
 Orders: ``shuffle=True`` interleaves the sources uniformly at random; ``"none"`` reads source
-after source, each its full passes in store order, then its extras; ``"shard"`` shuffles runs of
-``shard_size`` consecutive positions (the smallest source's shard size), which within a source's
-full passes are runs of its store order, so reads stay within few shards.
+after source, each its full passes in store order, then its extras (in store order too);
+``"shard"`` shuffles runs of ``shard_size`` consecutive positions (the smallest source's shard
+size), which are runs of a source's store order, so reads stay within a few shards (a store
+taken sparsely spreads a run over more of its shards).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +31,6 @@ import numpy as np
 
 from tilefeed.pipeline.mixed_reader import LABEL_RULES
 from tilefeed.pipeline.mixture import MixturePlan
-from tilefeed.pipeline.order import EpochOrder
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.storage import is_url
 
@@ -67,35 +69,29 @@ class Mix:
         if not all(isinstance(v, (str, Path)) for v in stores.values()):
             raise ConfigError("Mix stores must be folders or bucket URLs (str or Path): the Loader opens "
                               "and closes them")
-        if self.weights is not None and set(self.weights) != set(stores):
-            raise ConfigError(f"Mix weights must name the same sources as the stores: stores "
-                              f"{sorted(stores)}, weights {sorted(self.weights)}")
+        if self.weights is not None:
+            if set(self.weights) != set(stores):
+                raise ConfigError(f"Mix weights must name the same sources as the stores: stores "
+                                  f"{sorted(stores)}, weights {sorted(self.weights)}")
+            weights = list(self.weights.values())
+            if not all(_weight(w) for w in weights) or not any(w > 0 for w in weights):
+                raise ConfigError(f"Mix weights must be finite numbers >= 0, one of them > 0, got "
+                                  f"{dict(self.weights)!r}")
+        if self.epoch_samples is not None and not (
+                isinstance(self.epoch_samples, int) and not isinstance(self.epoch_samples, bool)
+                and self.epoch_samples >= 1):
+            raise ConfigError(f"Mix epoch_samples must be a whole number >= 1, got {self.epoch_samples!r}")
         if self.labels not in LABEL_RULES:
             raise ConfigError(f"Mix labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
         object.__setattr__(self, "stores", stores)
         object.__setattr__(self, "names", tuple(stores))
 
     def plan(self, sizes: list[int], seed: int) -> MixturePlan:
-        weights = sizes if self.weights is None else [float(self.weights[n]) for n in self.names]
+        weights = sizes if self.weights is None else [self.weights[n] for n in self.names]
         try:
             return MixturePlan(sizes, weights, seed, self.epoch_samples)
         except ValueError as e:
             raise ConfigError(f"Mix {dict(zip(self.names, sizes, strict=True))} (sizes): {e}") from None
-
-
-class MixtureOrder:
-    """An epoch's order of a mixture's positions, as the samples (global ids) they locate: the
-    face ``pipeline.order`` reads (``len``, ``at``)."""
-
-    def __init__(self, positions: EpochOrder, plan: MixturePlan, epoch: int, offsets: np.ndarray) -> None:
-        self.positions, self.plan, self.epoch, self.offsets = positions, plan, epoch, offsets
-
-    def __len__(self) -> int:
-        return len(self.positions)
-
-    def at(self, places: np.ndarray) -> np.ndarray:
-        sources, samples = self.plan.locate(self.epoch, self.positions.at(places))
-        return self.offsets[sources] + samples
 
 
 @dataclass(frozen=True)
@@ -106,19 +102,21 @@ class Mixture:
     reader: MixedReader
     plan: MixturePlan
 
-    def order(self, positions: EpochOrder, epoch: int) -> MixtureOrder:
-        return MixtureOrder(positions, self.plan, epoch, np.asarray(self.reader.offsets, dtype=np.int64))
+    def locate(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The samples (global ids of the reader) at ``positions`` of ``epoch``."""
+        sources, samples = self.plan.locate(epoch, positions)
+        return np.asarray(self.reader.offsets, dtype=np.int64)[sources] + samples
 
     def identity(self) -> str:
         """What a resumed state must agree on besides seed and shuffle: sources, sizes, quotas, labels."""
         described = {"names": self.mix.names, "sizes": self.plan.sizes, "quotas": self.plan.quotas,
-                     "labels": self.mix.labels}
+                     "labels": self.mix.labels, "shard_size": self.reader.shard_size}
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
         """The sources and their blocks of an epoch's positions (for the ledger's audit)."""
-        return {"names": list(self.mix.names), "sizes": list(self.plan.sizes),
-                "quotas": list(self.plan.quotas), "starts": list(self.plan.starts)}
+        return {"names": list(self.mix.names), "starts": list(self.plan.starts),
+                "quotas": list(self.plan.quotas)}
 
 
 def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
@@ -127,22 +125,29 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
     from tilefeed.pipeline.mixed_reader import MixedReader
     from tilefeed.pipeline.reader import StoreReader
 
+    if settings.indices is not None:
+        raise ConfigError("indices selects samples of one store; a Mix takes none (sub-sample a "
+                          "store with its weight and epoch_samples)")
     opened: list[StoreReader] = []
     try:
         for store in mix.stores.values():  # the bucket options are for the stores in buckets
             opened.append(settings.open_store(store if is_url(store) else StoreReader(store)))
         reader = MixedReader(opened, list(mix.names), mix.labels)
+        return Mixture(mix, reader, mix.plan([len(r) for r in opened], settings.seed))
     except BaseException:
         for one in opened:
             one.close()
         raise
-    return Mixture(mix, reader, mix.plan([len(r) for r in opened], settings.seed))
+
+
+def _weight(w: Any) -> bool:
+    return isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) and float(w) >= 0
 
 
 def source_of(mixture: Mixture | None, location: str, ids: Any) -> tuple[list[str], np.ndarray]:
-    """The store names and sample indices of a Loader's ``with_index`` ids (one store: its
-    ``location`` for every id)."""
-    ids = np.asarray(ids, dtype=np.int64)
+    """The store names and sample indices of a Loader's ``with_index`` ids (a tensor on any
+    device, or numbers; one store: its ``location`` for every id)."""
+    ids = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
     if mixture is None:
         return [location] * len(ids), ids
     sources, samples = mixture.reader.source_of(ids)

@@ -9,7 +9,8 @@ The rules, all functions of (sizes, weights, seed, epoch_samples) and the epoch 
 
 * Quotas. Source ``s`` gets ``q_s`` positions: its weight's share of ``E`` rounded by largest
   remainder (every share's floor, then one more for the shares with the largest fractional parts,
-  ties to the lower source id; exact rational arithmetic on the weights as given). The quotas add
+  ties to the lower source id; exact rational arithmetic on the weights as given: ints, floats,
+  Fractions and numpy scalars, each taken as the fraction it is). The quotas add
   up to ``E``, each is within one of its share, and a weight of 0 gets none. A weight above 0 may
   get none too, when its share is below one.
 * Blocks. Positions ``[Q_s, Q_s + q_s)``, ``Q_s = q_0 + ... + q_(s-1)``, are source s's list for
@@ -17,9 +18,10 @@ The rules, all functions of (sizes, weights, seed, epoch_samples) and the epoch 
   unshuffled one reads them block after block.
 * A source's list. With ``N`` samples and ``q = k*N + r`` (``0 <= r < N``), item ``j < k*N`` is
   sample ``j % N``: ``k`` full passes in store order (the positions are permuted afterwards, and
-  store order keeps ``shuffle="shard"`` and ``"none"`` reading few shards at a time). Item
-  ``k*N + i`` (``i < r``) is the sample at place ``e*r + i`` of the source's visit stream, so epoch
-  ``e`` takes the stream's places ``[e*r, (e+1)*r)``.
+  store order keeps ``shuffle="shard"`` and ``"none"`` reading few shards at a time). Epoch ``e``
+  takes the places ``[e*r, (e+1)*r)`` of the source's visit stream, ``r`` distinct samples (see
+  below), and item ``k*N + i`` (``i < r``) is the ``i``-th smallest of them: the extras in store
+  order too, so a sub-sampled source (all extras) reads few shards at a time as well.
 * The visit stream. Cycle after cycle of ``N`` places, cycle ``c`` taking places
   ``[c*N, (c+1)*N)``. Two keyed bijections of order.py order it, both keyed on (seed, source):
   ``P_c = VisitStream.permutation(c)``, one per cycle, and ``F = VisitStream.fixed``, the same
@@ -41,8 +43,10 @@ twice from the stream. Every cycle is an order of all ``N`` samples, and which o
 What follows:
 
 (a) In an epoch every sample of a source appears ``k`` or ``k+1`` times (``r`` of them ``k+1``).
-(b) Each cycle visits every sample once, so over consecutive epochs a sub-sampled source
-    (``q < N``) has all its samples visited before any is visited again; so do the extras of any.
+(b) Each cycle visits every sample once and the epochs take the stream's places in turn, so over
+    consecutive epochs a sub-sampled source (``q < N``) has all its samples visited before any is
+    visited again (over epochs 0 to ``e``, any two samples' visits differ by at most one; which
+    comes first within an epoch is the epoch order's to say); so do the extras of any.
 (c) Equal arguments give equal plans and answers; another seed keys other permutations, so
     other extras (the full passes and the quotas do not depend on the seed).
 (d) Counting the sources of all of an epoch's positions gives the quotas.
@@ -51,15 +55,24 @@ The price: the samples that end a cycle are always among the same fewer than ``r
 ones of ``F``, so those few samples come late in every cycle, where a fresh draw per cycle would
 move other ones to the end each time.
 
-Cost. ``locate`` holds memory in proportion to the positions asked for. The places of ``B_c``
-and of ``B_(c-1)`` without it are places in ``F``; the first part needs the places in ``P_c`` of
-the fewer than ``r`` samples of ``B_(c-1)`` and ``B_c``, and order.py gives the sample at a place,
-not the place of a sample, so they come from one scan of ``P_c``, ``CHUNK`` places at a time
-against a set of ``N`` bits (none when ``t_(c-1) = t_c = 0``). An epoch's places run into at most
-two cycles, and then all it takes of the first is ``B_c``, so any epoch, the first of a resume
-too, costs its own places plus at most one scan. Each source remembers the scans of its latest
-``REMEMBERED`` cycles (arrays of fewer than ``r`` places), so consecutive epochs scan each cycle
-once.
+Cost. ``locate`` holds memory in proportion to the positions asked for, but for one thing: to
+put an epoch's extras of a source in store order it holds all ``r`` of them, sorted (``r`` 4-byte
+entries below 2**32 samples; ``r < N`` and within the source's quota). That is the one place where
+memory grows with a source's extras rather than with the positions asked for. They are worked out
+the first time any extra of the epoch is asked for, ``CHUNK`` places of the stream at a time and
+one sort, and kept for the epochs within ``NEIGHBOURS`` of the latest one asked (a Loader
+locates the next epoch while it reads one), so at most ``2*NEIGHBOURS + 1`` epochs' worth are held
+and epochs asked in turn sort a source's extras once each. Every rank sorts all ``r``, not just
+its share's.
+
+The stream's places. Those of ``B_c`` and of ``B_(c-1)`` without it are places in ``F``; the
+first part needs the places in ``P_c`` of the fewer than ``r`` samples of ``B_(c-1)`` and ``B_c``,
+and order.py gives the sample at a place, not the place of a sample, so they come from one scan of
+``P_c``, ``CHUNK`` places at a time against a set of ``N`` bits (none when ``t_(c-1) = t_c = 0``).
+An epoch's places run into at most two cycles, and then all it takes of the first is ``B_c``, so
+any epoch, the first of a resume too, costs its own places plus at most one scan. Each source
+remembers the scans of its latest ``REMEMBERED`` cycles (arrays of fewer than ``r`` places), so
+consecutive epochs scan each cycle once.
 """
 
 from __future__ import annotations
@@ -71,7 +84,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Final
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 
@@ -79,18 +92,43 @@ from tilefeed.pipeline.order import CHUNK, EpochOrder
 
 # cycles whose scans a stream keeps: the epochs in flight at once lie in a few neighbouring cycles
 REMEMBERED: Final = 4
+# epochs either side of the latest one asked whose sorted extras a stream keeps
+NEIGHBOURS: Final = 1
 # the epoch number that keys a stream's fixed order F; cycles key theirs with numbers >= 0
 FIXED_ORDER: Final = -1
 _NONE: Final = np.zeros(0, dtype=np.int64)
 _NONE.flags.writeable = False
 
 
-def largest_remainder(weights: Sequence[float], total: int) -> tuple[int, ...]:
+# the weights taken, each exactly: a float is the binary fraction it holds
+Weight: TypeAlias = float | Fraction | np.integer[Any] | np.floating[Any]
+_WEIGHT_TYPES: Final = (int, float, Fraction, np.integer, np.floating)
+
+
+def _is_weight(weight: object) -> bool:
+    """A real number of a type ``_exact`` takes as it is (a bool is a flag, not a weight)."""
+    return isinstance(weight, _WEIGHT_TYPES) and not isinstance(weight, bool)
+
+
+def _finite(weight: Weight) -> bool:
+    return isinstance(weight, (int, Fraction, np.integer)) or bool(np.isfinite(weight))
+
+
+def _exact(weight: Weight) -> Fraction:
+    """``weight`` (finite) as the fraction it is, with no rounding on the way."""
+    if isinstance(weight, (int, np.integer)):
+        return Fraction(int(weight))
+    if isinstance(weight, Fraction):
+        return weight
+    return Fraction(*weight.as_integer_ratio())
+
+
+def largest_remainder(weights: Sequence[Weight], total: int) -> tuple[int, ...]:
     """``total`` split in proportion to ``weights`` (finite, >= 0, one > 0) by largest remainder,
     ties to the lower index: integers adding up to ``total``, each within one of its share."""
-    exact = [Fraction(w) for w in weights]
-    whole = sum(exact, Fraction(0))
-    shares = [w * total / whole for w in exact]
+    exact_weights = [_exact(w) for w in weights]
+    whole = sum(exact_weights, Fraction(0))
+    shares = [w * total / whole for w in exact_weights]
     quotas = [math.floor(share) for share in shares]
     short = total - sum(quotas)  # the fractional parts add up to it, so as many are above 0
     by_remainder = sorted(range(len(shares)), key=lambda i: (quotas[i] - shares[i], i))
@@ -128,7 +166,9 @@ class VisitStream:
         self.size, self.per_epoch, self.seed = size, per_epoch, seed
         self.fixed = EpochOrder(size, shuffle="global", seed=seed, epoch=FIXED_ORDER, shard_size=1)
         self.scans = 0  # how many cycles' permutations were scanned, for tests of the cost
+        self.sorts = 0  # how many epochs' samples were sorted, for the same
         self._scanned: dict[int, np.ndarray] = {}  # cycle: sorted places of B_(c-1) and B_c in P_c
+        self._sorted: dict[int, np.ndarray] = {}  # epoch: its samples, ascending
 
     def permutation(self, cycle: int) -> EpochOrder:
         """Cycle ``cycle``'s keyed permutation ``P_c``."""
@@ -149,6 +189,24 @@ class VisitStream:
         if later.any():
             out[later] = self.at(cycle + 1, places[later] - self.size)
         return out
+
+    def sorted_window(self, epoch: int) -> np.ndarray:
+        """The ``per_epoch`` samples of ``epoch``'s places in the stream, ascending (read-only;
+        uint32 below 2**32 samples), kept for the epochs within ``NEIGHBOURS`` of it."""
+        epoch = operator.index(epoch)
+        known = self._sorted.get(epoch)
+        if known is None:
+            self.sorts += 1
+            known = np.empty(self.per_epoch, dtype=np.uint32 if self.size <= 1 << 32 else np.int64)
+            for start in range(0, self.per_epoch, CHUNK):  # the window's temporaries stay CHUNK long
+                items = np.arange(start, min(start + CHUNK, self.per_epoch), dtype=np.int64)
+                known[start : start + len(items)] = self.window(epoch, items)
+            known.sort()
+            known.flags.writeable = False
+            self._sorted[epoch] = known
+        for old in [e for e in list(self._sorted) if abs(e - epoch) > NEIGHBOURS]:
+            self._sorted.pop(old, None)
+        return known
 
     def at(self, cycle: int, places: np.ndarray) -> np.ndarray:
         """The samples at ``places`` (each in [0, size)) of ``cycle``'s order."""
@@ -200,7 +258,7 @@ class MixturePlan:
     docstring for the rules). ``len(plan)`` is the number of positions per epoch."""
 
     sizes: Sequence[int]
-    weights: Sequence[float]
+    weights: Sequence[Weight]
     seed: int
     epoch_samples: int | None = None
     quotas: tuple[int, ...] = field(init=False)
@@ -209,13 +267,16 @@ class MixturePlan:
 
     def __post_init__(self) -> None:
         sizes = tuple(operator.index(size) for size in self.sizes)
-        weights = tuple(float(weight) for weight in self.weights)
+        weights = tuple(self.weights)  # as given: the quotas take them exactly
         if len(sizes) != len(weights):
             raise ValueError(f"sizes and weights must have the same length, got {len(sizes)} and "
                              f"{len(weights)}")
         if any(size < 0 for size in sizes):
             raise ValueError(f"sizes must be >= 0, got {list(sizes)}")
-        if not all(math.isfinite(w) and w >= 0 for w in weights):
+        if not all(_is_weight(w) for w in weights):
+            raise ValueError(f"weights must be real numbers (int, float, Fraction or a numpy scalar, not "
+                             f"bool), got {list(weights)}")
+        if not all(_finite(w) and w >= 0 for w in weights):
             raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
         if not any(w > 0 for w in weights):
             raise ValueError(f"at least one weight must be > 0, got {list(weights)}")
@@ -263,5 +324,5 @@ class MixturePlan:
             extra = items >= passes
             sample[picked[~extra]] = items[~extra] % size
             if stream is not None and extra.any():
-                sample[picked[extra]] = stream.window(epoch, items[extra] - passes)
+                sample[picked[extra]] = stream.sorted_window(epoch)[items[extra] - passes]
         return source.reshape(positions.shape), sample.reshape(positions.shape)

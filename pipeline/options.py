@@ -214,13 +214,10 @@ class LoaderSettings:
             shuffle_window, storage_options, cache_dir, limit, bool(fast_idct), bool(scaled_decode),
             bool(stats))
 
-    def subset(self, samples: int, mixed: bool = False) -> np.ndarray | None:
+    def subset(self, samples: int) -> np.ndarray | None:
         """``indices`` checked against a store of ``samples`` samples, in store order."""
         if self.indices is None:
             return None
-        if mixed:
-            raise ConfigError("indices selects samples of one store; a Mix takes none (sub-sample "
-                              "a source with its weight and epoch_samples)")
         if self.indices.min() < 0 or self.indices.max() >= samples:
             raise ConfigError(f"indices must lie in 0..{samples - 1}")
         if len(np.unique(self.indices)) != len(self.indices):

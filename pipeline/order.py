@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import numpy as np
 
@@ -343,15 +343,7 @@ def remaining(samples: int, segments: Sequence[Segment]) -> Remainder:
     return left
 
 
-class Order(Protocol):
-    """What ``rank_indices`` reads of an order: its length and the samples at positions."""
-
-    def __len__(self) -> int: ...
-
-    def at(self, positions: np.ndarray) -> np.ndarray: ...
-
-
-def rank_indices(order: Order, *, rank: int, world_size: int, batch_size: int, drop_last: bool,
+def rank_indices(order: EpochOrder, *, rank: int, world_size: int, batch_size: int, drop_last: bool,
                  after: Sequence[Segment] = ()) -> np.ndarray:
     """This rank's samples of what is left of the epoch after ``after`` (all of it by default),
     in order (see the module docstring for the rules): memory in proportion to the share."""

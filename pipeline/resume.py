@@ -40,6 +40,7 @@ def identity(settings: LoaderSettings, samples: int, subset: np.ndarray | None,
     """What a state must agree on to be resumed here: it decides the epoch's order."""
     digest = None if subset is None else hashlib.sha256(subset.tobytes()).hexdigest()[:16]
     return {"seed": settings.seed, "shuffle": settings.shuffle, "samples": samples, "subset": digest,
+            "window": settings.shuffle_window if settings.shuffle == "shard" else None,
             "mixture": None if mixture is None else mixture.identity()}
 
 

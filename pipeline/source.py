@@ -27,7 +27,8 @@ from tilefeed.store.format import ceil_div
 from tilefeed.store.codec import decode_jpeg
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
-Extras = Callable[[np.ndarray], tuple[np.ndarray, ...]]  # sample indices -> per-sample graph inputs
+# (sample indices, the keys their crops and flips are drawn from) -> per-sample graph inputs
+Extras = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
 
 
 # JPEG scales libjpeg-turbo decodes in the DCT domain, skipping most of the IDCT's work
@@ -36,13 +37,15 @@ DCT_SCALES = (8, 4, 2)
 
 @dataclass(frozen=True)
 class Epoch:
-    """An epoch to read: its number, this rank's samples in order, the per-sample extras, and
-    its output side (0: the tiles as stored)."""
+    """An epoch to read: its number, this rank's samples in order, the per-sample extras, its
+    output side (0: the tiles as stored) and the keys of the samples' crops and flips (None: the
+    samples themselves; a mixture's: its positions, so a repeated sample is cut anew)."""
 
     number: int
     indices: np.ndarray
     extras: Extras | None = None
     size: int = 0
+    keys: np.ndarray | None = None
 
     def same(self, other: Epoch) -> bool:
         return (self.number == other.number and self.size == other.size
@@ -198,12 +201,14 @@ class BatchSource:
 
     def _submit(self, epoch: Epoch, batch: int, batches: int) -> tuple[Tag, Future[Batch]]:
         assert self._pool is not None
-        chunk = epoch.indices[batch * self.batch_size : (batch + 1) * self.batch_size]
+        batch_of = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
+        chunk = epoch.indices[batch_of]
+        keys = chunk if epoch.keys is None else epoch.keys[batch_of]
         side = epoch.size or self.reader.tile
         slot, images = self._buffer(len(chunk), side)
         timing = Timing() if self.timed else None
         tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing)
-        return tag, self._pool.submit(self._read, chunk, images, epoch.extras, timing)
+        return tag, self._pool.submit(self._read, chunk, keys, images, epoch.extras, timing)
 
     def _buffer(self, n: int, side: int) -> tuple[int, np.ndarray | None]:
         """A slot of the ring (or, handed out, fresh memory) for ``n`` tiles at ``side``."""
@@ -262,12 +267,12 @@ class BatchSource:
         with self.lock:
             return sum(fut.done() for _tag, fut in self._pending)
 
-    def _read(self, indices: np.ndarray, images: Any, extras_of: Extras | None,
+    def _read(self, indices: np.ndarray, keys: np.ndarray, images: Any, extras_of: Extras | None,
               timing: Timing | None) -> Batch:
         with Reading(timing):
             reader = self.reader
             labels = reader.labels[indices]
-            extras = extras_of(indices) if extras_of is not None else ()
+            extras = extras_of(indices, keys) if extras_of is not None else ()
             began = time.perf_counter()
             if images is None:
                 # bytes() copies out of the map: DALI may hold inputs past this call

@@ -159,3 +159,54 @@ def test_per_source_counts_agree_in_both_forms_of_the_tally() -> None:
         assert (tally.bits is None) == (size == 10_000)
         assert tally.within(4, 18) == (3, 1) and tally.within(0, size) == (5, 1)
         assert tally.within(6, 9) == (0, 0)
+
+
+def test_a_sample_repeated_in_an_epoch_is_cut_anew_each_time(stores: dict[str, Path]) -> None:
+    """Crops and flips are drawn from the position: the small store's ten samples, each ten
+    times in an epoch, come out as ten different crops each (not one image ten times)."""
+    with Loader(mix(stores), EPOCH, seed=5, train=True, **UINT8) as loader:  # type: ignore[arg-type]
+        images, _, ids = next(iter(loader))
+    names, samples = loader.source_of(ids)
+    small = [k for k, n in enumerate(names) if n == "small"]
+    first = samples[small[0]]
+    same = [images[k].numpy() for k in small if samples[k] == first]
+    assert len(same) == 10
+    assert len({image.tobytes() for image in same}) > 5
+
+
+def test_wide_blocks_count_the_same_in_both_forms_of_the_tally() -> None:
+    from tilefeed.pipeline.ledger import _Tally
+
+    rng = np.random.default_rng(3)
+    places = np.sort(rng.integers(0, 1000, 900))
+    sorted_form, bitmap_form = _Tally(10**9), _Tally(1000)
+    sorted_form.add(places)
+    bitmap_form.add(places)
+    assert sorted_form.bits is None and bitmap_form.bits is not None
+    for low, high in [(0, 1000), (3, 997), (8, 16), (5, 21), (17, 640), (999, 1000)]:
+        assert bitmap_form.within(low, high) == sorted_form.within(low, high), (low, high)
+
+
+def test_a_ledger_folder_of_another_mixture_is_refused(stores: dict[str, Path], tmp_path: Path) -> None:
+    from tilefeed.store.errors import LedgerError
+
+    with Loader(mix(stores), 8, seed=5, ledger=tmp_path, **UINT8):  # type: ignore[arg-type]
+        pass
+    other = Mix(stores, weights={"big": 0.5, "mid": 0.2, "small": 0.3}, epoch_samples=EPOCH)
+    with pytest.raises(LedgerError, match="another store, subset or mixture"):
+        Loader(other, 8, seed=5, ledger=tmp_path, **UINT8)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("described", [
+    {"names": ["a", "a"], "starts": [0, 100], "quotas": [100, 100]},
+    {"names": ["a", "b"], "starts": [0, 2**63], "quotas": [2**63, 2**63 + 5]},
+    {"names": "ab", "starts": [0, 100], "quotas": [100, 100]},
+    {"names": ["a", "b"], "starts": [0, True], "quotas": [True, 199]},
+])
+def test_a_damaged_mixture_description_is_refused(tmp_path: Path, described: dict[str, object]) -> None:
+    from tilefeed.pipeline.ledger import COUNT
+    from tilefeed.store.errors import LedgerError
+
+    (tmp_path / COUNT).write_text(json.dumps({"samples": 200, "mixture": described}))
+    with pytest.raises(LedgerError, match="do not tile"):
+        audit(tmp_path)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilefeed.pipeline.mixture import REMEMBERED, MixturePlan, VisitStream, largest_remainder
+from tilefeed.pipeline.mixture import NEIGHBOURS, REMEMBERED, MixturePlan, VisitStream, largest_remainder
 from tilefeed.pipeline.order import epoch_order
 
 SIZES = [(50, 7, 1000), (1, 2, 3), (13, 1, 97), (1000,)]
@@ -35,7 +35,7 @@ def whole_epoch(plan: MixturePlan, epoch: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def extras(plan: MixturePlan, source: int, epoch: int) -> np.ndarray:
-    """Source ``source``'s extras in ``epoch``, in the order of its visit stream."""
+    """Source ``source``'s extras in ``epoch``, as its block lays them out."""
     first = plan.starts[source] + plan.quotas[source] // plan.sizes[source] * plan.sizes[source]
     return plan.locate(epoch, np.arange(first, plan.starts[source] + plan.quotas[source]))[1]
 
@@ -63,14 +63,46 @@ def reference_stream(stream: VisitStream, cycles: int) -> np.ndarray:
     return np.concatenate([reference_cycle(stream, c) for c in range(cycles)])
 
 
+def reference_epochs(plan: MixturePlan, epochs: int) -> list[np.ndarray]:
+    """The samples of the plan's first ``epochs`` epochs, built the plain way: per source its full
+    passes, then its epoch's places of the stream built whole, sorted into store order."""
+    out: list[list[np.ndarray]] = [[] for _ in range(epochs)]
+    for n, q, stream in zip(plan.sizes, plan.quotas, plan.streams, strict=True):
+        k, r = divmod(q, n) if n else (0, 0)
+        whole = np.zeros(0, dtype=np.int64) if stream is None else reference_stream(stream, epochs * r // n + 1)
+        for e in range(epochs):
+            out[e] += [np.arange(k * n) % n, np.sort(whole[e * r : (e + 1) * r])]
+    return [np.concatenate(parts) for parts in out]
+
+
+def shard_loads(samples: np.ndarray, shard_size: int, kept: int) -> int:
+    """How many shards a reader of ``samples``, in this order, loads with the latest ``kept`` in memory."""
+    cache: dict[int, None] = {}
+    loads = 0
+    for shard in (samples // shard_size).tolist():
+        if shard in cache:
+            cache.pop(shard)
+        else:
+            loads += 1
+            if len(cache) == kept:
+                cache.pop(next(iter(cache)))
+        cache[shard] = None
+    return loads
+
+
 # -- quotas -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(("weights", "total", "quotas"), [
     ((1, 1, 1), 10, (4, 3, 3)), ((0.5, 0.3, 0.2), 1057, (529, 317, 211)), ((0.8, 0.2, 0), 10, (8, 2, 0)),
     ((1, 1), 3, (2, 1)), ((0, 1), 5, (0, 5)), ((1e-9, 1), 10, (0, 10)), ((0.1, 0.2, 0.7), 10, (1, 2, 7)),
-    ((3, 1), 1, (1, 0)), ((1, 3), 1, (0, 1))])
+    ((3, 1), 1, (1, 0)), ((1, 3), 1, (0, 1)),
+    # exact: 3/10 and 1/10 of 2 are 1.5 and 0.5, a tie; the floats 0.3 and 0.1 are not
+    ((Fraction(3, 10), Fraction(1, 10)), 2, (2, 0)), ((0.3, 0.1), 2, (1, 1)),
+    ((np.float32(0.3), np.int64(1), Fraction(1, 3), np.float64(0.25)), 1000, (159, 531, 177, 133))])
 def test_quotas_by_largest_remainder(weights: tuple[float, ...], total: int, quotas: tuple[int, ...]) -> None:
     assert largest_remainder(weights, total) == quotas
-    assert MixturePlan([100] * len(weights), weights, seed=0, epoch_samples=total).quotas == quotas
+    plan = MixturePlan([100] * len(weights), weights, seed=0, epoch_samples=total)
+    assert plan.quotas == quotas
+    assert plan.weights == weights and [type(w) for w in plan.weights] == [type(w) for w in weights]
 
 
 @settings(max_examples=200, deadline=None)
@@ -100,7 +132,14 @@ def test_quotas_add_up_and_stay_within_one_of_the_share(weights: list[float], to
     ((), (), None, "at least one weight must be > 0"),
     ((5, 0), (1.0, 0.5), None, "source 1 has no samples but weight 0.5 > 0"),
     ((5, 5), (1.0, 1.0), 0, "epoch_samples must be >= 1, got 0"),
-    ((5, 5), (1.0, 1.0), -3, "epoch_samples must be >= 1, got -3")])
+    ((5, 5), (1.0, 1.0), -3, "epoch_samples must be >= 1, got -3"),
+    ((5, 5), (True, 1.0), None, r"weights must be real numbers \(int, float, Fraction or a numpy scalar, "
+                                r"not bool\), got \[True, 1.0\]"),
+    ((5, 5), (np.True_, 1.0), None, "weights must be real numbers"),
+    ((5, 5), ("0.5", 1.0), None, "weights must be real numbers"),
+    ((5, 5), (1j, 1.0), None, "weights must be real numbers"),
+    ((5, 5), (np.float32("nan"), 1.0), None, "weights must be finite and >= 0"),
+    ((5, 5), (Fraction(-1, 3), 1.0), None, "weights must be finite and >= 0")])
 def test_invalid_plans_are_refused(sizes: tuple[int, ...], weights: tuple[float, ...], total: int | None,
                                    message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -125,7 +164,8 @@ def test_invalid_positions_and_epochs_are_refused() -> None:
 def test_epochs_follow_the_rules(sizes: tuple[int, ...], weights: tuple[float, ...], total: int | None) -> None:
     plan = MixturePlan(sizes, weights, seed=3, epoch_samples=total)
     assert len(plan) == (sum(sizes) if total is None else total) == sum(plan.quotas)
-    visits: list[list[np.ndarray]] = [[] for _ in sizes]
+    visits = [np.zeros(n, dtype=np.int64) for n in sizes]  # each sample's extras so far
+    expected = reference_epochs(plan, 60)
     for epoch in range(60):
         source, sample = whole_epoch(plan, epoch)
         assert source.dtype == sample.dtype == np.int64
@@ -138,11 +178,12 @@ def test_epochs_follow_the_rules(sizes: tuple[int, ...], weights: tuple[float, .
             counts = np.bincount(sample[source == s], minlength=n)
             assert len(counts) == n and set(np.unique(counts)) <= {k, k + 1}  # (a)
             assert (counts == k + 1).sum() == r
-            visits[s].append(extras(plan, s, epoch))
-    for s, n in enumerate(sizes):  # (b): the extras, epoch after epoch, visit whole cycles
-        stream = np.concatenate(visits[s]) if visits[s] else np.zeros(0, dtype=np.int64)
-        for c in range(len(stream) // n):
-            np.testing.assert_array_equal(np.sort(stream[c * n : (c + 1) * n]), np.arange(n))
+            more = extras(plan, s, epoch)
+            assert (np.diff(more) > 0).all()  # the extras in store order
+            visits[s] += np.bincount(more, minlength=n)
+            # (b): over the epochs so far, every sample visited before any is visited again
+            assert visits[s].max() - visits[s].min() <= 1
+        np.testing.assert_array_equal(sample, expected[epoch])
 
 
 @pytest.mark.parametrize(("size", "per_epoch"), STREAMS)
@@ -205,9 +246,9 @@ def test_a_resume_far_on_scans_at_most_one_cycle() -> None:
         cycle, offset = divmod(epoch * r, n)
         crossed += offset + r > n
         built = np.concatenate([reference_cycle(stream, cycle), reference_cycle(stream, cycle + 1)])
-        np.testing.assert_array_equal(got, built[offset : offset + r])
+        np.testing.assert_array_equal(got, np.sort(built[offset : offset + r]))
         whole_epoch(plan, epoch)  # asked again: remembered
-        assert stream.scans == 1
+        assert stream.scans == stream.sorts == 1
     assert crossed == 2  # epochs 1001 and 1003 run from one cycle into the next
 
 
@@ -216,7 +257,9 @@ def test_plans_are_fixed_by_their_arguments() -> None:
     def plan(seed: int) -> MixturePlan:
         return MixturePlan([50, 7, 1000], [0.5, 0.3, 0.2], seed=seed, epoch_samples=1057)
 
-    assert plan(4) == plan(4) and hash(plan(4)) == hash(plan(4)) and plan(4) != plan(5)
+    assert plan(4) == plan(4) and hash(plan(4)) == hash(plan(4))
+    for epoch in (0, 3):  # another seed takes other extras, not just a field that differs
+        assert set(extras(plan(4), 2, epoch).tolist()) != set(extras(plan(5), 2, epoch).tolist())
     for epoch in (0, 1, 17):
         a, b = whole_epoch(plan(4), epoch), whole_epoch(plan(4), epoch)
         np.testing.assert_array_equal(a[1], b[1])
@@ -271,6 +314,22 @@ def test_any_mixture_follows_the_rules(sources: list[tuple[int, float]], total: 
     np.testing.assert_array_equal(fresh.locate(epoch, at)[1], sample[at])
 
 
+def test_each_epoch_sorts_a_sources_extras_once() -> None:
+    plan = MixturePlan([1000, 30], [0.2, 0.8], seed=9, epoch_samples=200)  # 40 extras of source 0
+    stream = plan.streams[0]
+    assert isinstance(stream, VisitStream)
+    first = [plan.locate(e, np.arange(40))[1] for e in range(6)]  # epochs in turn
+    assert stream.sorts == 6 and len(stream._sorted) <= 2 * NEIGHBOURS + 1
+    assert sorted(stream._sorted) == [4, 5]
+    for e in (6, 5, 6, 5):  # the neighbours of the latest one asked are kept
+        plan.locate(e, np.arange(40, 0, -1) - 1)
+    assert stream.sorts == 7 and sorted(stream._sorted) == [5, 6]
+    np.testing.assert_array_equal(plan.locate(4, np.arange(40))[1], first[4])  # 4 was dropped
+    assert stream.sorts == 8 and sorted(stream._sorted) == [4, 5]
+    np.testing.assert_array_equal(plan.locate(0, np.arange(7, 40, 5))[1], first[0][7::5])
+    assert stream.sorts == 9 and sorted(stream._sorted) == [0]
+
+
 # -- under the epoch order ---------------------------------------------------------------------
 def test_epoch_order_interleaves_the_blocks() -> None:
     plan = MixturePlan([50, 7, 1000], [0.5, 0.3, 0.2], seed=0, epoch_samples=1057)
@@ -279,3 +338,21 @@ def test_epoch_order_interleaves_the_blocks() -> None:
     shuffled = plan.locate(2, epoch_order(len(plan), shuffle="global", seed=0, epoch=2, shard_size=8)[:])[0]
     np.testing.assert_array_equal(np.bincount(shuffled), plan.quotas)
     assert (np.diff(shuffled) != 0).sum() > 100  # the sources are mixed, not in three runs
+
+
+def read(plan: MixturePlan, epoch: int, shuffle: str, shard_size: int) -> np.ndarray:
+    """The samples of ``epoch`` in the order a Loader of that shuffle reads the plan's positions."""
+    order = epoch_order(len(plan), shuffle=shuffle, seed=0, epoch=epoch, shard_size=shard_size)
+    return plan.locate(epoch, order[:])[1]
+
+
+def test_a_sub_sampled_source_is_read_a_few_shards_at_a_time() -> None:
+    plan = MixturePlan([10000], [1.0], seed=0, epoch_samples=8000)  # 8000 of 100 shards of 100
+    for epoch in (0, 1):
+        assert shard_loads(read(plan, epoch, "none", 100), 100, kept=1) == 100  # each shard in one run
+        # "shard": runs of 100 positions, 4 at a time permuted together; each run is a stretch of
+        # the sorted extras, so the runs touch the 100 shards and at most one more at each of
+        # their 79 boundaries, and a cache of one group's shards loads none more often than that
+        shards = read(plan, epoch, "shard", 100)
+        groups = [len(np.unique(shards[i : i + 400] // 100)) for i in range(0, 8000, 400)]
+        assert shard_loads(shards, 100, kept=max(groups)) <= sum(groups) <= 100 + 79

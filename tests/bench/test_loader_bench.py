@@ -1,0 +1,97 @@
+"""The mixture row of the loader bench: two halves of a store, made from its source paths, read
+as a 50/50 mixture against the store itself, and refused when they do not add up to it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tests.helpers import write_folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    images = write_folder(root / "images", classes=2, per_class=12, size=(64, 48))
+    store = root / "store"
+    preprocess(images, store, TileSettings(tile=32, fit="crop"), StoreSettings(shard_size=8),
+               workers=1)
+    return images, store
+
+
+def test_the_halves_hold_the_store_once_and_are_made_once(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    from collections import Counter
+
+    import numpy as np
+
+    from tilefeed.bench.mixture_halves import split_store
+    from tilefeed.pipeline import StoreReader
+    from tilefeed.pipeline.show import source_paths
+
+    _, store = data
+    halves = split_store(store, tmp_path / "halves", workers=1, log=False)
+    with StoreReader(store) as whole, StoreReader(halves[0]) as a, StoreReader(halves[1]) as b:
+        assert len(a) == len(b) == len(whole) // 2
+        assert a.classes == b.classes == whole.classes and a.tile == whole.tile
+        assert Counter(source_paths(a, np.arange(len(a))) + source_paths(b, np.arange(len(b)))) \
+            == Counter(source_paths(whole, np.arange(len(whole))))
+    written = {h: os.stat(h / "zarr.json").st_mtime_ns for h in halves}
+    assert split_store(store, tmp_path / "halves", workers=1, log=False) == halves
+    assert {h: os.stat(h / "zarr.json").st_mtime_ns for h in halves} == written  # reused
+
+
+def test_the_mixture_row_reads_the_store_samples_in_the_same_rounds(
+        tmp_path: Path, data: tuple[Path, Path]) -> None:
+    from tilefeed.bench.loader_bench import MIX_TILEFEED, UINT8_TILEFEED, bench_loaders
+    from tilefeed.bench.mixture_halves import split_store
+
+    images, store = data
+    halves = split_store(store, tmp_path / "halves", workers=1, log=False)
+    result = bench_loaders(images, store, batch_size=8, workers=1, rounds=2, min_seconds=0.1,
+                           log=False, halves=halves)
+    assert len(result.rates) == 7 and result.rates[MIX_TILEFEED] > 0
+    assert result.mixture_samples == result.samples == 24
+    assert result.mixture_ratio is not None
+    ratio, low, high = result.mixture_ratio
+    assert ratio == result.rates[MIX_TILEFEED] / result.rates[UINT8_TILEFEED]
+    assert 0 < low <= high and set(result.ranges) == set(result.rates)
+    assert "50/50 mixture of two halves / the single store" in result.table()
+
+
+def test_halves_of_other_samples_are_refused(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    from tilefeed.bench.loader_bench import bench_loaders
+    from tilefeed.bench.mixture_halves import split_store
+    from tilefeed.store.errors import ConfigError
+
+    images, store = data
+    other = write_folder(tmp_path / "other", classes=2, per_class=12, size=(64, 48), seed=7)
+    other_store = tmp_path / "other-store"
+    preprocess(other, other_store, TileSettings(tile=32, fit="crop"), StoreSettings(shard_size=8),
+               workers=1)
+    ours = split_store(store, tmp_path / "halves", workers=1, log=False)
+    theirs = split_store(other_store, tmp_path / "other-halves", workers=1, log=False)
+    for halves, why in (((ours[0], theirs[1]), "source paths are not in them"),
+                        ((ours[0], ours[0]), "source paths are not in them"),
+                        ((ours[0], store), "together 36 samples, the store 24")):
+        with pytest.raises(ConfigError, match=f"do not hold exactly .*{why}"):
+            bench_loaders(images, store, batch_size=8, workers=1, rounds=1, min_seconds=0.1,
+                          log=False, halves=halves)
+
+
+def test_halves_made_otherwise_are_refused(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    from tilefeed.bench.mixture_halves import HALVES, check_halves, split_store
+    from tilefeed.pipeline import StoreReader
+    from tilefeed.preprocess.scanning import SourceOptions
+    from tilefeed.store.errors import ConfigError
+
+    _, store = data
+    a, _b = split_store(store, tmp_path / "halves", workers=1, log=False)
+    other = tmp_path / "halves" / "other-codec"
+    preprocess(tmp_path / "halves" / f"{HALVES[1]}.jsonl", other, TileSettings(tile=32, fit="crop"),
+               StoreSettings(codec="none", shard_size=8), workers=1,
+               source_options=SourceOptions(labels="names", allow_outside=True))
+    with StoreReader(store) as whole, pytest.raises(ConfigError, match=r"other settings \(codec\)"):
+        check_halves(whole, (a, other))
