@@ -52,12 +52,15 @@ class Mix:
     sample at most once more than any other, one whose share is smaller is sub-sampled, every
     sample visited before any again over consecutive epochs. ``labels``: how class lists
     combine: ``"same"`` (the stores' lists must be equal), ``"offset"`` (each source's classes
-    after the previous sources') or ``"names"`` (merged by class name)."""
+    after the previous sources') or ``"names"`` (merged by class name). ``indices``: name -> the
+    samples of that store the mixture takes (a train/validation split, as the Loader's
+    ``indices`` for one store); its size is then the subset's."""
 
     stores: Mapping[str, str | Path]
     weights: Mapping[str, float] | None = None
     epoch_samples: int | None = None
     labels: str = "same"
+    indices: Mapping[str, Any] | None = None
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,9 @@ class Mix:
                 isinstance(self.epoch_samples, int) and not isinstance(self.epoch_samples, bool)
                 and self.epoch_samples >= 1):
             raise ConfigError(f"Mix epoch_samples must be a whole number >= 1, got {self.epoch_samples!r}")
+        if self.indices is not None and not set(self.indices) <= set(stores):
+            unknown = sorted(set(self.indices) - set(stores))
+            raise ConfigError(f"Mix indices name stores it does not hold: {unknown}")
         if self.labels not in LABEL_RULES:
             raise ConfigError(f"Mix labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
         object.__setattr__(self, "stores", stores)
@@ -96,21 +102,28 @@ class Mix:
 
 @dataclass(frozen=True)
 class Mixture:
-    """A mixture opened: its reader and its plan."""
+    """A mixture opened: its reader, each store's subset (None: all of it) and its plan."""
 
     mix: Mix
     reader: MixedReader
+    subsets: tuple[np.ndarray | None, ...]
     plan: MixturePlan
 
     def locate(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The samples (global ids of the reader) at ``positions`` of ``epoch``."""
         sources, samples = self.plan.locate(epoch, positions)
+        for s, subset in enumerate(self.subsets):
+            if subset is not None:  # the plan counts a subset's members: to the store's samples
+                mine = sources == s
+                samples[mine] = subset[samples[mine]]
         return np.asarray(self.reader.offsets, dtype=np.int64)[sources] + samples
 
     def identity(self) -> str:
-        """What a resumed state must agree on besides seed and shuffle: sources, sizes, quotas, labels."""
+        """What a resumed state must agree on besides seed and shuffle: sources, sizes, subsets,
+        quotas, labels."""
+        subsets = [None if s is None else hashlib.sha256(s.tobytes()).hexdigest()[:16] for s in self.subsets]
         described = {"names": self.mix.names, "sizes": self.plan.sizes, "quotas": self.plan.quotas,
-                     "labels": self.mix.labels, "shard_size": self.reader.shard_size}
+                     "labels": self.mix.labels, "shard_size": self.reader.shard_size, "subsets": subsets}
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
@@ -133,11 +146,28 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
         for store in mix.stores.values():  # the bucket options are for the stores in buckets
             opened.append(settings.open_store(store if is_url(store) else StoreReader(store)))
         reader = MixedReader(opened, list(mix.names), mix.labels)
-        return Mixture(mix, reader, mix.plan([len(r) for r in opened], settings.seed))
+        given = mix.indices or {}
+        subsets = tuple(None if n not in given else _subset(n, given[n], len(r))
+                        for n, r in zip(mix.names, opened, strict=True))
+        sizes = [len(r) if s is None else len(s) for r, s in zip(opened, subsets, strict=True)]
+        return Mixture(mix, reader, subsets, mix.plan(sizes, settings.seed))
     except BaseException:
         for one in opened:
             one.close()
         raise
+
+
+def _subset(name: str, given: Any, size: int) -> np.ndarray:
+    """A store's ``indices``, checked against its ``size`` samples, in store order."""
+    ids = np.asarray(given)
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+        raise ConfigError(f"Mix indices of {name!r} must be a non-empty sequence of sample numbers")
+    ids = np.unique(ids.astype(np.int64))
+    if len(ids) != len(given):
+        raise ConfigError(f"Mix indices of {name!r} must not repeat a sample")
+    if ids[0] < 0 or ids[-1] >= size:
+        raise ConfigError(f"Mix indices of {name!r} must lie in 0..{size - 1}")
+    return ids
 
 
 def _weight(w: Any) -> bool:

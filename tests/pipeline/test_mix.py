@@ -4,6 +4,10 @@ ledger's audit, labels across stores, and the refusals."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -210,3 +214,57 @@ def test_a_damaged_mixture_description_is_refused(tmp_path: Path, described: dic
     (tmp_path / COUNT).write_text(json.dumps({"samples": 200, "mixture": described}))
     with pytest.raises(LedgerError, match="do not tile"):
         audit(tmp_path)
+
+
+def _killed_after_checkpoint(stores_json: str, ledger: str, state_file: str) -> None:
+    """A training process over the mixture: 3 batches, a checkpoint, 2 more, then SIGKILL."""
+    stores = {name: Path(path) for name, path in json.loads(stores_json).items()}
+    with Loader(mix(stores), 8, rank=0, world_size=2, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
+        for n, _batch in enumerate(loader):
+            if n == 2:
+                Path(state_file).write_text(json.dumps(loader.state_dict()))
+            if n == 4:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_kill_mid_epoch_and_an_elastic_resume_audit_clean(stores: dict[str, Path], tmp_path: Path) -> None:
+    ledger, state_file = tmp_path / "ledger", tmp_path / "state.json"
+    # rank 1 of the first job ran in lock-step and checkpointed at the same batch
+    with Loader(mix(stores), 8, rank=1, world_size=2, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
+        for n, _ in enumerate(loader):
+            if n == 2:
+                loader.state_dict()
+                break
+    given = json.dumps({name: str(path) for name, path in stores.items()})
+    code = (f"from tests.pipeline.test_mix import _killed_after_checkpoint; "
+            f"_killed_after_checkpoint({given!r}, {str(ledger)!r}, {str(state_file)!r})")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    state = json.loads(state_file.read_text())
+    for rank in range(3):  # the restart: three ranks, another batch size
+        with Loader(mix(stores), 5, rank=rank, world_size=3, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
+            loader.load_state_dict(state)
+            list(loader)
+    [epoch] = audit(ledger)
+    assert epoch.complete and epoch.ok and epoch.never == 0 and epoch.runs == 5
+    assert epoch.sources is not None and all(c["never"] == 0 for c in epoch.sources.values())
+
+
+def test_a_subset_of_a_store_is_all_the_mixture_takes_of_it(stores: dict[str, Path]) -> None:
+    """indices per store: the big store's even samples only (a split), sub-sampled by weight;
+    over two epochs every one of the 50 is visited before any again, and nothing else is."""
+    split = {"big": list(range(0, 100, 2))}
+    with Loader(Mix(stores, weights={"big": 0.2, "mid": 0.3, "small": 0.5}, epoch_samples=EPOCH,  # type: ignore[arg-type]
+                    indices=split), 8, seed=5, **UINT8) as loader:
+        seen: list[set[int]] = []
+        for _ in range(2):
+            names, samples = loader.source_of([i for b in loader for i in b[-1].tolist()])
+            big = [s for n, s in zip(names, samples.tolist(), strict=True) if n == "big"]
+            assert len(big) == len(set(big)) == 40 and set(big) <= set(split["big"])
+            seen.append(set(big))
+        assert seen[0] | seen[1] == set(split["big"])  # 40 an epoch of 50: the first cycle by epoch 1
+    for bad, message in [({"nope": [1]}, "does not hold"), ({"big": [0, 0]}, "repeat"),
+                         ({"big": [100]}, "0..99")]:
+        with pytest.raises(ConfigError, match=message):
+            Loader(Mix(stores, weights=WEIGHTS, epoch_samples=EPOCH, indices=bad), 8, **UINT8)  # type: ignore[arg-type]
