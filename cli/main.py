@@ -154,10 +154,15 @@ def _verify(args: argparse.Namespace) -> int:
 
     from tilefeed.store.inspection import verify
 
+    checked = [0]  # counted here: a disabled bar counts nothing
+
+    def one_more() -> None:
+        checked[0] += 1
+        bar.update(1)
+
     with tqdm(unit="shard", disable=args.quiet or not sys.stderr.isatty(), file=sys.stderr) as bar:
-        problems = verify(args.store, deep=args.deep, on_shard=lambda: bar.update(1),
-                          storage_options=storage_options(args))
-    shards = bar.n
+        problems = verify(args.store, deep=args.deep, on_shard=one_more, storage_options=storage_options(args))
+    shards = checked[0]
     for line in problems:
         print(shown(line, args))
     what = "decoded and checked" if args.deep else "checked"

@@ -18,7 +18,6 @@ from tilefeed.store.format import CODECS
 if TYPE_CHECKING:
     from tilefeed.preprocess.writer import Summary
 
-HELP = "convert images into a tiled, sharded Zarr v3 store"
 
 
 def _colour(text: str) -> tuple[int, int, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,7 @@ class LoaderSettings:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     shuffle_window: int
-    storage_options: dict[str, Any] | None
+    storage_options: dict[str, Any] | None = field(repr=False)  # credentials: never printed
     cache_dir: str | Path | None
     cache_limit: int | None
     fast_idct: bool

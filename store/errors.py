@@ -7,6 +7,7 @@ line (``one_line`` gives the reason a library's exception carries).
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 
@@ -77,10 +78,20 @@ class UncheckedCacheWarning(UserWarning):
 REFUSALS: Final = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 
 
+# a URL's query string: a presigned URL carries credentials there
+_QUERY: Final = re.compile(r"([a-z][a-z0-9+.-]*://[^\s?]*)\?\S*", re.IGNORECASE)
+
+
 def one_line(e: BaseException) -> str:
-    """The reason an exception gives, for a one-line message: its first line with runs of
-    spaces closed up, an object store's refusal shown by its code, and any query string cut off
-    (a presigned URL carries credentials in it)."""
+    """The reason an exception gives, for a one-line message (a reject's reason, a decode
+    error): all its lines joined with runs of spaces closed up, any URL's query string cut off."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return _QUERY.sub(r"\1", text)[:300]
+
+
+def refusal(e: BaseException) -> str:
+    """What an object store's client error says, in one line: its first line (the rest is the
+    client's debug detail), a refusal no retry can help shown by its code, any query cut off."""
     lines = str(e).strip().splitlines()
     text = " ".join(lines[0].split()) if lines else type(e).__name__
     for code in REFUSALS:

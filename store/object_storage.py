@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit
 
-from tilefeed.store.errors import REFUSALS, ConfigError, CorruptChunkError, StoreAccessError, one_line
+from tilefeed.store.errors import REFUSALS, ConfigError, CorruptChunkError, StoreAccessError, refusal
 from tilefeed.store.storage import DOWNLOAD_CHUNK, Storage, redact
 
 # storage_options keys that configure the HTTP client or the retries rather than the cloud
@@ -80,7 +80,7 @@ class ObjectStorage(Storage):
 
     def _failed(self, what: str, key: str, e: BaseException) -> StoreAccessError:
         """One line, with no credential of the URL, the options or the environment in it."""
-        return StoreAccessError(redact(f"{what} {self.where(key)} failed: {one_line(e)}", self.options))
+        return StoreAccessError(redact(f"{what} {self.where(key)} failed: {refusal(e)}", self.options))
 
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
         """``fn`` retried with backoff on transient failures (obstore retries 5xx and resets
@@ -244,7 +244,7 @@ def _make_store(url: str, options: dict[str, Any]) -> Any:
         return from_url(url, config=config or None, client_options=client or None,  # type: ignore[arg-type]
                         retry_config=retry or None, **kwargs)  # type: ignore[arg-type]
     except Exception as e:  # noqa: BLE001 - a bad URL or option is the user's to fix
-        raise ConfigError(f"cannot use {url}: {one_line(e)}") from None
+        raise ConfigError(f"cannot use {url}: {refusal(e)}") from None
 
 
 def _profile_credentials(profile: str) -> Any:

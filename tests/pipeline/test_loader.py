@@ -303,3 +303,12 @@ def test_channels_last_is_nchw_shaped_in_channels_last_memory(store: Path, train
     assert last.shape == first.shape == (8, 3, 24, 24)
     assert last.is_contiguous(memory_format=torch.channels_last) and not last.is_contiguous()
     torch.testing.assert_close(last, first)
+
+
+def test_the_settings_never_print_the_storage_options() -> None:
+    from dataclasses import fields
+
+    from tilefeed.pipeline.options import LoaderSettings
+
+    (options,) = (f for f in fields(LoaderSettings) if f.name == "storage_options")
+    assert not options.repr  # credentials travel there (secret keys, session tokens)

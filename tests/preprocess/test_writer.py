@@ -162,6 +162,8 @@ def test_cli_summary_strict_info_and_verify(tmp_path: Path, bad_folder: Path) ->
         assert key in d
     assert {"path", "reason"} == set(d["rejects"][0])
     assert run_cli("verify", str(out), "--deep").returncode == 0
+    quiet = run_cli("verify", str(out), "--quiet")  # no bar, still the count
+    assert quiet.returncode == 0 and f"sound ({d['shards']} shards checked)" in quiet.stdout
     shard = fmt.shard_path(out, 0)
     raw = bytearray(shard.read_bytes())
     raw[100] ^= 0x01
