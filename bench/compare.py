@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from tilefeed.bench.harness import RunResult, Step, format_table, measure
-from tilefeed.bench.loaders import LoaderSettings, build_loader
+from tilefeed.bench.loaders import RowSettings, build_loader
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.host import usable_cores
 
@@ -33,7 +33,7 @@ def fairness(runs: list[RunResult], augmentation: str) -> str:
             f"{dtype} {shape}, augmentation '{augmentation}'")
 
 
-def compare(names: list[str], settings: LoaderSettings, step: Step, *, steps: int,
+def compare(names: list[str], settings: RowSettings, step: Step, *, steps: int,
             warmup: int) -> tuple[list[RunResult], str]:
     if not names:
         raise ConfigError("no loader to compare: name at least one")
@@ -50,7 +50,7 @@ def compare(names: list[str], settings: LoaderSettings, step: Step, *, steps: in
     return runs, line
 
 
-def settings_dict(settings: LoaderSettings, step: Any, steps: int, warmup: int) -> dict[str, Any]:
+def settings_dict(settings: RowSettings, step: Any, steps: int, warmup: int) -> dict[str, Any]:
     d = {k: str(v) if isinstance(v, (Path, torch.device)) else v
          for k, v in asdict(settings).items()}
     d.update(steps=steps, warmup=warmup, step=step.describe(), augmentation=settings.augmentation,

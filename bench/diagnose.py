@@ -9,17 +9,17 @@ from typing import Any
 import torch
 
 from tilefeed.bench.harness import measure
-from tilefeed.bench.loaders import LoaderSettings, build_loader
+from tilefeed.bench.loaders import RowSettings, build_loader
 from tilefeed.bench.steps import EmulatedStep
 
 
-def _loader_alone(name: str, s: LoaderSettings, steps: int, warmup: int) -> float:
+def _loader_alone(name: str, s: RowSettings, steps: int, warmup: int) -> float:
     run = measure(build_loader(name, s), EmulatedStep(0, s.device), steps=steps, warmup=warmup,
                   name=name, device=s.device)
     return run.samples_per_s
 
 
-def _step_alone(step: Any, s: LoaderSettings, steps: int, warmup: int) -> float:
+def _step_alone(step: Any, s: RowSettings, steps: int, warmup: int) -> float:
     images = torch.zeros(s.batch_size, 3, s.size, s.size, device=s.device)
     labels = torch.zeros(s.batch_size, dtype=torch.int64, device=s.device)
     run = measure(itertools.repeat((images, labels)), step, steps=steps, warmup=warmup,
@@ -27,7 +27,7 @@ def _step_alone(step: Any, s: LoaderSettings, steps: int, warmup: int) -> float:
     return s.batch_size / (run.step_median_ms / 1000) if run.step_median_ms else float("inf")
 
 
-def diagnose(name: str, s: LoaderSettings, step: Any, *, steps: int, warmup: int) -> str:
+def diagnose(name: str, s: RowSettings, step: Any, *, steps: int, warmup: int) -> str:
     feed = _loader_alone(name, s, steps, warmup)
     need = _step_alone(step, s, steps, warmup)
     lines = [f"loader '{name}' alone: {feed:.0f} img/s",

@@ -107,7 +107,7 @@ def gpu_report(images: Path, jpeg_store: Path, *, device: torch.device, batch_si
                batches: int = 30, warmup: int = 5, workers: int = 4, size: int = 224,
                model_batch: int = 256, model_steps: int = 20, model_width: int = 64) -> dict[str, Any]:
     from tilefeed.bench.harness import measure
-    from tilefeed.bench.loaders import LoaderSettings, build_loader
+    from tilefeed.bench.loaders import RowSettings, build_loader
     from tilefeed.bench.steps import ModelStep
     from tilefeed.pipeline import Loader
 
@@ -117,7 +117,7 @@ def gpu_report(images: Path, jpeg_store: Path, *, device: torch.device, batch_si
         "batch_size": batch_size, "batches": batches, "size": size, "model_batch": model_batch,
         "decode": {}, "stall": {},
     }
-    settings = LoaderSettings(images=images, store=jpeg_store, batch_size=batch_size,
+    settings = RowSettings(images=images, store=jpeg_store, batch_size=batch_size,
                               workers=workers, size=size, train=True, device=device)
     decode = report["decode"]
     for train in (True, False):
@@ -137,7 +137,7 @@ def gpu_report(images: Path, jpeg_store: Path, *, device: torch.device, batch_si
         _guarded(decode, "torchvision decode_jpeg on the GPU",
                  lambda: _throughput(hand, batches, warmup, device))
 
-    step_settings = LoaderSettings(images=images, store=jpeg_store, batch_size=model_batch,
+    step_settings = RowSettings(images=images, store=jpeg_store, batch_size=model_batch,
                                    workers=workers, size=size, train=True, device=device)
 
     def step() -> Any:

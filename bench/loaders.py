@@ -24,7 +24,7 @@ OUTPUTS = {"float32": (torch.float32, "NCHW"), "channels_last": (torch.float32, 
 
 
 @dataclass(frozen=True)
-class LoaderSettings:
+class RowSettings:
     images: Path | None  # source JPEG folder (baseline, dali-files)
     store: Path | None  # tilefeed store made from it (tiles-dataloader, tilefeed)
     batch_size: int = 64
@@ -40,7 +40,7 @@ class LoaderSettings:
                 else "eval: centre crop / resize, normalise")
 
 
-def build_loader(name: str, s: LoaderSettings) -> Iterable[Any]:
+def build_loader(name: str, s: RowSettings) -> Iterable[Any]:
     """The named loader, yielding (images, int64 labels) batches: float32 NCHW, or for
     tilefeed the ``output`` asked for."""
     if name not in LOADERS:
@@ -105,7 +105,7 @@ class TileTransform:
 class DaliFiles:
     """DALI's own file reader and decoder over the source JPEG folder (nvJPEG on a GPU)."""
 
-    def __init__(self, images: Path, s: LoaderSettings) -> None:
+    def __init__(self, images: Path, s: RowSettings) -> None:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 

@@ -48,7 +48,7 @@ def run_compare(args: argparse.Namespace) -> list[Any]:
 def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
-    from tilefeed.bench.loaders import LOADERS, LoaderSettings
+    from tilefeed.bench.loaders import LOADERS, RowSettings
     from tilefeed.bench.steps import EmulatedStep, ModelStep
     from tilefeed.pipeline.device import default_device
     from tilefeed.store.errors import ConfigError
@@ -64,7 +64,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
         images = demo_images(args.count)  # the loaders that read JPEGs need a folder of them
     if store is None and {"tilefeed", "tiles-dataloader"} & set(names):
         store = demo_store(images, args.size, args.codec)
-    settings = LoaderSettings(images=images, store=store, batch_size=args.batch_size,
+    settings = RowSettings(images=images, store=store, batch_size=args.batch_size,
                               workers=args.workers, size=args.size, train=not args.eval,
                               device=device, output=args.output)
     if args.step == "model":

@@ -43,7 +43,7 @@ def test_model_step_on_the_device_in_bf16_autocast() -> None:
 
 @pytest.mark.parametrize("name", ["baseline", "dali-files", "tiles-dataloader", "tilefeed"])
 def test_every_loader_feeds_the_device(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from tilefeed.bench.loaders import LoaderSettings, build_loader
+    from tilefeed.bench.loaders import RowSettings, build_loader
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
     from tests.helpers import write_folder
 
@@ -52,7 +52,7 @@ def test_every_loader_feeds_the_device(name: str, tmp_path_factory: pytest.TempP
     store = root / "store"
     preprocess(images, store, TileSettings(tile=32), StoreSettings(codec="jpeg"), workers=1)
     cuda = torch.device("cuda")
-    settings = LoaderSettings(images=images, store=store, batch_size=4, workers=1, size=32,
+    settings = RowSettings(images=images, store=store, batch_size=4, workers=1, size=32,
                               device=cuda)
     run = measure(build_loader(name, settings), EmulatedStep(5, cuda), steps=4, warmup=1,
                   device=cuda)
