@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,3 +122,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def train_until_killed(loader: Any, state_file: str) -> None:
+    """A training process: 3 batches, a checkpoint, 2 more batches, then SIGKILL."""
+    with loader:
+        for n, _batch in enumerate(loader):
+            if n == 2:
+                Path(state_file).write_text(json.dumps(loader.state_dict()))
+            if n == 4:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def killed_and_resumed(loader_of: Callable[[int, int, int], Any], child: str, ledger: Path,
+                       state_file: Path) -> Any:
+    """A job of two ranks at batch 4 (``loader_of(batch, rank, world)``, with ``ledger``): rank 1
+    checkpoints after 3 batches here; rank 0 runs in a process of its own (``child``: code that
+    calls ``train_until_killed`` with ``state_file``), checkpoints in lock-step and is killed two
+    batches later. Three ranks at batch 5 then resume from the checkpoint and finish the epoch.
+    Returns the ledger's audit of that epoch."""
+    from tilefeed.pipeline.ledger import audit
+
+    with loader_of(4, 1, 2) as loader:
+        for n, _ in enumerate(loader):
+            if n == 2:
+                loader.state_dict()
+                break
+    done = subprocess.run([sys.executable, "-c", child], cwd=Path(__file__).parents[1], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    state = json.loads(state_file.read_text())
+    for rank in range(3):  # the restart: three ranks, another batch size
+        with loader_of(5, rank, 3) as loader:
+            loader.load_state_dict(state)
+            list(loader)
+    [epoch] = audit(ledger)
+    return epoch

@@ -4,10 +4,6 @@ ledger's audit, labels across stores, and the refusals."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -19,7 +15,7 @@ from tilefeed.pipeline import Loader
 from tilefeed.pipeline.ledger import audit, format_audit
 from tilefeed.pipeline.mixing import Mix
 from tilefeed.store.errors import ConfigError
-from tests.helpers import make_store
+from tests.helpers import killed_and_resumed, make_store, train_until_killed
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
 EPOCH = 200
@@ -217,36 +213,21 @@ def test_a_damaged_mixture_description_is_refused(tmp_path: Path, described: dic
 
 
 def _killed_after_checkpoint(stores_json: str, ledger: str, state_file: str) -> None:
-    """A training process over the mixture: 3 batches, a checkpoint, 2 more, then SIGKILL."""
     stores = {name: Path(path) for name, path in json.loads(stores_json).items()}
-    with Loader(mix(stores), 8, rank=0, world_size=2, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
-        for n, _batch in enumerate(loader):
-            if n == 2:
-                Path(state_file).write_text(json.dumps(loader.state_dict()))
-            if n == 4:
-                os.kill(os.getpid(), signal.SIGKILL)
+    train_until_killed(Loader(mix(stores), 4, rank=0, world_size=2, seed=5, ledger=ledger, **UINT8),  # type: ignore[arg-type]
+                       state_file)
 
 
 @pytest.mark.slow
 def test_a_kill_mid_epoch_and_an_elastic_resume_audit_clean(stores: dict[str, Path], tmp_path: Path) -> None:
     ledger, state_file = tmp_path / "ledger", tmp_path / "state.json"
-    # rank 1 of the first job ran in lock-step and checkpointed at the same batch
-    with Loader(mix(stores), 8, rank=1, world_size=2, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
-        for n, _ in enumerate(loader):
-            if n == 2:
-                loader.state_dict()
-                break
     given = json.dumps({name: str(path) for name, path in stores.items()})
     code = (f"from tests.pipeline.test_mix import _killed_after_checkpoint; "
             f"_killed_after_checkpoint({given!r}, {str(ledger)!r}, {str(state_file)!r})")
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], timeout=120)
-    assert done.returncode == -signal.SIGKILL
-    state = json.loads(state_file.read_text())
-    for rank in range(3):  # the restart: three ranks, another batch size
-        with Loader(mix(stores), 5, rank=rank, world_size=3, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
-            loader.load_state_dict(state)
-            list(loader)
-    [epoch] = audit(ledger)
+    def loader_of(batch: int, rank: int, world: int) -> Loader:
+        return Loader(mix(stores), batch, rank=rank, world_size=world, seed=5, ledger=ledger, **UINT8)  # type: ignore[arg-type]
+
+    epoch = killed_and_resumed(loader_of, code, ledger, state_file)
     assert epoch.complete and epoch.ok and epoch.never == 0 and epoch.runs == 5
     assert epoch.sources is not None and all(c["never"] == 0 for c in epoch.sources.values())
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
-import subprocess
-import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -24,7 +20,7 @@ from tilefeed.pipeline.ledger import COUNT, POPULATION, _Tally, _unpack, audit
 from tilefeed.pipeline.resume import STATE_VERSION
 from tilefeed.pipeline.order import SHUFFLES
 from tilefeed.store.errors import ConfigError, LedgerError
-from tests.helpers import free_port, join_gloo, run_cli
+from tests.helpers import free_port, join_gloo, killed_and_resumed, run_cli, train_until_killed
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
 
@@ -339,34 +335,17 @@ def test_the_audit_of_a_huge_store_is_sized_by_what_was_delivered(tmp_path: Path
 
 
 def _killed_after_checkpoint(store: str, ledger: str, state_file: str) -> None:
-    """A training process: 3 batches, a checkpoint, 2 more batches, then SIGKILL."""
-    with Loader(store, 4, rank=0, world_size=2, ledger=ledger, **UINT8) as loader:
-        for n, _batch in enumerate(loader):
-            if n == 2:
-                Path(state_file).write_text(json.dumps(loader.state_dict()))
-            if n == 4:
-                os.kill(os.getpid(), signal.SIGKILL)
+    train_until_killed(Loader(store, 4, rank=0, world_size=2, ledger=ledger, **UINT8), state_file)
 
 
 @pytest.mark.slow
 def test_audit_across_a_kill_and_an_elastic_resume(store: Path, tmp_path: Path) -> None:
     ledger, state_file = tmp_path / "ledger", tmp_path / "state.json"
-    # rank 1 of the first job ran in lock-step and checkpointed at the same batch
-    with Loader(store, 4, rank=1, world_size=2, ledger=ledger, **UINT8) as loader:
-        for n, _ in enumerate(loader):
-            if n == 2:
-                loader.state_dict()
-                break
     code = (f"from tests.pipeline.test_resume import _killed_after_checkpoint; "
             f"_killed_after_checkpoint({str(store)!r}, {str(ledger)!r}, {str(state_file)!r})")
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], timeout=120)
-    assert done.returncode == -signal.SIGKILL
-    state = json.loads(state_file.read_text())
-    for rank in range(3):  # the restart: three ranks, another batch size
-        with Loader(store, 5, rank=rank, world_size=3, ledger=ledger, **UINT8) as loader:
-            loader.load_state_dict(state)
-            list(loader)
-    [epoch] = audit(ledger)
+    epoch = killed_and_resumed(lambda batch, rank, world: Loader(store, batch, rank=rank, world_size=world,
+                                                                 ledger=ledger, **UINT8),
+                               code, ledger, state_file)
     assert epoch.complete and epoch.ok and epoch.never == 0 and epoch.runs == 5
 
 
