@@ -96,24 +96,25 @@ def check_halves(single: StoreReader, halves: tuple[Path, Path]) -> None:
     """Refuse (ConfigError) halves that do not hold exactly ``single``'s samples: made with the
     same settings, the same classes, together the same number of samples, the same multiset of
     source paths and of labels."""
-    counted_paths: Counter[str] = Counter()
-    labels = np.zeros(len(single.classes), dtype=np.int64)
+    def samples(reader: StoreReader) -> Counter[tuple[str, int]]:
+        every = np.arange(len(reader))  # (source path, label): a path under another label differs
+        return Counter(zip(source_paths(reader, every), reader.labels[every].tolist(), strict=True))
+
+    counted: Counter[tuple[str, int]] = Counter()
     for half in halves:
         with StoreReader(half) as reader:
             why = _differs(single, reader)
             if why:
                 raise ConfigError(f"the halves {halves[0]} and {halves[1]} do not hold exactly "
                                  f"{single.location}'s samples: {half} {why}")
-            counted_paths.update(source_paths(reader, np.arange(len(reader))))
-            labels += np.bincount(reader.labels, minlength=len(labels))
-    whole = Counter(source_paths(single, np.arange(len(single))))
+            counted.update(samples(reader))
+    whole = samples(single)
     why = ""
-    if sum(counted_paths.values()) != len(single):
-        why = f"together {sum(counted_paths.values())} samples, the store {len(single)}"
-    elif counted_paths != whole:
-        why = f"{len(whole - counted_paths)} of the store's source paths are not in them"
-    elif not np.array_equal(labels, np.bincount(single.labels, minlength=len(labels))):
-        why = "their labels are not the store's"
+    if sum(counted.values()) != len(single):
+        why = f"together {sum(counted.values())} samples, the store {len(single)}"
+    elif counted != whole:
+        missing = sum((whole - counted).values())
+        why = f"{missing} of the store's source paths are not in them under the store's labels"
     if why:
         raise ConfigError(f"the halves {halves[0]} and {halves[1]} do not hold exactly "
                          f"{single.location}'s samples: {why}")

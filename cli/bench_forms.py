@@ -88,10 +88,15 @@ def _halves(store: str | Path) -> tuple[Path, Path] | None:
 
     from tilefeed.bench.mixture_halves import split_store
     from tilefeed.cli.progress import progress_bar
+    from tilefeed.store.errors import TilefeedError
 
     where = hashlib.sha256(str(store.resolve()).encode()).hexdigest()[:8]
-    return split_store(store, cache_dir() / f"{store.name}-{where}-halves",
-                       progress=progress_bar(sys.stderr.isatty()))
+    try:
+        return split_store(store, cache_dir() / f"{store.name}-{where}-halves",
+                           progress=progress_bar(sys.stderr.isatty()))
+    except TilefeedError as e:  # a store the bench cannot split: the other rows still run
+        print(f"no mixture row: {e}", flush=True)
+        return None
 
 
 def cloud_form(argv: list[str]) -> int:

@@ -75,4 +75,8 @@ def test_every_public_name_resolves() -> None:
 
     for module in (tilefeed, tilefeed.pipeline, tilefeed.bench):
         for name in module.__all__:
-            assert getattr(module, name) is not None, (module.__name__, name)
+            value = getattr(module, name)
+            assert value is not None, (module.__name__, name)
+            # each a class or function of the API (the version a string): not some other object
+            assert callable(value) or (name == "__version__" and isinstance(value, str)), \
+                (module.__name__, name)

@@ -95,3 +95,27 @@ def test_halves_made_otherwise_are_refused(tmp_path: Path, data: tuple[Path, Pat
                source_options=SourceOptions(labels="names", allow_outside=True))
     with StoreReader(store) as whole, pytest.raises(ConfigError, match=r"other settings \(codec\)"):
         check_halves(whole, (a, other))
+
+
+def test_halves_with_two_labels_swapped_are_refused(tmp_path: Path, data: tuple[Path, Path]) -> None:
+    """The same paths and the same label counts, but two paths under each other's class: not
+    the store's samples."""
+    import json
+
+    from tilefeed.bench.mixture_halves import HALVES, check_halves, split_store
+    from tilefeed.pipeline import StoreReader
+    from tilefeed.preprocess.scanning import SourceOptions
+    from tilefeed.store.errors import ConfigError
+
+    _, store = data
+    a, _b = split_store(store, tmp_path / "halves", workers=1, log=False)
+    rows = [json.loads(line) for line in (tmp_path / "halves" / f"{HALVES[1]}.jsonl").read_text().splitlines()]
+    other = next(k for k, row in enumerate(rows) if row["label"] != rows[0]["label"])
+    rows[0]["label"], rows[other]["label"] = rows[other]["label"], rows[0]["label"]
+    swapped = tmp_path / "swapped.jsonl"
+    swapped.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "swapped"
+    preprocess(swapped, out, TileSettings(tile=32, fit="crop"), StoreSettings(shard_size=8), workers=1,
+               source_options=SourceOptions(labels="names", allow_outside=True))
+    with StoreReader(store) as whole, pytest.raises(ConfigError, match="under the store's labels"):
+        check_halves(whole, (a, out))
