@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tilefeed.pipeline.mixed_reader import LABEL_RULES
-from tilefeed.pipeline.mixture import MixturePlan
+from tilefeed.pipeline.mixture import MixturePlan, finite_weight, is_weight
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.storage import is_url
 
@@ -77,7 +75,8 @@ class Mix:
                 raise ConfigError(f"Mix weights must name the same sources as the stores: stores "
                                   f"{sorted(stores)}, weights {sorted(self.weights)}")
             weights = list(self.weights.values())
-            if not all(_weight(w) for w in weights) or not any(w > 0 for w in weights):
+            if not all(is_weight(w) and finite_weight(w) and w >= 0 for w in weights) or not any(
+                    w > 0 for w in weights):
                 raise ConfigError(f"Mix weights must be finite numbers >= 0, one of them > 0, got "
                                   f"{dict(self.weights)!r}")
         if self.epoch_samples is not None and not (
@@ -168,10 +167,6 @@ def _subset(name: str, given: Any, size: int) -> np.ndarray:
     if ids[0] < 0 or ids[-1] >= size:
         raise ConfigError(f"Mix indices of {name!r} must lie in 0..{size - 1}")
     return ids
-
-
-def _weight(w: Any) -> bool:
-    return isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) and float(w) >= 0
 
 
 def source_of(mixture: Mixture | None, location: str, ids: Any) -> tuple[list[str], np.ndarray]:

@@ -105,12 +105,12 @@ Weight: TypeAlias = float | Fraction | np.integer[Any] | np.floating[Any]
 _WEIGHT_TYPES: Final = (int, float, Fraction, np.integer, np.floating)
 
 
-def _is_weight(weight: object) -> bool:
+def is_weight(weight: object) -> bool:
     """A real number of a type ``_exact`` takes as it is (a bool is a flag, not a weight)."""
     return isinstance(weight, _WEIGHT_TYPES) and not isinstance(weight, bool)
 
 
-def _finite(weight: Weight) -> bool:
+def finite_weight(weight: Weight) -> bool:
     return isinstance(weight, (int, Fraction, np.integer)) or bool(np.isfinite(weight))
 
 
@@ -273,10 +273,10 @@ class MixturePlan:
                              f"{len(weights)}")
         if any(size < 0 for size in sizes):
             raise ValueError(f"sizes must be >= 0, got {list(sizes)}")
-        if not all(_is_weight(w) for w in weights):
+        if not all(is_weight(w) for w in weights):
             raise ValueError(f"weights must be real numbers (int, float, Fraction or a numpy scalar, not "
                              f"bool), got {list(weights)}")
-        if not all(_finite(w) and w >= 0 for w in weights):
+        if not all(finite_weight(w) and w >= 0 for w in weights):
             raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
         if not any(w > 0 for w in weights):
             raise ValueError(f"at least one weight must be > 0, got {list(weights)}")

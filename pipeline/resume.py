@@ -20,8 +20,9 @@ from tilefeed.store.errors import ConfigError
 # changed and a state saved before cannot say which samples its epoch has left
 # 4: the output size may change between epochs: the state carries the size of the epoch in
 # progress and any set_size(), without which a resumed epoch could come out at another size
-# 5: a Loader may read a mixture of stores: the state names it (sources, sizes, quotas, labels),
-# and its samples count the mixture's positions
+# 5: a Loader may read a mixture of stores: the state names it (sources, sizes, subsets, quotas,
+# labels, shard size), its samples count the mixture's positions, and under shuffle="shard" it
+# names the shuffle window (the order depends on it)
 STATE_VERSION = 5
 
 

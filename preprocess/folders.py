@@ -66,7 +66,7 @@ def _class_folders(root: Path, exclude: Path | None) -> tuple[list[os.DirEntry[s
     except OSError as e:
         raise SourceError(f"cannot read SRC {str(root)!r}: {e.strerror or e}") from None
     classes = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")
-               and (exclude is None or Path(e.path).absolute() != exclude)]
+               and (exclude is None or Path(e.path).resolve() != exclude)]
     for name in classes:
         if not utf8(name):
             raise SourceError(f"SRC {str(root)!r}: the class folder {shown(name)!r} has a name that is "
@@ -188,7 +188,7 @@ def _visit(d: str, exclude: Path | None, seen: set[tuple[int, int]], walk: _Walk
                     if name.startswith("."):
                         walk.hidden += 1
                     elif exclude is not None and name == exclude.name and (
-                            Path(entry.path).absolute() == exclude):
+                            Path(entry.path).resolve() == exclude):
                         continue
                     elif entry.is_dir():  # follows links
                         later.append((name, True))

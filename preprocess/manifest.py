@@ -40,6 +40,9 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
+MAX_CLASSES: Final = 1 << 20  # integer labels: the largest names the class count
+
+
 @dataclass(frozen=True)
 class _Row:
     line: int
@@ -274,6 +277,9 @@ def _label_rule(rows: Iterator[_Row], manifest: Path, rule: str) -> _Rule:
         if first_bad_int is not None:
             return _Rule([], error=SourceError(
                 f"{_where(manifest, first_bad_int)}: label {first_bad_int.label!r} is not an integer >= 0"))
+        if top >= MAX_CLASSES:  # the class list is sized by the largest label: checked first
+            return _Rule([], error=SourceError(
+                f"{manifest}: label {top} is over the {MAX_CLASSES} classes a store may hold"))
         return _Rule([str(i) for i in range(top + 1)])
     assert names is not None
     classes = sorted(names)

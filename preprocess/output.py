@@ -25,14 +25,14 @@ PID_FIELD = 24  # bytes of the lock file that hold the writer's pid
 
 
 def out_inside(src: Path, out: Path) -> Path | None:
-    """OUT's absolute path when it lies inside the SRC folder (the scan must skip it), else None."""
+    """OUT's resolved path when it lies inside the SRC folder (the scan must skip it), else None."""
     if not src.is_dir():
         return None
     src_abs, out_abs = src.resolve(), out.resolve()
     if out_abs == src_abs:
         raise SourceError(f"OUT {str(out)!r} is SRC itself; write the store to another folder")
     if src_abs in out_abs.parents:
-        return out.absolute()
+        return out_abs
     return None
 
 

@@ -97,8 +97,8 @@ def refusal(e: BaseException) -> str:
     for code in REFUSALS:
         if code in str(e):
             text = f"{code} ({text.split(' - ')[0]})"
-    cut = text.find("?")
-    return (text[:cut] if cut >= 0 else text)[:300]
+            break
+    return _QUERY.sub(r"\1", text)[:300]
 
 
 def unfinished_store(where: str) -> StoreFormatError:

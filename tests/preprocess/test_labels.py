@@ -325,3 +325,15 @@ def test_an_unreadable_folder_inside_a_class_is_a_reject_not_the_end(
     found = find_sources(src)
     assert len(found) == 4
     assert found.skipped == [(str(locked), "unreadable folder: Permission denied")]
+
+
+def test_an_integer_label_too_large_for_any_class_list_is_refused_before_sizing_one(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from tilefeed.preprocess.sources import find_sources
+    from tilefeed.store.errors import SourceError
+
+    Image.new("RGB", (20, 20)).save(tmp_path / "a.png")
+    (tmp_path / "m.csv").write_text("path,label\na.png,99999999999\n")
+    with pytest.raises(SourceError, match="over the 1048576 classes"):
+        find_sources(tmp_path / "m.csv")

@@ -19,6 +19,7 @@ from tilefeed.store.documents import load_attrs
 from tilefeed.store.shard import ShardFile
 from tilefeed.store.errors import SourceError, StoreExistsError, StoreFormatError
 from tilefeed.store.inspection import info, verify
+from tilefeed.pipeline import StoreReader
 from tests.helpers import photo, run_cli, tree_bytes, write_folder
 
 SMALL = TileSettings(tile=32)
@@ -202,3 +203,12 @@ def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path, moment:
     assert r.returncode == 0, r.stderr
     assert "resumed" in r.stdout
     assert tree_bytes(out) == tree_bytes(reference)
+
+
+def test_out_inside_src_reached_through_a_link_is_not_a_class(tmp_path: Path) -> None:
+    src = write_folder(tmp_path / "src", classes=2, per_class=3)
+    (tmp_path / "link").symlink_to(src)
+    out = src / "out"
+    summary = preprocess(tmp_path / "link", out, TileSettings(tile=16), StoreSettings(shard_size=8), workers=1)
+    assert summary.sources == 6
+    assert StoreReader(out).classes == ["c0", "c1"]  # not "out": it is OUT, whatever path reaches it
