@@ -29,12 +29,12 @@ import numpy as np
 
 from tilefeed.pipeline.mixed_reader import LABEL_RULES
 from tilefeed.pipeline.mixture import MixturePlan, finite_weight, is_weight
+from tilefeed.pipeline.options import LoaderSettings, store_subset
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.storage import is_url
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.mixed_reader import MixedReader
-    from tilefeed.pipeline.options import LoaderSettings
     from tilefeed.pipeline.reader import StoreReader
 
 
@@ -146,7 +146,7 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
             opened.append(settings.open_store(store if is_url(store) else StoreReader(store)))
         reader = MixedReader(opened, list(mix.names), mix.labels)
         given = mix.indices or {}
-        subsets = tuple(None if n not in given else _subset(n, given[n], len(r))
+        subsets = tuple(None if n not in given else store_subset(given[n], len(r), f"Mix indices of {n!r}")
                         for n, r in zip(mix.names, opened, strict=True))
         sizes = [len(r) if s is None else len(s) for r, s in zip(opened, subsets, strict=True)]
         return Mixture(mix, reader, subsets, mix.plan(sizes, settings.seed))
@@ -154,19 +154,6 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
         for one in opened:
             one.close()
         raise
-
-
-def _subset(name: str, given: Any, size: int) -> np.ndarray:
-    """A store's ``indices``, checked against its ``size`` samples, in store order."""
-    ids = np.asarray(given)
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
-        raise ConfigError(f"Mix indices of {name!r} must be a non-empty sequence of sample numbers")
-    ids = np.unique(ids.astype(np.int64))
-    if len(ids) != len(given):
-        raise ConfigError(f"Mix indices of {name!r} must not repeat a sample")
-    if ids[0] < 0 or ids[-1] >= size:
-        raise ConfigError(f"Mix indices of {name!r} must lie in 0..{size - 1}")
-    return ids
 
 
 def source_of(mixture: Mixture | None, location: str, ids: Any) -> tuple[list[str], np.ndarray]:

@@ -117,14 +117,25 @@ def _schedule(size: Any) -> int | Schedule | None:
     return check_size(size)
 
 
-def _indices(indices: Any) -> np.ndarray | None:
+def _indices(indices: Any, what: str = "indices") -> np.ndarray | None:
     """The subset's samples as int64, before the store says how many there are."""
     if indices is None:
         return None
     subset = np.asarray(indices)
     if subset.ndim != 1 or subset.size == 0 or not np.issubdtype(subset.dtype, np.integer):
-        raise ConfigError("indices must be a non-empty 1-D sequence of ints")
+        raise ConfigError(f"{what} must be a non-empty 1-D sequence of ints")
     return subset.astype(np.int64)
+
+
+def store_subset(indices: Any, samples: int, what: str = "indices") -> np.ndarray:
+    """``indices`` (a subset of one store) checked against its ``samples`` samples, in store order."""
+    subset = _indices(indices, what)
+    assert subset is not None
+    if subset.min() < 0 or subset.max() >= samples:
+        raise ConfigError(f"{what} must lie in 0..{samples - 1}")
+    if len(np.unique(subset)) != len(subset):
+        raise ConfigError(f"{what} must not repeat a sample")
+    return np.sort(subset)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: an array and a dict are among the fields
@@ -216,13 +227,7 @@ class LoaderSettings:
 
     def subset(self, samples: int) -> np.ndarray | None:
         """``indices`` checked against a store of ``samples`` samples, in store order."""
-        if self.indices is None:
-            return None
-        if self.indices.min() < 0 or self.indices.max() >= samples:
-            raise ConfigError(f"indices must lie in 0..{samples - 1}")
-        if len(np.unique(self.indices)) != len(self.indices):
-            raise ConfigError("indices must not repeat a sample")
-        return np.sort(self.indices)
+        return None if self.indices is None else store_subset(self.indices, samples)
 
     def augment(self, tile: int, padded: bool) -> Augment:
         """What the graph does to each tile of a store of ``tile``-sided tiles (``padded``: some

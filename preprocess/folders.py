@@ -173,6 +173,7 @@ def _visit(d: str, exclude: Path | None, seen: set[tuple[int, int]], walk: _Walk
     """Read the folder ``d`` into ``walk``: its files, hidden entries and what is wrong with it;
     its folders and dangling links come back, (name, is a folder), to be taken in name order."""
     later: list[tuple[str, bool]] = []
+    handed = False  # some of the folder's files are in the list already
     try:
         st = os.stat(d)
         if (st.st_dev, st.st_ino) in seen:
@@ -197,9 +198,13 @@ def _visit(d: str, exclude: Path | None, seen: set[tuple[int, int]], walk: _Walk
                     elif entry.is_symlink():
                         later.append((name, False))
                 walk.files.add(d, names)
+                handed = True
     except OSError as err:  # one unreadable folder is a reject, not the end of the scan
-        walk.skipped.append((d, f"unreadable folder: {err.strerror or err}"))
-        return []
+        reason = err.strerror or err
+        # read partway: what was read stays listed, the reject stands for the rest (and the
+        # folders found before the error are still read)
+        walk.skipped.append((d, f"folder read stopped partway: {reason}" if handed
+                             else f"unreadable folder: {reason}"))
     return later
 
 
