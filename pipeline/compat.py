@@ -4,6 +4,7 @@ and ``loader.sampler`` (with its ``set_epoch``)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,19 +18,30 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.loader import Loader
 
 
-def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> Any:
-    """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()`` is the
-    number of samples an epoch covers, as scripts that count processed samples expect."""
-    from torch.utils.data import Subset
+class DataLoaderFace:
+    """The Loader's ``dataset`` and ``sampler``, as DataLoader scripts reach for them."""
 
-    from tilefeed.pipeline.dataset import TileDataset
+    reader: AnyReader
+    subset: np.ndarray | None
 
-    if not isinstance(reader, StoreReader):
-        raise ConfigError("a Loader over a Mix has no single Dataset: len(loader) and loader.samples "
-                          "count its epoch, loader.source_of names a sample's store")
+    @cached_property
+    def dataset(self) -> Any:
+        """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()`` is
+        the number of samples an epoch covers, as scripts that count processed samples expect."""
+        from torch.utils.data import Subset
 
-    full = TileDataset(reader)
-    return full if subset is None else Subset(full, subset.tolist())
+        from tilefeed.pipeline.dataset import TileDataset
+
+        if not isinstance(self.reader, StoreReader):
+            raise ConfigError("a Loader over a Mix has no single Dataset: len(loader) and loader.samples "
+                              "count its epoch, loader.source_of names a sample's store")
+        full = TileDataset(self.reader)
+        return full if self.subset is None else Subset(full, self.subset.tolist())
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """DistributedSampler's face: ``set_epoch`` reaches this Loader."""
+        return EpochSampler(self)  # type: ignore[arg-type]  # only the Loader derives from this
 
 
 class EpochSampler:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator
-from functools import cached_property, partial
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import torch
 
 from tilefeed.pipeline import pool
 from tilefeed.pipeline.augment import IMAGENET_MEAN, IMAGENET_STD
-from tilefeed.pipeline.compat import EpochSampler, dataset_of
+from tilefeed.pipeline.compat import DataLoaderFace
 from tilefeed.pipeline.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.epochs import OpenEpoch, Shares, plan_epoch, progress, starting_size
 from tilefeed.pipeline.feed import Feed, Following
@@ -35,7 +35,7 @@ from tilefeed.pipeline.stats import LoaderStats, Recorder
 from tilefeed.store.errors import ConfigError
 
 
-class Loader:
+class Loader(DataLoaderFace):
     """Batches of ``(images, labels)`` torch tensors on the training device, epoch after epoch.
 
     Swaps in for ``torch.utils.data.DataLoader(dataset, batch_size, shuffle=..., num_workers=...,
@@ -247,17 +247,6 @@ class Loader:
     def __len__(self) -> int:
         return batches_per_rank(self.samples, self.world_size, self.batch_size, self.drop_last)
 
-    @cached_property
-    def dataset(self) -> Any:
-        """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()``
-        is the number of samples an epoch covers, as scripts that count processed samples expect."""
-        return dataset_of(self.reader, self.subset)
-
-    @property
-    def sampler(self) -> EpochSampler:
-        """DistributedSampler's face: ``set_epoch`` reaches this Loader."""
-        return EpochSampler(self)
-
     def set_epoch(self, epoch: int) -> None:
         """The number of the next epoch. The epoch a loaded state is in keeps its position; any
         other starts fresh (as DistributedSampler users call it every epoch)."""
@@ -268,6 +257,12 @@ class Loader:
     def epoch_indices(self, epoch: int) -> torch.Tensor:
         """The samples this rank yields in a fresh ``epoch``, in order (without running the pipeline)."""
         return torch.from_numpy(self._shares.get(epoch).copy())  # the share is kept: yours to change
+
+    def epoch_positions(self, epoch: int) -> torch.Tensor:
+        """What ``windows`` takes for a fresh ``epoch``'s samples: of a ``Mix``, the positions
+        behind ``epoch_indices``; of one store, the samples themselves."""
+        keys = self._shares.keys(epoch)
+        return torch.from_numpy((self._shares.get(epoch) if keys is None else keys).copy())
 
     def next_epoch_indices(self) -> torch.Tensor:
         """The samples the next ``iter()`` will yield on this rank, in order: a fresh epoch's, or
@@ -305,16 +300,18 @@ class Loader:
     def windows(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
         picture box, and a flip: what the graph cuts and resizes, a function of the sample
-        (training windows are the same at every size; evaluation framing follows the size)."""
-        return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, samples,
-                             self.size_of(epoch))
+        (training windows are the same at every size; evaluation framing follows the size).
+        Of a ``Mix``, crops are drawn from positions: ``samples`` are those (``epoch_positions``)."""
+        keys = None if self.mixture is None else np.asarray(samples, dtype=np.int64)
+        located = samples if self.mixture is None else self.mixture.locate(epoch, samples)
+        return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located, self.size_of(epoch),
+                             keys)
 
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is
         made, so a bad configuration fails here and the first step does not pay for it."""
-        device_id = self.device.index if self.device.type == "cuda" else None
-        if device_id is None and self.device.type == "cuda":
-            device_id = torch.cuda.current_device()
+        cuda, index = self.device.type == "cuda", self.device.index
+        device_id = (torch.cuda.current_device() if index is None else index) if cuda else None
         settings = pool.Settings(self.batch_size, self.workers, self.prefetch, device_id)
         self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
         self._graph = pool.take(self.reader, self.augment, settings, self._direct)
@@ -347,8 +344,7 @@ class Loader:
         """Where the time of the last ``last`` batches (at most 1,000) and of the epoch went, per
         stage (``pipeline.stats``); the stage that binds, and the change most likely to help."""
         if self._stats is None:
-            raise ConfigError("no figures yet: stats() needs Loader(stats=True) and a batch "
-                              "handed over")
+            raise ConfigError("no figures yet: stats() needs Loader(stats=True) and a batch handed over")
         window = check_int("last", last, 1)
         remote = self.reader.remote
         return self._stats.report(self.settings.advice(self.reader), window,
@@ -417,11 +413,10 @@ class Loader:
         """Hand the DALI graph back to the pool (``keep``) or close it; its threads go either way
         but DALI's own, which stay parked with an idle graph (see ``pipeline.pool``)."""
         graph, self._graph = self._graph, None
-        if graph is not None:
-            if keep:
-                pool.give(self._graph_key, graph)
-            else:
-                graph.close()
+        if graph is not None and keep:
+            pool.give(self._graph_key, graph)
+        elif graph is not None:
+            graph.close()
 
     def close(self) -> None:
         """Stop every reader thread and release every map (of a store this Loader opened itself);

@@ -95,7 +95,7 @@ class MixedArray:
         if not parts or len({p.shape[1:] for p in parts}) != 1:
             raise ValueError(f"parts must be one or more arrays of one row shape, got "
                              f"{[p.shape for p in parts]}")
-        self.parts = tuple(parts)
+        self.parts = tuple(np.asarray(p) for p in parts)  # a memmap's rows, without its subclass's costs
         self.lookups = None if lookups is None else tuple(lookups)
         self._ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
         self._starts = self._ends - [len(p) for p in parts]
@@ -128,6 +128,11 @@ class MixedArray:
                 bad = low if low < 0 else high
                 raise IndexError(f"index {bad - len(self) if bad < 0 else bad} is out of bounds for "
                                  f"{len(self)} samples")
+            one = int(np.searchsorted(self._ends, low, side="right"))
+            if high < self._ends[one]:  # all from one source (store order, or a small batch)
+                rows = self.parts[one][flat - self._starts[one]]
+                out = rows if self.lookups is None else self.lookups[one][rows]
+                return out.astype(self.dtype, copy=False).reshape((*ids.shape, *self.shape[1:]))[()]
         source = np.searchsorted(self._ends, flat, side="right")
         out = np.empty((flat.size, *self.shape[1:]), dtype=self.dtype)
         for s, part in enumerate(self.parts):  # a batch's ids, gathered per source
@@ -262,6 +267,10 @@ class MixedReader:
         """Per source with ids among ``ids``: the source, where its ids lie in ``ids`` and its
         samples there, both in the order of ``ids``."""
         source, local = self.source_of(ids)
+        source, local = source.ravel(), local.ravel()
+        if source.size and source[0] == source[-1] and (source == source[0]).all():
+            yield self.sources[int(source[0])], np.arange(source.size), local  # one source's batch
+            return
         for s, reader in enumerate(self.sources):
             places = np.flatnonzero(source == s)
             if places.size:
@@ -295,7 +304,8 @@ class MixedReader:
         for reader, where, local in self._groups(indices):
             # StoreReader.read_batch_into writes out[k] for its k-th index and nothing else of
             # out: handed the batch's own rows for its ids, each source decodes in place
-            reader.read_batch_into(local.tolist(), cast(np.ndarray, _Rows(out, where)), fast_idct)
+            rows = out if len(where) == len(indices) else cast(np.ndarray, _Rows(out, where))
+            reader.read_batch_into(local.tolist(), rows, fast_idct)
         return out
 
     def read_into(self, index: int, out: np.ndarray) -> np.ndarray:

@@ -174,6 +174,26 @@ def test_a_sample_repeated_in_an_epoch_is_cut_anew_each_time(stores: dict[str, P
     assert len({image.tobytes() for image in same}) > 5
 
 
+def test_windows_of_a_mixture_are_the_crops_it_cut(stores: dict[str, Path]) -> None:
+    """``windows`` takes a mixture's positions (``epoch_positions``) and gives each the crop and
+    flip the batch was cut with, checked against torch's resize of that window of the tile."""
+    with Loader(mix(stores), EPOCH, seed=5, train=True, size=24, **UINT8) as loader:  # type: ignore[arg-type]
+        images, _, ids = next(iter(loader))
+        positions = loader.epoch_positions(0)
+        start, end, flip = loader.windows(0, positions.numpy())
+        assert loader.epoch_indices(0).tolist() == ids.tolist()
+        assert loader.mixture is not None
+        readers = loader.mixture.reader
+    assert len(set(positions.tolist())) == EPOCH and flip.any() and not flip.all()
+    for k in range(0, EPOCH, 7):
+        (y0, x0), (y1, x1) = start[k].round().astype(int), end[k].round().astype(int)
+        window = torch.from_numpy(readers.read(int(ids[k]))[y0:y1, x0:x1]).permute(2, 0, 1)[None].float()
+        want = torch.nn.functional.interpolate(window, size=(24, 24), mode="bilinear", antialias=True,
+                                               align_corners=False)[0].round().clamp(0, 255)
+        want = (want.flip(-1) if flip[k] else want).permute(1, 2, 0)
+        assert (images[k].float() - want).abs().mean() < 1.5, k
+
+
 def test_wide_blocks_count_the_same_in_both_forms_of_the_tally() -> None:
     from tilefeed.pipeline.ledger import _Tally
 

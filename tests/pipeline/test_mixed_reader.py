@@ -193,6 +193,8 @@ def test_mixed_labels_under_each_rule(readers: dict[str, StoreReader]) -> None:
     offset = mix(readers, "a", "few", labels="offset")
     assert offset.classes == [f"a/c{i}" for i in range(5)] + [f"few/c{i}" for i in range(3)]
     assert offset.labels[ids].tolist() == a.labels.tolist() + (few.labels + 5).tolist()
+    assert offset.labels[ids[len(a):]].tolist() == (few.labels + 5).tolist()  # one source's ids
+    assert offset.labels[len(a) + 1] == few.labels[1] + 5 and offset.labels[ids[len(a):]].dtype == np.int64
     merged = mix(readers, "few", "a", labels="names")
     assert merged.classes == ["c0", "c1", "c2", "c3", "c4"]
     assert merged.labels[ids].tolist() == few.labels.tolist() + a.labels.tolist()
