@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, TypeAlias, cast
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 
@@ -169,20 +169,6 @@ class RemoteCaches:
         return total
 
 
-class _Rows:
-    """The rows ``places`` of a batch ``out`` in that order: ``rows[k]`` is ``out[places[k]]``, a
-    view, so a source decodes its part of a batch straight into the batch's own rows."""
-
-    def __init__(self, out: np.ndarray, places: np.ndarray) -> None:
-        self.out, self.places = out, places.tolist()
-
-    def __getitem__(self, k: int) -> np.ndarray:
-        return self.out[self.places[k]]  # type: ignore[no-any-return]
-
-    def __len__(self) -> int:
-        return len(self.places)
-
-
 class MixedReader:
     """Open ``StoreReader``s (``sources``, called ``names`` in messages and by ``source_of``) read
     as one store of ``sum(sizes)`` samples; ``labels`` is the rule combining their classes
@@ -301,11 +287,8 @@ class MixedReader:
     def read_batch_into(self, indices: list[int], out: np.ndarray, fast_idct: bool = False) -> np.ndarray:
         """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
         ``codec.decode_jpeg``)."""
-        for reader, where, local in self._groups(indices):
-            # StoreReader.read_batch_into writes out[k] for its k-th index and nothing else of
-            # out: handed the batch's own rows for its ids, each source decodes in place
-            rows = out if len(where) == len(indices) else cast(np.ndarray, _Rows(out, where))
-            reader.read_batch_into(local.tolist(), rows, fast_idct)
+        for reader, where, local in self._groups(indices):  # each source decodes in place
+            reader.read_batch_into(local.tolist(), out, fast_idct, rows=where.tolist())
         return out
 
     def read_into(self, index: int, out: np.ndarray) -> np.ndarray:

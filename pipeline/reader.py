@@ -208,22 +208,25 @@ class StoreReader:
         """Decode sample ``index`` into ``out`` (T, T, 3) uint8."""
         return self.read_batch_into([index], out[None])[0]
 
-    def read_batch_into(self, indices: list[int], out: np.ndarray, fast_idct: bool = False) -> np.ndarray:
-        """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
-        ``codec.decode_jpeg``)."""
+    def read_batch_into(self, indices: list[int], out: np.ndarray, fast_idct: bool = False,
+                        rows: Sequence[int] | None = None) -> np.ndarray:
+        """Decode samples ``indices`` into ``out[k]``, or into ``out[rows[k]]`` (a mixture's
+        part of a batch; nothing else of ``out`` is written). ``fast_idct``: JPEG tiles, see
+        ``codec.decode_jpeg``."""
+        rows = range(len(indices)) if rows is None else rows
         if self.remote is None:  # each tile straight from its shard's map into its place
             if indices:
                 self._check(min(indices), max(indices))
             per_shard, shard_of, codec = self.shard_size, self._shard, self.codec
-            for k, i in enumerate(indices):
+            for k, i in zip(rows, indices, strict=True):
                 shard_of(i // per_shard).read_into(i % per_shard, codec, out[k], fast_idct)
             return out
         decode = self.codec.decode
-        for k, payload in enumerate(self.payloads(indices)):
+        for k, i, payload in zip(rows, indices, self.payloads(indices), strict=True):
             try:
                 decode(payload, out[k], fast_idct)
             except TileDecodeError as e:
-                raise CorruptChunkError(self.location, indices[k], e.detail) from None
+                raise CorruptChunkError(self.location, i, e.detail) from None
         return out
 
     def stored_nbytes(self, indices: np.ndarray) -> int:
