@@ -227,8 +227,8 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
                 if name == UINT8_TILEFEED and MIX_TILEFEED in contenders:
                     continue  # measured with the mixture, epoch by epoch
                 if name == MIX_TILEFEED:
-                    single, mixed = _paired_rates(contenders[UINT8_TILEFEED], epoch, min_seconds)
-                    rates[UINT8_TILEFEED].append(single)
+                    alone, mixed = _paired_rates(contenders[UINT8_TILEFEED], epoch, min_seconds)
+                    rates[UINT8_TILEFEED].append(alone)
                     rates[MIX_TILEFEED].append(mixed)
                 else:
                     rates[name].append(_rate(epoch, min_seconds))
