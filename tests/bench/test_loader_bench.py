@@ -139,3 +139,22 @@ def test_paired_rates_take_the_epochs_in_turn_and_keep_each_side_apart() -> None
     first, second = _paired_rates(epoch("a", 100, 0.01), epoch("b", 10, 0.02), 0.05)  # type: ignore[arg-type]
     assert calls[:6] == ["a", "b", "b", "a", "a", "b"] and calls.count("a") == calls.count("b") >= 3
     assert 3 < first / second < 40  # a: 100 samples per 10 ms, b: 10 per 20 ms
+
+
+def test_the_sizes_bench_measures_every_size_with_one_graph_per_loader(tmp_path: Path) -> None:
+    """``--sizes``: every loader at every size, three pipelines built over all the size changes,
+    the decode at each DCT scale, and the share of tiles decoded below full size (none at the
+    tile's own size; some where windows span twice the output)."""
+    from tilefeed.bench.loader_bench import JPEG_FULL, JPEG_SCALED, LOSSLESS, bench_sizes
+    from tests.helpers import make_store
+
+    lossless, jpeg = make_store(tmp_path / "lz4", "lz4"), make_store(tmp_path / "jpeg", "jpeg")
+    result = bench_sizes(lossless, jpeg, [8, 16, 32], batch_size=8, workers=1, rounds=1,
+                         min_seconds=0.05, log=False)
+    assert result.builds == 3 and result.sizes == [8, 16, 32] and result.tile == 32
+    assert set(result.rates) == {LOSSLESS, JPEG_SCALED, JPEG_FULL}
+    assert all(rate > 0 for by in result.rates.values() for rate in by.values())
+    assert set(result.decode) == {1, 2, 4, 8} and all(rate > 0 for rate in result.decode.values())
+    assert result.reduced[32] == 0 and result.reduced[8] > 0
+    table = result.table()
+    assert "| 8 |" in table and "| 1/8 |" in table and "DALI pipelines built, three Loaders" in table
