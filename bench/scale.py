@@ -5,8 +5,9 @@ decoding is what is timed) is preprocessed at two or more sizes; per size the be
 writer driver's peak resident memory and CPU per source, the time and resident growth of opening
 the store, the random-order uint8 rate of a Loader and the read path's CPU per sample under it,
 and the time of ``tilefeed info`` and ``tilefeed verify``. Each figure is taken in a fresh
-process, so one size's caches do not help another's; per-source growth is the difference
-between sizes, divided by the sources added.
+process, so one size's caches do not help another's, but the rates: one process times every
+size's Loader in turn, so that they share the machine's moments. Per-source growth is the
+difference between sizes, divided by the sources added.
 """
 
 from __future__ import annotations
@@ -94,22 +95,29 @@ seconds = time.perf_counter() - began
 print(json.dumps({"seconds": seconds, "growth_bytes": rss() - before, "samples": len(reader)}))
 """
 
-_RATE = """
+_RATES = """
 import json, sys, time
 import torch
 from tilefeed.pipeline import Loader
-store, batch, warm, timed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-with Loader(store, batch, shuffle=True, dtype=torch.uint8, num_workers=2, stats=False) as loader:
-    def batches():
-        while True:
-            yield from loader
-    it = batches()
+batch, warm, timed, rounds = (int(v) for v in sys.argv[1:5])
+loaders = [Loader(store, batch, shuffle=True, dtype=torch.uint8, num_workers=2, stats=False)
+           for store in sys.argv[5:]]
+def batches(loader):
+    while True:
+        yield from loader
+streams = [batches(loader) for loader in loaders]
+for stream in streams:
     for _ in range(warm):
-        next(it)  # the graph, the first maps
-    began = time.perf_counter()
-    for _ in range(timed):
-        next(it)
-    print(json.dumps({"samples_per_s": timed * batch / (time.perf_counter() - began)}))
+        next(stream)  # the graph, the first maps
+rates = [[] for _ in streams]
+for r in range(rounds):
+    lead = r % len(streams)  # the lead changes every round
+    for k in [*range(lead, len(streams)), *range(lead)]:
+        began = time.perf_counter()
+        for _ in range(timed):
+            next(streams[k])
+        rates[k].append(timed * batch / (time.perf_counter() - began))
+print(json.dumps({"rates": rates}))
 """
 
 
@@ -166,13 +174,12 @@ def open_cost(store: Path) -> dict[str, Any]:
 
 
 def rates(stores: list[Path], *, batch_size: int, warm: int, timed: int, rounds: int) -> list[list[float]]:
-    """Random-order uint8 samples/s per store, the stores taking turns round by round (a
-    busy moment of a shared machine then falls on every size alike)."""
-    out: list[list[float]] = [[] for _ in stores]
-    for _ in range(rounds):
-        for k, store in enumerate(stores):
-            out[k].append(_child(_RATE, str(store), str(batch_size), str(warm), str(timed))["samples_per_s"])
-    return out
+    """Random-order uint8 samples/s per store: one process holds a Loader over each store and
+    times ``timed`` batches of each in turn, round after round, the lead changing (a busy moment
+    of a shared machine then falls on every size alike; rates of processes run one after
+    another differed more between runs than the stores did)."""
+    found = _child(_RATES, str(batch_size), str(warm), str(timed), str(rounds), *map(str, stores))
+    return [list(map(float, runs)) for runs in found["rates"]]
 
 
 def run_scale(root: Path, classes: list[int], *, per_class: int, size: int, workers: int,
@@ -219,11 +226,15 @@ def format_scale(result: dict[str, Any]) -> str:
     line("`StoreReader` open: time, resident growth",
          [f"{r['open']['seconds'] * 1e3:.0f} ms, +{r['open']['growth_bytes'] / 1e6:.1f} MB" for r in rows],
          per_source(lambda r: r["open"]["growth_bytes"]))
-    base = statistics.median(first["rates"])
-    line(f"Loader uint8, batch {result['batch_size']}, random order, {result['size']} px tiles: "
-         "samples/s, median (range)",
+    def against_first(runs: list[float]) -> str:
+        ratios = [mine / base for mine, base in zip(runs, first["rates"], strict=True)]
+        return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+    line(f"Loader uint8, batch {result['batch_size']}, random order, {result['size']} px tiles, "
+         "in turn in one process: samples/s, median (range); against the first store, median of "
+         "the rounds' ratios (range)",
          [f"{statistics.median(r['rates']):,.0f} ({min(r['rates']):,.0f}-{max(r['rates']):,.0f}), "
-          f"{statistics.median(r['rates']) / base:.2f}x" for r in rows])
+          f"{against_first(r['rates'])}" for r in rows])
     line("read path alone, random batches once every page is mapped: CPU per sample, page faults",
          [f"{r['read']['cpu_us']:.2f} µs, {r['read']['faults']:.3f}" for r in rows])
     line("`tilefeed info` / `tilefeed verify`", [f"{r['info_s']:.1f} s / {r['verify_s']:.1f} s" for r in rows])

@@ -182,8 +182,8 @@ def scale_form(argv: list[str]) -> int:
                     "What the writer, the reader and the order cost as a store grows: ImageNet-shaped "
                     "sets of tiny JPEGs (hard links, so a million sources take seconds and megabytes) "
                     "preprocessed at each size; per size the writer driver's peak memory and CPU per "
-                    "source, a fresh process's store open, the random-order uint8 rate (the stores "
-                    "in turn, round by round), and tilefeed info / verify; then one rank's epoch "
+                    "source, a fresh process's store open, the random-order uint8 rate (each "
+                    "store's Loader in turn in one process, round by round), and tilefeed info / verify; then one rank's epoch "
                     "order at --order-samples.")
     p.add_argument("--classes", default="100,1000",
                    help="comma list: class folders of each set (x --per-class sources)")
@@ -193,7 +193,7 @@ def scale_form(argv: list[str]) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--warm", type=int, default=50, help="batches before the rate is timed")
     p.add_argument("--timed", type=int, default=400, help="batches timed per rate run")
-    p.add_argument("--rounds", type=int, default=3, help="rate runs per store; medians reported")
+    p.add_argument("--rounds", type=int, default=3, help="timed runs per store; medians reported")
     p.add_argument("--root", type=Path, default=None,
                    help="folder for the sets and stores (default: the cache folder's 'scale')")
     p.add_argument("--order-samples", type=int, default=400_000_000,
