@@ -129,7 +129,8 @@ def _diagnose(argv: list[str]) -> int:
 FORMS: dict[str, Callable[[list[str]], int]] = {
     "preprocess": bench_forms.preprocess_form, "loader": bench_forms.loader_form,
     "sweep": _sweep, "diagnose": _diagnose, "soak": bench_forms.soak_form,
-    "aspect": bench_forms.aspect_form, "gpu-report": bench_forms.gpu_report_form,
+    "aspect": bench_forms.aspect_form, "schedule": bench_forms.schedule_form,
+    "gpu-report": bench_forms.gpu_report_form,
     "cloud": bench_forms.cloud_form, "clients": bench_forms.clients_form,
     "parts": bench_forms.parts_form, "stats": bench_forms.stats_form,
     "scale": bench_forms.scale_form,

@@ -183,8 +183,8 @@ def scale_form(argv: list[str]) -> int:
                     "sets of tiny JPEGs (hard links, so a million sources take seconds and megabytes) "
                     "preprocessed at each size; per size the writer driver's peak memory and CPU per "
                     "source, a fresh process's store open, the random-order uint8 rate (each "
-                    "store's Loader in turn in one process, round by round), and tilefeed info / verify; then one rank's epoch "
-                    "order at --order-samples.")
+                    "store's Loader in turn in one process, round by round), and tilefeed info / "
+                    "verify; then one rank's epoch order at --order-samples.")
     p.add_argument("--classes", default="100,1000",
                    help="comma list: class folders of each set (x --per-class sources)")
     p.add_argument("--per-class", type=int, default=1281)
@@ -258,6 +258,22 @@ def aspect_form(argv: list[str]) -> int:
     from tilefeed.bench.aspect import bench_aspect
 
     return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
+
+
+def schedule_form(argv: list[str]) -> int:
+    p = form_parser("tilefeed bench schedule",
+                    "Progressive resizing's effect on training at equal wall-clock: aspect's task, one "
+                    "small network trained at the full size every epoch and with FFCV's ramp from "
+                    "--low up to it (as many epochs as take the same time, from one timed epoch per "
+                    "size); validation accuracy at the full size, per seed.")
+    p.add_argument("--seeds", type=int, default=5, help="training runs per schedule")
+    p.add_argument("--epochs", type=int, default=10, help="epochs of the fixed-size run")
+    p.add_argument("--low", type=int, default=32, help="the ramp's first size (the full size is 64)")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    from tilefeed.bench.schedule import bench_schedule
+
+    return _report(bench_schedule(seeds=args.seeds, epochs=args.epochs, low=args.low), args.json)
 
 
 def gpu_report_form(argv: list[str]) -> int:
