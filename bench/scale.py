@@ -214,14 +214,15 @@ def format_scale(result: dict[str, Any]) -> str:
     def line(name: str, cells: list[str], per: str = "") -> None:
         lines.append(f"| {name} | {' | '.join(cells)} | {per} |")
 
-    def per_source(key: Any) -> str:
+    def per_source(key: Any, unit: str = "bytes", scale: float = 1.0) -> str:
         last = rows[-1]
         added = last["writer"]["sources"] - first["writer"]["sources"]
-        return f"{(key(last) - key(first)) / added:.1f} bytes" if added else ""
+        return f"{(key(last) - key(first)) * scale / added:.1f} {unit}" if added else ""
 
     line("writer driver peak RSS", [f"{r['writer']['peak_bytes'] / 1e6:.0f} MB" for r in rows],
          per_source(lambda r: r["writer"]["peak_bytes"]))
-    line("writer driver CPU per source", [f"{r['writer']['us_per_source']:.1f} µs" for r in rows])
+    line("writer driver CPU per source", [f"{r['writer']['us_per_source']:.1f} µs" for r in rows],
+         per_source(lambda r: r["writer"]["cpu_s"], "µs", 1e6))
     line("writer wall time", [f"{r['writer']['wall_s']:.0f} s" for r in rows])
     line("`StoreReader` open: time, resident growth",
          [f"{r['open']['seconds'] * 1e3:.0f} ms, +{r['open']['growth_bytes'] / 1e6:.1f} MB" for r in rows],

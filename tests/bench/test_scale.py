@@ -24,6 +24,8 @@ def test_scale_bench_reports_every_figure_for_each_size(tmp_path: Path) -> None:
     table = format_scale(result)
     assert "12 sources | 24 sources" in table and "median of the rounds' ratios" in table
     assert "1.00x (1.00-1.00)" in table  # the first store against itself
+    cpu_row = next(line for line in table.splitlines() if line.startswith("| writer driver CPU"))
+    assert cpu_row.rstrip(" |").endswith("µs")  # and per added source
     stores = [Path(row["store"]) for row in result["rows"]]
     turns = rates(stores, batch_size=4, warm=1, timed=2, rounds=4)
     assert [len(runs) for runs in turns] == [4, 4]
