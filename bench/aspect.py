@@ -125,9 +125,10 @@ def _network() -> torch.nn.Module:
 
 
 def _train(batches_per_epoch: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]],
-           epochs: int, seed: int, val: tuple[torch.Tensor, torch.Tensor]) -> float:
+           epochs: int, seed: int, val: tuple[torch.Tensor, torch.Tensor],
+           network: Callable[[], torch.nn.Module] = _network) -> float:
     torch.manual_seed(seed)
-    model = _network()
+    model = network()
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
     for epoch in range(epochs):
         for images, labels in batches_per_epoch(epoch):

@@ -1,10 +1,12 @@
 """``tilefeed bench schedule``: what progressive resizing does to training, at equal wall-clock.
 
 The task of ``tilefeed bench aspect`` (a mark near the border of 4:3 pictures, aspect-true
-tiles): the same small network, from the same seeds, trained two ways for the same time on this
-machine: at the full size every epoch, and with FFCV's ramp (``pipeline.sizes.ramp``) from a
-low size up to the full one over the run. Low-resolution epochs cost less, so the ramp fits
-more epochs in the time. Both are scored on the same whole validation pictures at the full size.
+tiles): one network, from the same seeds, trained two ways for the same time on this machine:
+at the full size every epoch, and with FFCV's ramp (``pipeline.sizes.ramp``) from a low size up
+to the full one over the run. Low-resolution epochs cost less, so the ramp fits more epochs in
+the time. Both are scored on the same whole validation pictures at the full size. The network
+is wider than aspect's, so that its step, whose cost follows the pixels, weighs more than the
+loader's work per sample, as in training at scale.
 
 The time is planned, not raced: one epoch at each size is timed first, the fixed run gets
 ``epochs`` epochs, and the ramp the most epochs whose timed costs add up to no more than that
@@ -56,6 +58,16 @@ class ScheduleResult:
         return "\n".join(lines)
 
 
+def network() -> torch.nn.Module:
+    """Four convolutions, 32 to 64 channels; fully convolutional, so any input size serves."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveMaxPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 2))
+
+
 def plan_ramp(costs: dict[int, float], budget: float, low: int, high: int, step: int) -> tuple[int, Ramp]:
     """The most epochs (and their ramp) whose epochs' ``costs`` (seconds by size) add up to at
     most ``budget``; at least one."""
@@ -73,9 +85,9 @@ def _epoch_seconds(store: Path, size: int, batch: int, val: tuple[torch.Tensor, 
     from tilefeed.pipeline import Loader
 
     with Loader(store, batch, shuffle=True, train=True, size=size) as loader:
-        _train(partial(_loader_epoch, loader), 1, 0, val)
+        _train(partial(_loader_epoch, loader), 1, 0, val, network)
         began = time.perf_counter()
-        _train(partial(_loader_epoch, loader), 1, 0, val)
+        _train(partial(_loader_epoch, loader), 1, 0, val, network)
         return time.perf_counter() - began
 
 
@@ -103,6 +115,7 @@ def bench_schedule(*, train_count: int = 512, val_count: int = 256, epochs: int 
             for name, (count, size) in plans.items():
                 with Loader(store, batch, shuffle=True, seed=seed, train=True, size=size) as loader:
                     began = time.perf_counter()
-                    result.accuracy[name].append(_train(partial(_loader_epoch, loader), count, seed, val))
+                    result.accuracy[name].append(_train(partial(_loader_epoch, loader), count, seed, val,
+                                                        network))
                     result.seconds[name].append(time.perf_counter() - began)
     return result
