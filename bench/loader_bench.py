@@ -388,9 +388,10 @@ def bench_sizes(store: Path, jpeg_store: Path, sizes: list[int], *, batch_size: 
                 log: bool = True) -> SizesBenchResult:
     """Each of ``sizes`` from the same stores (lossless; JPEG with reduced-scale decoding on and
     off), one Loader each whose size changes between measurements, rounds interleaved."""
-    from tilefeed.pipeline import graph
+    from tilefeed.pipeline import graph, pool
 
     reader = StoreReader(store)
+    pool.clear()  # no idle graph of this process's to reuse: every pipeline these Loaders use is counted
     built = [0]
     real = graph.build_pipeline
 

@@ -79,6 +79,8 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
             warnings.simplefilter("ignore")  # PIL's per-file warnings become reasons or are noise
             # each step rebinds ``im``, so the picture before it is freed as soon as it is done
             im: Image.Image = Image.open(source)
+            if im.format == "PNG":
+                _check_png_checksums(source)
             im = _open_checked(im, settings)
             im = _to_rgb(im, settings)
             if settings.mode == "grid":
@@ -102,6 +104,15 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
         raise Rejected(f"{type(e).__name__}: {one_line(e)}") from None
     zero = np.zeros(1, dtype=np.int32)
     return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32))
+
+
+def _check_png_checksums(source: str | io.BytesIO) -> None:
+    """Pillow decodes a PNG's image data without checking its chunks' CRCs, so a damaged chunk
+    can decode as other pixels without an error: its ``verify()`` checks every CRC (a second,
+    cheap pass over the file, on a handle of its own) and raises on the first bad one."""
+    again = io.BytesIO(source.getbuffer()) if isinstance(source, io.BytesIO) else source
+    with Image.open(again) as png:
+        png.verify()
 
 
 @contextmanager

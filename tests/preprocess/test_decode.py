@@ -139,3 +139,16 @@ def test_bad_inputs_are_rejected_with_a_reason(bad_folder: Path) -> None:
     for name, reason in expected.items():
         with pytest.raises(Rejected, match=reason):
             load_tiles(str(bad / name), settings)
+
+
+def test_a_png_whose_damaged_data_still_inflates_is_rejected(tmp_path: Path) -> None:
+    """These 16 bytes, written over the middle of the PNG's image data, still inflate (Pillow
+    then decodes other pixels without an error); the chunk's CRC no longer matches, and the
+    picture is a reject, not a tile of wrong pixels."""
+    photo(3, 64, 64).save(tmp_path / "good.png")
+    png = bytearray((tmp_path / "good.png").read_bytes())
+    png[len(png) // 2 : len(png) // 2 + 16] = bytes.fromhex("70e26268ff60676488dd817982f546f9")
+    (tmp_path / "damaged.png").write_bytes(bytes(png))
+    with pytest.raises(Rejected, match="corrupt or truncated: broken PNG file"):
+        load_tiles(str(tmp_path / "damaged.png"), TileSettings(tile=32))
+    assert load_tiles(str(tmp_path / "good.png"), TileSettings(tile=32)).pixels.shape[0] == 1
