@@ -102,21 +102,23 @@ from tilefeed.pipeline import Loader
 batch, warm, timed, rounds = (int(v) for v in sys.argv[1:5])
 loaders = [Loader(store, batch, shuffle=True, dtype=torch.uint8, num_workers=2, stats=False)
            for store in sys.argv[5:]]
-def batches(loader):
-    while True:
-        yield from loader
-streams = [batches(loader) for loader in loaders]
-for stream in streams:
-    for _ in range(warm):
-        next(stream)  # the graph, the first maps
-rates = [[] for _ in streams]
+def window(loader, batches):
+    # the first batches of a fresh epoch, so every store's window starts an epoch alike
+    epoch, began, done = iter(loader), time.perf_counter(), 0
+    for _ in zip(range(batches), epoch):
+        done += 1
+    seconds = time.perf_counter() - began
+    epoch.close()
+    return done * batch / seconds
+for loader in loaders:
+    window(loader, warm)  # the graph, the first maps
+rates = [[] for _ in loaders]
 for r in range(rounds):
-    lead = r % len(streams)  # the lead changes every round
-    for k in [*range(lead, len(streams)), *range(lead)]:
-        began = time.perf_counter()
-        for _ in range(timed):
-            next(streams[k])
-        rates[k].append(timed * batch / (time.perf_counter() - began))
+    lead = r % len(loaders)  # the lead changes every round
+    for k in [*range(lead, len(loaders)), *range(lead)]:
+        rates[k].append(window(loaders[k], timed))
+for loader in loaders:
+    loader.close()
 print(json.dumps({"rates": rates}))
 """
 
@@ -175,9 +177,10 @@ def open_cost(store: Path) -> dict[str, Any]:
 
 def rates(stores: list[Path], *, batch_size: int, warm: int, timed: int, rounds: int) -> list[list[float]]:
     """Random-order uint8 samples/s per store: one process holds a Loader over each store and
-    times ``timed`` batches of each in turn, round after round, the lead changing (a busy moment
-    of a shared machine then falls on every size alike; rates of processes run one after
-    another differed more between runs than the stores did)."""
+    times the first ``timed`` batches of a fresh epoch of each in turn, round after round, the
+    lead changing (a busy moment of a shared machine then falls on every size alike; rates of
+    processes run one after another differed more between runs than the stores did). Each
+    window starts an epoch, so no store's window holds an epoch's end and another's none."""
     found = _child(_RATES, str(batch_size), str(warm), str(timed), str(rounds), *map(str, stores))
     return [list(map(float, runs)) for runs in found["rates"]]
 
@@ -227,6 +230,7 @@ def format_scale(result: dict[str, Any]) -> str:
     line("`StoreReader` open: time, resident growth",
          [f"{r['open']['seconds'] * 1e3:.0f} ms, +{r['open']['growth_bytes'] / 1e6:.1f} MB" for r in rows],
          per_source(lambda r: r["open"]["growth_bytes"]))
+
     def against_first(runs: list[float]) -> str:
         ratios = [mine / base for mine, base in zip(runs, first["rates"], strict=True)]
         return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
