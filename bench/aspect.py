@@ -124,18 +124,24 @@ def _network() -> torch.nn.Module:
         torch.nn.AdaptiveMaxPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 2))
 
 
-def _train(batches_per_epoch: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]],
-           epochs: int, seed: int, val: tuple[torch.Tensor, torch.Tensor],
-           network: Callable[[], torch.nn.Module] = _network) -> float:
-    torch.manual_seed(seed)
-    model = network()
-    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for epoch in range(epochs):
+EpochBatches = Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def _fit(model: torch.nn.Module, optimiser: torch.optim.Optimizer, batches_per_epoch: EpochBatches,
+         epochs: range) -> None:
+    for epoch in epochs:
         for images, labels in batches_per_epoch(epoch):
             loss = torch.nn.functional.cross_entropy(model(images), labels)
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
+
+
+def _train(batches_per_epoch: EpochBatches, epochs: int, seed: int, val: tuple[torch.Tensor, torch.Tensor],
+           network: Callable[[], torch.nn.Module] = _network) -> float:
+    torch.manual_seed(seed)
+    model = network()
+    _fit(model, torch.optim.Adam(model.parameters(), lr=3e-3), batches_per_epoch, range(epochs))
     with torch.no_grad():
         return float((model(val[0]).argmax(1) == val[1]).float().mean())
 

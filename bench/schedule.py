@@ -5,13 +5,13 @@ tiles): one network, from the same seeds, trained two ways for the same time on 
 at the full size every epoch, and with FFCV's ramp (``pipeline.sizes.ramp``) from a low size up
 to the full one over the run. Low-resolution epochs cost less, so the ramp fits more epochs in
 the time. Both are scored on the same whole validation pictures at the full size. The network
-is wider than aspect's, so that its step, whose cost follows the pixels, weighs more than the
-loader's work per sample, as in training at scale.
+is wider than aspect's, so that more of an epoch's time follows the pixels.
 
-The time is planned, not raced: one epoch at each size is timed first, the fixed run gets
-``epochs`` epochs, and the ramp the most epochs whose timed costs add up to no more than that
-(its low size until 70% of them, the full size from 85%, as FFCV's ResNet-50 recipes place
-their ramps). Each run's measured wall-clock is reported beside it.
+The time is planned, not raced: an epoch's training at each size the ramp can take is timed
+first (the loop alone: no network built, no validation), the fixed run gets ``epochs`` epochs,
+and the ramp the most epochs whose timed costs add up to no more than that (its low size until
+70% of them, the full size from 85%, as FFCV's ResNet-50 recipes place their ramps). Each
+run's measured wall-clock is reported beside it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from tilefeed.bench.aspect import SIDE, WIDTH, _loader_epoch, _train, _whole, make_dataset
+from tilefeed.bench.aspect import SIDE, WIDTH, _fit, _loader_epoch, _train, _whole, make_dataset
 from tilefeed.pipeline.sizes import Ramp, ramp
 
 FIXED, RAMPED = "fixed size", "ramp"
@@ -80,15 +80,24 @@ def plan_ramp(costs: dict[int, float], budget: float, low: int, high: int, step:
     return best
 
 
-def _epoch_seconds(store: Path, size: int, batch: int, val: tuple[torch.Tensor, torch.Tensor]) -> float:
-    """One training epoch at ``size``, timed after one untimed epoch (the graph, the maps)."""
+def ramp_sizes(low: int, high: int, step: int) -> list[int]:
+    """Every size a ramp from ``low`` to ``high`` can take: its ends and the multiples of
+    ``step`` between them."""
+    return sorted({low, high, *range(-(-(low + 1) // step) * step, high, step)})
+
+
+def _epoch_seconds(store: Path, size: int, batch: int, epochs: int = 2) -> float:
+    """One training epoch at ``size``: the loop alone, the mean of ``epochs`` after one untimed
+    epoch (the graph, the maps)."""
     from tilefeed.pipeline import Loader
 
     with Loader(store, batch, shuffle=True, train=True, size=size) as loader:
-        _train(partial(_loader_epoch, loader), 1, 0, val, network)
+        model = network()
+        optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+        _fit(model, optimiser, partial(_loader_epoch, loader), range(1))
         began = time.perf_counter()
-        _train(partial(_loader_epoch, loader), 1, 0, val, network)
-        return time.perf_counter() - began
+        _fit(model, optimiser, partial(_loader_epoch, loader), range(1, 1 + epochs))
+        return (time.perf_counter() - began) / epochs
 
 
 def bench_schedule(*, train_count: int = 512, val_count: int = 256, epochs: int = 10, seeds: int = 5,
@@ -103,7 +112,7 @@ def bench_schedule(*, train_count: int = 512, val_count: int = 256, epochs: int 
         val = _whole(make_dataset(root / "val", val_count, seed=2))
         store = root / "store"
         preprocess(train, store, TileSettings(tile=WIDTH, fit="pad"), StoreSettings(codec="none"), workers=1)
-        costs = {size: _epoch_seconds(store, size, batch, val) for size in range(low, high + 1, step)}
+        costs = {size: _epoch_seconds(store, size, batch) for size in ramp_sizes(low, high, step)}
         result = ScheduleResult(seeds, low, high, costs)
         ramped, schedule = plan_ramp(costs, epochs * costs[high], low, high, step)
         plans: dict[str, tuple[int, int | Ramp]] = {FIXED: (epochs, high), RAMPED: (ramped, schedule)}

@@ -1,6 +1,7 @@
 """The ``tilefeed bench`` forms that measure one part each: preprocessing, the loader alone,
 a bucket store, the object-store clients, the CPU path's parts, ``Loader.stats()``, growth with
-the store's size, long jobs (soak), the tile fit (aspect) and the GPU report."""
+the store's size, long jobs (soak), the tile fit (aspect), progressive resizing's effect on
+training (schedule) and the GPU report."""
 
 from __future__ import annotations
 

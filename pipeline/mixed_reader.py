@@ -82,7 +82,9 @@ def _as_ids(key: Any) -> np.ndarray:
         return ids.astype(np.int64)
     if ids.dtype.kind not in "iu":
         raise IndexError(f"sample ids must be integers, got {ids.dtype}")
-    return ids
+    if ids.dtype.kind == "u" and ids.max() > np.iinfo(np.int64).max:
+        raise IndexError(f"sample id {ids.max()} is out of range")
+    return ids.astype(np.int64, copy=False)  # unsigned ids would turn offsets into floats
 
 
 class MixedArray:
@@ -288,7 +290,8 @@ class MixedReader:
         """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
         ``codec.decode_jpeg``)."""
         for reader, where, local in self._groups(indices):  # each source decodes in place
-            reader.read_batch_into(local.tolist(), out, fast_idct, rows=where.tolist())
+            rows = None if len(where) == len(indices) else where.tolist()
+            reader.read_batch_into(local.tolist(), out, fast_idct, rows=rows)
         return out
 
     def read_into(self, index: int, out: np.ndarray) -> np.ndarray:

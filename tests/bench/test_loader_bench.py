@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,25 +121,27 @@ def test_halves_with_two_labels_swapped_are_refused(tmp_path: Path, data: tuple[
         check_halves(whole, (a, out))
 
 
-def test_paired_rates_take_the_epochs_in_turn_and_keep_each_side_apart() -> None:
+def test_paired_rates_take_the_epochs_in_turn_and_keep_each_side_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """Epochs alternate, the lead changing every pair, until both sides ran long enough; each
-    rate counts only its own side's samples over its own time."""
-    import time
+    rate counts only its own side's samples over its own time (a fake clock: exact)."""
+    import types
 
-    from tilefeed.bench.loader_bench import _paired_rates
+    from tilefeed.bench import loader_bench
 
+    clock = [0.0]
+    monkeypatch.setattr(loader_bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     calls: list[str] = []
 
-    def epoch(name: str, samples: int, seconds: float) -> object:
+    def epoch(name: str, samples: int, seconds: float) -> Any:
         def run() -> int:
             calls.append(name)
-            time.sleep(seconds)
+            clock[0] += seconds
             return samples
         return run
 
-    first, second = _paired_rates(epoch("a", 100, 0.01), epoch("b", 10, 0.02), 0.05)  # type: ignore[arg-type]
-    assert calls[:6] == ["a", "b", "b", "a", "a", "b"] and calls.count("a") == calls.count("b") >= 3
-    assert 3 < first / second < 40  # a: 100 samples per 10 ms, b: 10 per 20 ms
+    first, second = loader_bench._paired_rates(epoch("a", 100, 0.25), epoch("b", 10, 0.5), 1.0)
+    assert calls == ["a", "b", "b", "a"] * 2  # until a too has run its second
+    assert first == 400 / 1.0 and second == 40 / 2.0
 
 
 def test_the_sizes_bench_measures_every_size_with_one_graph_per_loader(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tilefeed.bench.schedule import FIXED, RAMPED, bench_schedule, plan_ramp
+from tilefeed.bench.schedule import FIXED, RAMPED, bench_schedule, plan_ramp, ramp_sizes
 
 
 def test_the_ramp_takes_the_most_epochs_that_fit_the_budget() -> None:
@@ -19,6 +19,15 @@ def test_the_ramp_takes_the_most_epochs_that_fit_the_budget() -> None:
     assert sizes[0] == 32 and sizes[-1] == 64 and sizes == sorted(sizes)
     assert sizes.index(64) >= round(0.7 * epochs)  # the low size for most of the run
     assert plan_ramp(costs, 0.5, 32, 64, 16)[0] == 1  # always one epoch
+
+
+@pytest.mark.parametrize("low", [8, 24, 32, 40, 48, 60, 64])
+def test_every_size_a_planned_ramp_takes_is_timed(low: int) -> None:
+    sizes = ramp_sizes(low, 64, 16)
+    assert sizes[0] == low and sizes[-1] == 64
+    for epochs in (1, 5, 13, 40):
+        _, schedule = plan_ramp(dict.fromkeys(sizes, 1.0), float(epochs), low, 64, 16)
+        assert {schedule(e) for e in range(epochs)} <= set(sizes)
 
 
 @pytest.mark.slow

@@ -262,3 +262,12 @@ def test_a_batch_of_one_source_is_handed_its_rows(readers: dict[str, StoreReader
     mixed.read_batch_into([0, 30], rows[:2])  # the batch's rows only: the row after stays as it was
     assert not rows[2].any()
     np.testing.assert_array_equal(rows[1], readers["b"].read(10))
+
+
+def test_unsigned_ids_index_as_signed_ones(readers: dict[str, StoreReader]) -> None:
+    mixed = mix(readers, "a", "b")
+    ids = np.array([3, 25, 49], dtype=np.uint64)
+    np.testing.assert_array_equal(mixed.labels[ids], mixed.labels[ids.astype(np.int64)])
+    np.testing.assert_array_equal(mixed.source_of(ids)[1], [3, 5, 29])
+    with pytest.raises(IndexError, match="out of range"):
+        mixed.labels[np.array([2**63], dtype=np.uint64)]
