@@ -246,15 +246,20 @@ def soak_form(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+def training_args(p: argparse.ArgumentParser, runs_per: str, epochs_help: str) -> None:
+    """The options of the forms that train a network: seeds, epochs, where the JSON goes."""
+    p.add_argument("--seeds", type=int, default=5, help=f"training runs per {runs_per}")
+    p.add_argument("--epochs", type=int, default=10, help=epochs_help)
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+
+
 def aspect_form(argv: list[str]) -> int:
     p = form_parser("tilefeed bench aspect",
                     "Train one small network three ways on a task whose label lies near the picture's "
                     "border: torchvision's crop rule on the original pictures, tilefeed with aspect-true "
                     "tiles (--fit pad) and with centre-square tiles (--fit crop); validation accuracy "
                     "on the same whole pictures.")
-    p.add_argument("--seeds", type=int, default=5, help="training runs per view")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    training_args(p, "view", "epochs of each training")
     args = p.parse_args(argv)
     from tilefeed.bench.aspect import bench_aspect
 
@@ -264,13 +269,11 @@ def aspect_form(argv: list[str]) -> int:
 def schedule_form(argv: list[str]) -> int:
     p = form_parser("tilefeed bench schedule",
                     "Progressive resizing's effect on training at equal wall-clock: aspect's task, one "
-                    "small network trained at the full size every epoch and with FFCV's ramp from "
-                    "--low up to it (as many epochs as take the same time, from one timed epoch per "
+                    "network trained at the full size every epoch and with FFCV's ramp from --low up "
+                    "to it (as many epochs as take the same time, by the training loop timed at each "
                     "size); validation accuracy at the full size, per seed.")
-    p.add_argument("--seeds", type=int, default=5, help="training runs per schedule")
-    p.add_argument("--epochs", type=int, default=10, help="epochs of the fixed-size run")
+    training_args(p, "schedule", "epochs of the fixed-size run")
     p.add_argument("--low", type=int, default=32, help="the ramp's first size (the full size is 64)")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     from tilefeed.bench.schedule import bench_schedule
 
