@@ -42,16 +42,20 @@ class LoaderBenchResult:
     codec: str
     rates: dict[str, float] = field(default_factory=dict)  # img/s, medians
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # img/s, over rounds
-    # the mixture row: samples of one of its epochs (the store's), and mixture / single store,
-    # uint8: the ratio of the medians, and the least and most of the rounds' ratios
+    # the mixture row: its epoch's samples (the store's), each round's mixture / store (uint8)
     mixture_samples: int | None = None
-    mixture_ratio: tuple[float, float, float] | None = None
+    mixture_ratios: list[float] = field(default_factory=list)
     # FFCV beside tilefeed, figure -> (FFCV median, tilefeed median, FFCV range, tilefeed range)
     peer: dict[str, tuple[float, float, tuple[float, float], tuple[float, float]]] = field(
         default_factory=dict)
 
     def ratio(self, a: str, b: str) -> float:
         return self.rates[a] / self.rates[b]
+
+    @property
+    def mixture_ratio(self) -> tuple[float, float, float] | None:
+        """The rounds' mixture / single store: median, least, most (None without the row)."""
+        return (statistics.median(r), min(r), max(r)) if (r := self.mixture_ratios) else None
 
     def table(self) -> str:
         wide = max(map(len, ["loader", *self.rates]))
@@ -108,13 +112,10 @@ def _rate(epoch: Callable[[], int], min_seconds: float) -> float:
 
 def _paired_rates(first: Callable[[], int], second: Callable[[], int],
                   min_seconds: float) -> tuple[float, float]:
-    """Two loaders' rates from their epochs taken in turn, each timed alone, the lead changing
-    every pair: a busy moment of a shared machine falls on both alike, so their ratio holds
-    where rates taken a second apart would not. (Each loader reads its next epoch's first
-    batches ahead while the other's epoch is timed: alike for both, so the ratio is fair, but
-    such rates run a little above a loader's rate alone.)"""
-    samples, seconds = [0, 0], [0.0, 0.0]
-    turn = 0
+    """Two loaders' rates from their epochs taken in turn, the lead changing every pair: a busy
+    moment of the machine falls on both, so their ratio holds. (Each reads its next epoch ahead
+    while the other's is timed: alike for both, but such rates run a little above one alone.)"""
+    samples, seconds, turn = [0, 0], [0.0, 0.0], 0
     while min(seconds) < min_seconds:
         for k in (turn % 2, 1 - turn % 2):
             began = time.perf_counter()
@@ -248,7 +249,7 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
     result.ranges = {name: (min(v), max(v)) for name, v in rates.items()}
     if mixture_samples is not None:
         result.mixture_samples = mixture_samples
-        result.mixture_ratio = (statistics.median(ratios), min(ratios), max(ratios))
+        result.mixture_ratios = ratios
     for figure, ours in figures.items():
         if figure in peer_rates:
             theirs = peer_rates[figure]

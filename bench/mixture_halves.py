@@ -19,6 +19,7 @@ import numpy as np
 
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.pipeline.show import source_paths
+from tilefeed.store.atomic import atomic_write
 from tilefeed.store.attrs import store_attrs
 from tilefeed.store.errors import ConfigError
 
@@ -52,8 +53,8 @@ def split_store(store: Path, folder: Path, *, workers: int | None = None,
         manifest = folder / f"{name}.jsonl"
         text = "".join(json.dumps({"path": path, "label": classes[label] if by_name else label}) + "\n"
                        for path, label in half)
-        if not manifest.exists() or manifest.read_text() != text:
-            manifest.write_text(text)
+        if not manifest.is_file() or manifest.is_symlink() or manifest.read_text() != text:
+            atomic_write(manifest, text.encode())  # replaces the name: never writes through a link
         out = folder / name
         summary = preprocess(manifest, out, tiles, settings, workers=workers, progress=progress,
                              source_options=SourceOptions(labels="names" if by_name else "int",

@@ -87,16 +87,20 @@ def _halves(store: str | Path) -> tuple[Path, Path] | None:
     import hashlib
     import sys
 
-    from tilefeed.bench.mixture_halves import split_store
+    from tilefeed.bench.mixture_halves import check_halves, split_store
     from tilefeed.cli.progress import progress_bar
-    from tilefeed.store.errors import TilefeedError
+    from tilefeed.pipeline.reader import StoreReader
+    from tilefeed.store.errors import one_line
 
     where = hashlib.sha256(str(store.resolve()).encode()).hexdigest()[:8]
     try:
-        return split_store(store, cache_dir() / f"{store.name}-{where}-halves",
-                           progress=progress_bar(sys.stderr.isatty()))
-    except TilefeedError as e:  # a store the bench cannot split: the other rows still run
-        print(f"no mixture row: {e}", flush=True)
+        halves = split_store(store, cache_dir() / f"{store.name}-{where}-halves",
+                             progress=progress_bar(sys.stderr.isatty()))
+        with StoreReader(store) as reader:
+            check_halves(reader, halves)
+        return halves
+    except Exception as e:  # noqa: BLE001 - whatever stops the halves drops their row, not the bench
+        print(f"no mixture row: {one_line(e)}", flush=True)
         return None
 
 

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from tilefeed.preprocess.writer import Summary
 
 
-
 def _colour(text: str) -> tuple[int, int, int]:
     text = text.strip()
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -388,15 +388,16 @@ class Loader(DataLoaderFace):
         delivered yet. With a ledger, records what this rank handed over: call it on every rank."""
         epoch, segments = progress(self.settings, self._open, self._resume, self._epoch)
         self._record(complete=False)  # records only while an epoch is being iterated
-        return saved(self.settings, self._identity(), epoch, segments, self.size_of(epoch), self._fixed)
+        return saved(self.settings, self._identity, epoch, segments, self.size_of(epoch), self._fixed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next ``iter()`` (or a ``set_epoch`` of the same epoch,
         then ``iter()``) delivers the rest of that epoch, split over this Loader's ranks."""
-        self._resume = load(state, self._identity())
+        self._resume = load(state, self._identity)
         self._fixed, self._epoch, self._open = self._resume.fixed, self._resume.epoch, None
 
-    def _identity(self) -> dict[str, Any]:
+    @cached_property
+    def _identity(self) -> dict[str, Any]:  # fixed once the Loader is made: subsets hashed once
         return identity(self.settings, self._shares.positions, self.subset, self.mixture)
 
     def _record(self, *, complete: bool) -> None:

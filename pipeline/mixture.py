@@ -204,8 +204,8 @@ class VisitStream:
             known.sort()
             known.flags.writeable = False
             self._sorted[epoch] = known
-        for old in [e for e in list(self._sorted) if abs(e - epoch) > NEIGHBOURS]:
-            self._sorted.pop(old, None)
+        for old in [e for e in self._sorted if abs(e - epoch) > NEIGHBOURS]:
+            del self._sorted[old]
         return known
 
     def at(self, cycle: int, places: np.ndarray) -> np.ndarray:

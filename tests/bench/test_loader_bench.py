@@ -4,6 +4,7 @@ as a 50/50 mixture against the store itself, and refused when they do not add up
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ def test_the_mixture_row_reads_the_store_samples_in_the_same_rounds(
     assert result.mixture_samples == result.samples == 24
     assert result.mixture_ratio is not None
     ratio, low, high = result.mixture_ratio
+    assert len(result.mixture_ratios) == 2 and ratio == statistics.median(result.mixture_ratios)
     assert 0 < low <= ratio <= high and set(result.ranges) == set(result.rates)  # the rounds' median
     assert "50/50 mixture of two halves / the single store" in result.table()
 
@@ -161,3 +163,27 @@ def test_the_sizes_bench_measures_every_size_with_one_graph_per_loader(tmp_path:
     assert result.reduced[32] == 0 and result.reduced[8] > 0
     table = result.table()
     assert "| 8 |" in table and "| 1/8 |" in table and "DALI pipelines built, three Loaders" in table
+
+
+def test_halves_that_cannot_be_made_or_checked_drop_the_row_not_the_bench(
+        data: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tilefeed.bench import mixture_halves
+    from tilefeed.cli import bench_forms
+    from tilefeed.store.errors import ConfigError
+
+    _, store = data
+
+    def cannot_write(*args: object, **kwargs: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(mixture_halves, "split_store", cannot_write)
+    assert bench_forms._halves(store) is None
+    assert "no mixture row: " in capsys.readouterr().out
+
+    def other_samples(*args: object) -> None:
+        raise ConfigError("halves do not hold exactly the store's samples")
+
+    monkeypatch.setattr(mixture_halves, "split_store", lambda *a, **k: (store, store))
+    monkeypatch.setattr(mixture_halves, "check_halves", other_samples)
+    assert bench_forms._halves(store) is None
+    assert "do not hold exactly" in capsys.readouterr().out
