@@ -25,7 +25,7 @@ from tilefeed.pipeline.stats import charge
 from tilefeed.store.attrs import StoreAttrs
 from tilefeed.store.codec import jpeg_size
 from tilefeed.store.documents import open_store
-from tilefeed.store.shard import ShardFile
+from tilefeed.store.shard import ShardFile, chunks, read_tiles_into
 from tilefeed.store.errors import ConfigError, CorruptChunkError, TileDecodeError
 from tilefeed.store.checked import checked_arrays
 from tilefeed.store.cache_dir import default_cache_dir
@@ -171,11 +171,15 @@ class StoreReader:
         if self.remote is not None:
             found = self._remote_payloads(indices)
         else:
-            per_shard, shard_of = self.shard_size, self._shard
-            found = [shard_of(i // per_shard).chunk(i % per_shard) for i in indices]
+            found = chunks(*self._places(indices))
         if self.codec.is_image_coded:
             self._check_pictures(indices, found)
         return found
+
+    def _places(self, indices: Sequence[int]) -> tuple[list[ShardFile], list[int]]:
+        """Each local sample's shard, mapped, and its place there."""
+        per_shard, shard_of = self.shard_size, self._shard
+        return [shard_of(i // per_shard) for i in indices], [i % per_shard for i in indices]
 
     def _check_pictures(self, indices: Sequence[int], payloads: list[memoryview]) -> None:
         """Each JPEG's header must declare the tile's size: a decoder handed these bytes sizes
@@ -217,9 +221,7 @@ class StoreReader:
         if self.remote is None:  # each tile straight from its shard's map into its place
             if indices:
                 self._check(min(indices), max(indices))
-            per_shard, shard_of, codec = self.shard_size, self._shard, self.codec
-            for k, i in zip(rows, indices, strict=True):
-                shard_of(i // per_shard).read_into(i % per_shard, codec, out[k], fast_idct)
+            read_tiles_into(*self._places(indices), self.codec, out, rows, fast_idct)
             return out
         decode = self.codec.decode
         for k, i, payload in zip(rows, indices, self.payloads(indices), strict=True):

@@ -4,10 +4,11 @@ end), the checked reading of its chunks, and the sha256 digests the attributes r
 from __future__ import annotations
 
 import hashlib
+import itertools
 import mmap
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -101,43 +102,52 @@ class ShardFile:
 
     def nbytes(self, local: int) -> int:
         """Bytes the ``local``-th tile's chunk occupies in the shard, as its index says."""
-        return int(_ENTRY.unpack_from(self._map, self._data_end + 16 * local)[1])
+        return int(_ENTRY.unpack_from(self._map, self._data_end + _ENTRY.size * local)[1])
 
     def chunk(self, local: int) -> memoryview:
         """The payload (crc32c stripped) of this shard's ``local``-th tile, checked."""
         payload, end = self._payload(local)
-        self._verify(local, payload, end)
+        self._verify(local, payload, _CRC.unpack_from(self._map, end)[0])
         return payload
 
     def _payload(self, local: int) -> tuple[memoryview, int]:
         """The ``local``-th tile's payload, unchecked, and where its crc32c begins."""
-        offset, nbytes = _ENTRY.unpack_from(self._map, self._data_end + 16 * local)
-        end = offset + nbytes - CRC_NBYTES
+        offset, nbytes = _ENTRY.unpack_from(self._map, self._data_end + _ENTRY.size * local)
         # one bounds check serves all: a chunk not written has offset and size 2**64 - 1
-        if nbytes < CRC_NBYTES or end + CRC_NBYTES > self._data_end:
-            raise CorruptChunkError(str(self.path), self.first + local,
-                                    f"index entry ({offset}, {nbytes}) is invalid")
+        if nbytes < CRC_NBYTES or offset + nbytes > self._data_end:
+            raise self._invalid_entry(local, offset, nbytes)
+        end = offset + nbytes - CRC_NBYTES
         return self._view[offset:end], end
 
-    def read_into(self, local: int, codec: TileCodec, out: np.ndarray, fast_idct: bool = False) -> None:
-        """This shard's ``local``-th tile decoded into ``out``, checked. An uncompressed tile is
-        copied first and checked in ``out``: the check then reads bytes the copy left in the
-        cache, where checking the map first would read them from memory twice."""
-        if codec.name != "none":
-            try:
-                codec.decode(self.chunk(local), out, fast_idct)
-            except TileDecodeError as e:
-                raise CorruptChunkError(str(self.path), self.first + local, e.detail) from None
-            return
-        payload, end = self._payload(local)
-        if len(payload) != out.nbytes:
-            raise CorruptChunkError(str(self.path), self.first + local,
-                                    f"chunk is {len(payload)} bytes, the tile {out.nbytes}")
-        np.copyto(out, np.frombuffer(payload, dtype=np.uint8).reshape(out.shape))
-        self._verify(local, out.data, end)
+    def _invalid_entry(self, local: int, offset: int, nbytes: int) -> CorruptChunkError:
+        return CorruptChunkError(str(self.path), self.first + local,
+                                 f"index entry ({offset}, {nbytes}) is invalid")
 
-    def _verify(self, local: int, payload: Buffer, end: int) -> None:
-        if _crc32c.crc32c(payload) != _CRC.unpack_from(self._map, end)[0]:
+    def read_into(self, local: int, codec: TileCodec, out: np.ndarray, fast_idct: bool = False) -> None:
+        """This shard's ``local``-th tile decoded into ``out``, checked."""
+        payload, end = self._payload(local)
+        self._decode_into(local, payload, _CRC.unpack_from(self._map, end)[0], codec, out, fast_idct)
+
+    def _decode_into(self, local: int, payload: memoryview, crc: int, codec: TileCodec, out: np.ndarray,
+                     fast_idct: bool) -> None:
+        """``payload`` (its crc32c ``crc``) decoded into ``out``. An uncompressed tile is copied
+        first and checked in ``out``: the check then reads bytes the copy left in the cache,
+        where checking the payload first would read them from memory twice."""
+        if codec.name == "none":
+            if len(payload) != out.nbytes:
+                raise CorruptChunkError(str(self.path), self.first + local,
+                                        f"chunk is {len(payload)} bytes, the tile {out.nbytes}")
+            np.copyto(out, np.frombuffer(payload, dtype=np.uint8).reshape(out.shape))
+            self._verify(local, out.data, crc)
+            return
+        self._verify(local, payload, crc)
+        try:
+            codec.decode(payload, out, fast_idct)
+        except TileDecodeError as e:
+            raise CorruptChunkError(str(self.path), self.first + local, e.detail) from None
+
+    def _verify(self, local: int, payload: Buffer, crc: int) -> None:
+        if _crc32c.crc32c(payload) != crc:
             raise CorruptChunkError(str(self.path), self.first + local, "chunk crc32c mismatch")
 
     def close(self) -> None:
@@ -146,6 +156,54 @@ class ShardFile:
             self._map.close()
         except BufferError:
             pass  # a caller still holds a chunk view; the map closes when the last one goes
+
+
+# A batch's tiles lie at random places in a large store. Read one after another, each read waits
+# for the misses (in the caches and in address translation) of the one before; one copy of all
+# of a batch's index entries, then of all its chunks, lets the processor overlap those misses.
+
+def _spans(files: Sequence[ShardFile], local: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Each tile's (offset, nbytes) from its shard's index, checked: ``local[k]`` of ``files[k]``."""
+    size = _ENTRY.size
+    entries = b"".join([f._view[(at := f._data_end + size * i):at + size] for f, i in zip(files, local)])
+    table = np.frombuffer(entries, dtype="<u8").reshape(-1, 2)
+    offsets, sizes = table[:, 0], table[:, 1]
+    ends = np.array([f._data_end for f in files], dtype=np.uint64)
+    bad = (sizes < CRC_NBYTES) | (offsets > ends) | (sizes > ends - offsets)  # as _payload
+    if bad.any():
+        k = int(bad.argmax())
+        raise files[k]._invalid_entry(local[k], int(offsets[k]), int(sizes[k]))
+    return offsets.tolist(), sizes.tolist()
+
+
+def chunks(files: Sequence[ShardFile], local: Sequence[int]) -> list[memoryview]:
+    """The payloads of ``local[k]`` of ``files[k]``, checked as ``ShardFile.chunk`` checks one
+    (views into the maps)."""
+    found = []
+    for f, i, offset, nbytes in zip(files, local, *_spans(files, local), strict=True):
+        end = offset + nbytes - CRC_NBYTES
+        payload = f._view[offset:end]
+        f._verify(i, payload, _CRC.unpack_from(f._map, end)[0])
+        found.append(payload)
+    return found
+
+
+def read_tiles_into(files: Sequence[ShardFile], local: Sequence[int], codec: TileCodec, out: np.ndarray,
+                    rows: Iterable[int], fast_idct: bool = False) -> None:
+    """``local[k]`` of ``files[k]`` decoded into ``out[rows[k]]``, each checked as
+    ``ShardFile.read_into`` checks one. Uncompressed tiles are copied once, straight into place;
+    compressed ones are first gathered into one buffer."""
+    if not files:
+        return
+    offsets, sizes = _spans(files, local)
+    if codec.name == "none":
+        places = [(f._view, offset) for f, offset in zip(files, offsets)]
+    else:
+        gathered = memoryview(b"".join([f._view[o:o + n] for f, o, n in zip(files, offsets, sizes)]))
+        places = [(gathered, at) for at in itertools.accumulate(sizes[:-1], initial=0)]
+    for (view, at), f, i, k, nbytes in zip(places, files, local, rows, sizes, strict=True):
+        end = at + nbytes - CRC_NBYTES
+        f._decode_into(i, view[at:end], _CRC.unpack_from(view, end)[0], codec, out[k], fast_idct)
 
 
 def sha256_fd(fd: int) -> str:

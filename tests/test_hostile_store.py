@@ -17,7 +17,8 @@ from numcodecs import Zstd
 
 from tilefeed.store import format as fmt
 from tilefeed.store.codec import COMPRESSORS, TileCodec, decode_jpeg, encode_jpeg, zstd_content_size
-from tilefeed.store.shard import ShardFile, ShardIndex
+from tilefeed.store.shard import ShardFile, ShardIndex, read_tiles_into
+from tilefeed.store.shard import chunks as shard_chunks
 from tilefeed.store.errors import CorruptChunkError, TileDecodeError
 from tests.helpers import make_store
 
@@ -179,6 +180,36 @@ def test_a_shard_names_the_sample_whose_chunk_is_short(tmp_path: Path) -> None:
         f.read_into(1, tc, out)
     f.close()
 
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "jpeg"])
+def test_a_batch_reads_as_its_tiles_one_by_one_and_names_a_bad_one(tmp_path: Path, codec: str) -> None:
+    tc = TileCodec(codec, 16)
+    rng = np.random.default_rng(0)
+    tiles = [rng.integers(0, 256, tc.shape, dtype=np.uint8) for _ in range(3)]
+    chunks = [tc.encode(t) for t in tiles]
+    path = fmt.shard_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    index = ShardIndex.packed(4, [len(c) for c in chunks])
+    index.table[3] = (len(b"".join(chunks)) - 4, 8)  # reaches past the data into the index
+    path.write_bytes(b"".join(chunks) + index.encode())
+    f = ShardFile(tmp_path, 0, 4)
+    local, rows = [2, 0, 1, 0], [3, 1, 0, 2]
+    batch = np.zeros((4, *tc.shape), np.uint8)
+    read_tiles_into([f] * 4, local, tc, batch, rows)
+    for i, k in zip(local, rows):
+        one = np.empty(tc.shape, np.uint8)
+        f.read_into(i, tc, one)
+        np.testing.assert_array_equal(batch[k], one)
+    assert [bytes(c) for c in shard_chunks([f] * 3, [0, 1, 2])] == [c[:-4] for c in chunks]
+    with pytest.raises(CorruptChunkError, match=r"sample 3: index entry \(\d+, 8\) is invalid"):
+        read_tiles_into([f] * 2, [0, 3], tc, batch, range(2))
+    crc_flipped = bytearray(path.read_bytes())
+    crc_flipped[len(chunks[0]) - 1] ^= 1  # the first tile's crc32c
+    path.write_bytes(bytes(crc_flipped))
+    f = ShardFile(tmp_path, 0, 4)
+    with pytest.raises(CorruptChunkError, match="sample 0: chunk crc32c mismatch"):
+        read_tiles_into([f] * 2, [1, 0], tc, batch, range(2))
 
 def test_a_huge_jpeg_is_refused_from_its_header_without_a_buffer() -> None:
     from tests.hostile_store_cases import jpeg_with_size
