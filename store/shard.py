@@ -165,7 +165,8 @@ class ShardFile:
 def _spans(files: Sequence[ShardFile], local: Sequence[int]) -> tuple[list[int], list[int]]:
     """Each tile's (offset, nbytes) from its shard's index, checked: ``local[k]`` of ``files[k]``."""
     size = _ENTRY.size
-    entries = b"".join([f._view[(at := f._data_end + size * i):at + size] for f, i in zip(files, local)])
+    entries = b"".join([f._view[(at := f._data_end + size * i):at + size]
+                        for f, i in zip(files, local, strict=True)])
     table = np.frombuffer(entries, dtype="<u8").reshape(-1, 2)
     offsets, sizes = table[:, 0], table[:, 1]
     ends = np.array([f._data_end for f in files], dtype=np.uint64)
@@ -197,9 +198,10 @@ def read_tiles_into(files: Sequence[ShardFile], local: Sequence[int], codec: Til
         return
     offsets, sizes = _spans(files, local)
     if codec.name == "none":
-        places = [(f._view, offset) for f, offset in zip(files, offsets)]
+        places = [(f._view, offset) for f, offset in zip(files, offsets, strict=True)]
     else:
-        gathered = memoryview(b"".join([f._view[o:o + n] for f, o, n in zip(files, offsets, sizes)]))
+        gathered = memoryview(b"".join([f._view[o:o + n]
+                                        for f, o, n in zip(files, offsets, sizes, strict=True)]))
         places = [(gathered, at) for at in itertools.accumulate(sizes[:-1], initial=0)]
     for (view, at), f, i, k, nbytes in zip(places, files, local, rows, sizes, strict=True):
         end = at + nbytes - CRC_NBYTES

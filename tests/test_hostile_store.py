@@ -197,7 +197,7 @@ def test_a_batch_reads_as_its_tiles_one_by_one_and_names_a_bad_one(tmp_path: Pat
     local, rows = [2, 0, 1, 0], [3, 1, 0, 2]
     batch = np.zeros((4, *tc.shape), np.uint8)
     read_tiles_into([f] * 4, local, tc, batch, rows)
-    for i, k in zip(local, rows):
+    for i, k in zip(local, rows, strict=True):
         one = np.empty(tc.shape, np.uint8)
         f.read_into(i, tc, one)
         np.testing.assert_array_equal(batch[k], one)
