@@ -24,6 +24,7 @@ import numpy as np
 from tilefeed.pipeline.reader import StoreReader
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.errors import ConfigError
+from tilefeed.store.shard import read_tiles_into
 from tilefeed.store.remote import RemoteStore
 
 LABEL_RULES: Final = ("same", "offset", "names")
@@ -202,6 +203,9 @@ class MixedReader:
         self.location = "mixture of " + ", ".join(
             f"{n} ({loc})" for n, loc in zip(self.names, self.locations, strict=True))
         self._ends = np.asarray(self.offsets, dtype=np.int64) + self.sizes
+        self._shard_sizes = np.array([r.shard_size for r in self.sources], dtype=np.int64)
+        self._shard_files = (None if any(r.remote is not None for r in self.sources)
+                             else tuple(r.shard_file for r in self.sources))
         self._views()
 
     def _check_decoding(self) -> TileCodec:
@@ -288,7 +292,15 @@ class MixedReader:
 
     def read_batch_into(self, indices: list[int], out: np.ndarray, fast_idct: bool = False) -> np.ndarray:
         """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
-        ``codec.decode_jpeg``)."""
+        ``codec.decode_jpeg``). Local sources' tiles are read in one pass, in the batch's order,
+        as one store's are; a source in a bucket reads its own."""
+        if self._shard_files is not None:
+            source, local = self.source_of(indices)
+            shard, place = np.divmod(local, self._shard_sizes[source])
+            opened = self._shard_files
+            files = [opened[s](i) for s, i in zip(source.tolist(), shard.tolist(), strict=True)]
+            read_tiles_into(files, place.tolist(), self.codec, out, range(len(files)), fast_idct)
+            return out
         for reader, where, local in self._groups(indices):  # each source decodes in place
             rows = None if len(where) == len(indices) else where.tolist()
             reader.read_batch_into(local.tolist(), out, fast_idct, rows=rows)

@@ -126,7 +126,8 @@ class StoreReader:
             cache = self.remote.cache
             cache.plan(indices, cache.window, cache.depth)
 
-    def _shard(self, shard: int) -> ShardFile:
+    def shard_file(self, shard: int) -> ShardFile:
+        """Shard ``shard``, mapped (a bucket store's fetched to the cache first)."""
         f = self._shards[shard]
         if f is None:
             if self.remote is not None:
@@ -153,7 +154,7 @@ class StoreReader:
     def _chunk(self, index: int) -> memoryview:
         shard, local = divmod(index, self.shard_size)
         try:
-            return self._shard(shard).chunk(local)
+            return self.shard_file(shard).chunk(local)
         except CorruptChunkError:
             if self.remote is None:
                 raise
@@ -162,7 +163,7 @@ class StoreReader:
                 self._shards[shard] = None
                 self._mapped.pop(shard, None)
             self.remote.cache.refetch(shard)
-            return self._shard(shard).chunk(local)
+            return self.shard_file(shard).chunk(local)
 
     def payloads(self, indices: Sequence[int]) -> list[memoryview]:
         """The encoded chunks of ``indices``, checksum verified (views into maps or downloads)."""
@@ -178,7 +179,7 @@ class StoreReader:
 
     def _places(self, indices: Sequence[int]) -> tuple[list[ShardFile], list[int]]:
         """Each local sample's shard, mapped, and its place there."""
-        per_shard, shard_of = self.shard_size, self._shard
+        per_shard, shard_of = self.shard_size, self.shard_file
         return [shard_of(i // per_shard) for i in indices], [i % per_shard for i in indices]
 
     def _check_pictures(self, indices: Sequence[int], payloads: list[memoryview]) -> None:

@@ -207,8 +207,9 @@ def _mapped(folder: int, name: Any, shape: tuple[int, ...]) -> np.ndarray | None
         found, fortran, dtype = np.lib.format.read_array_header_1_0(f)
         if found != shape or fortran or dtype != np.dtype("<i8"):
             return None
-        # the map checks the file holds the whole array (ValueError when it is short)
-        return np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
+        # the map checks the file holds the whole array (ValueError when it is short); a plain
+        # array over it (the map its base), as gathering rows from a memmap costs its subclass's
+        return np.asarray(np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape))
 
 
 def _keep(folder: int, store: StoreAttrs, files: list[str], stats: list[Stat],

@@ -42,7 +42,7 @@ def test_the_second_open_maps_what_the_first_checked(store: Path, cache: Path) -
     folder = _checked(cache)
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     second = StoreReader(store)
-    assert second._arrays_mapped and isinstance(second.labels, np.memmap)
+    assert second._arrays_mapped and isinstance(second.labels.base, np.memmap)
     assert np.array_equal(first.labels, second.labels) and np.array_equal(first.boxes, second.boxes)
     assert second.labels.dtype == np.int64 and second.boxes.shape == (len(second), 4)
     assert first.padded == second.padded
