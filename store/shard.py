@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tilefeed.store.attrs import StoreAttrs
 
 _CRC: Final = struct.Struct("<I")
+GATHERED_CHUNK_BYTES: Final = 4096  # chunks gathered before decoding: at most this, on average
 _ENTRY: Final = struct.Struct("<QQ")  # a shard index entry: offset, nbytes
 
 
@@ -193,11 +194,12 @@ def read_tiles_into(files: Sequence[ShardFile], local: Sequence[int], codec: Til
                     rows: Iterable[int], fast_idct: bool = False) -> None:
     """``local[k]`` of ``files[k]`` decoded into ``out[rows[k]]``, each checked as
     ``ShardFile.read_into`` checks one. Uncompressed tiles are copied once, straight into place;
-    compressed ones are first gathered into one buffer."""
+    small compressed ones are first gathered into one buffer (larger ones are read where they
+    lie: the processor streams through each, and a copy would cost more than it saves)."""
     if not files:
         return
     offsets, sizes = _spans(files, local)
-    if codec.name == "none":
+    if codec.name == "none" or sum(sizes) > GATHERED_CHUNK_BYTES * len(sizes):
         places = [(f._view, offset) for f, offset in zip(files, offsets, strict=True)]
     else:
         gathered = memoryview(b"".join([f._view[o:o + n]
