@@ -183,7 +183,8 @@ def test_a_shard_names_the_sample_whose_chunk_is_short(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("codec", "side"), [("none", 16), ("lz4", 16), ("jpeg", 16), ("lz4", 64)])
-def test_a_batch_reads_as_its_tiles_one_by_one_and_names_a_bad_one(tmp_path: Path, codec: str, side: int) -> None:
+def test_a_batch_reads_as_its_tiles_one_by_one_and_names_a_bad_one(tmp_path: Path, codec: str,
+                                                                   side: int) -> None:
     """Small chunks are gathered before decoding, large ones (64 px of noise) read in place."""
     tc = TileCodec(codec, side)
     rng = np.random.default_rng(0)
