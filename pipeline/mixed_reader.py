@@ -113,6 +113,9 @@ class MixedArray:
         return self.shape[0]
 
     def __getitem__(self, key: Any) -> Any:
+        if type(key) is np.ndarray and key.ndim == 1 and key.dtype == np.int64 and key.size:
+            if key.min() >= 0 and key.max() < self.shape[0]:  # a batch's ids: the hot path
+                return self._gather(key, self._ends.searchsorted(key, side="right"))
         if isinstance(key, slice):
             ids = np.arange(*key.indices(len(self)), dtype=np.int64)
         elif (mask := np.asarray(key)).dtype == bool:
@@ -136,13 +139,17 @@ class MixedArray:
                 rows = self.parts[one][flat - self._starts[one]]
                 out = rows if self.lookups is None else self.lookups[one][rows]
                 return out.astype(self.dtype, copy=False).reshape((*ids.shape, *self.shape[1:]))[()]
-        source = np.searchsorted(self._ends, flat, side="right")
-        out = np.empty((flat.size, *self.shape[1:]), dtype=self.dtype)
+        out = self._gather(flat, self._ends.searchsorted(flat, side="right"))
+        return out.reshape((*ids.shape, *self.shape[1:]))[()]  # an int key: a scalar or one row
+
+    def _gather(self, ids: np.ndarray, source: np.ndarray) -> np.ndarray:
+        """The rows of 1-D ``ids`` (in range), ``source`` their sources."""
+        out = np.empty((ids.size, *self.shape[1:]), dtype=self.dtype)
         for s, part in enumerate(self.parts):  # a batch's ids, gathered per source
             picked = source == s
-            rows = part[flat[picked] - self._starts[s]]
+            rows = part[ids[picked] - self._starts[s]]
             out[picked] = rows if self.lookups is None else self.lookups[s][rows]
-        return out.reshape((*ids.shape, *self.shape[1:]))[()]  # an int key: a scalar or one row
+        return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         raise TypeError("a mixture's per-sample array is not copied whole (it would grow with the "
@@ -202,7 +209,8 @@ class MixedReader:
         self.locations = tuple(r.location for r in self.sources)
         self.location = "mixture of " + ", ".join(
             f"{n} ({loc})" for n, loc in zip(self.names, self.locations, strict=True))
-        self._ends = np.asarray(self.offsets, dtype=np.int64) + self.sizes
+        self._starts = np.asarray(self.offsets, dtype=np.int64)
+        self._ends = self._starts + self.sizes
         self._shard_sizes = np.array([r.shard_size for r in self.sources], dtype=np.int64)
         self._shard_files = (None if any(r.remote is not None for r in self.sources)
                              else tuple(r.shard_file for r in self.sources))
@@ -251,8 +259,8 @@ class MixedReader:
         if flat.size and (flat.min() < 0 or flat.max() >= self.samples):
             bad = flat.min() if flat.min() < 0 else flat.max()
             raise IndexError(f"sample {bad} is out of range for {self.samples} samples")
-        source = np.searchsorted(self._ends, flat, side="right")  # an empty source is skipped
-        local = flat - np.asarray(self.offsets, dtype=np.int64)[source]
+        source = self._ends.searchsorted(flat, side="right")  # an empty source is skipped
+        local = flat - self._starts[source]
         return source.reshape(ids.shape), local.reshape(ids.shape)
 
     def _groups(self, ids: Any) -> Iterator[tuple[StoreReader, np.ndarray, np.ndarray]]:
@@ -294,9 +302,12 @@ class MixedReader:
         """Decode samples ``indices`` into ``out[k]`` (``fast_idct``: JPEG tiles, see
         ``codec.decode_jpeg``). Local sources' tiles are read in one pass, in the batch's order,
         as one store's are; a source in a bucket reads its own."""
-        if self._shard_files is not None:
-            source, local = self.source_of(indices)
-            shard, place = np.divmod(local, self._shard_sizes[source])
+        if self._shard_files is not None and indices:
+            if min(indices) < 0 or max(indices) >= self.samples:
+                self.source_of(indices)  # raises, naming the sample
+            ids = np.array(indices, dtype=np.int64)
+            source = self._ends.searchsorted(ids, side="right")
+            shard, place = np.divmod(ids - self._starts[source], self._shard_sizes[source])
             opened = self._shard_files
             files = [opened[s](i) for s, i in zip(source.tolist(), shard.tolist(), strict=True)]
             read_tiles_into(files, place.tolist(), self.codec, out, range(len(files)), fast_idct)
