@@ -15,15 +15,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tilefeed.pipeline.dataset import TileDataset
     from tilefeed.pipeline.loader import Loader
+    from tilefeed.pipeline.mixing import Mix
     from tilefeed.pipeline.reader import StoreReader
     from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreFormatError
 
 _PUBLIC = {
     "TileDataset": "tilefeed.pipeline.dataset", "Loader": "tilefeed.pipeline.loader",
+    "Mix": "tilefeed.pipeline.mixing",
     "StoreReader": "tilefeed.pipeline.reader", "ConfigError": "tilefeed.store.errors",
     "CorruptChunkError": "tilefeed.store.errors", "StoreFormatError": "tilefeed.store.errors",
 }
-__all__ = ["ConfigError", "CorruptChunkError", "Loader", "StoreFormatError", "StoreReader", "TileDataset"]
+__all__ = ["ConfigError", "CorruptChunkError", "Loader", "Mix", "StoreFormatError", "StoreReader",
+           "TileDataset"]
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from tilefeed.bench.harness import RunResult, measure, watch
     from tilefeed.pipeline.dataset import TileDataset
     from tilefeed.pipeline.loader import Loader
+    from tilefeed.pipeline.mixing import Mix
     from tilefeed.pipeline.reader import StoreReader
     from tilefeed.store.errors import (
         ConfigError,
@@ -38,6 +39,7 @@ _PUBLIC = {
     "watch": ("tilefeed.bench.harness", "watch"),
     "TileDataset": ("tilefeed.pipeline.dataset", "TileDataset"),
     "Loader": ("tilefeed.pipeline.loader", "Loader"),
+    "Mix": ("tilefeed.pipeline.mixing", "Mix"),
     "StoreReader": ("tilefeed.pipeline.reader", "StoreReader"),
     "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
@@ -50,7 +52,7 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "ConfigError", "CorruptChunkError", "DaliMissingError", "Loader", "RunResult", "SourceError",
+    "ConfigError", "CorruptChunkError", "DaliMissingError", "Loader", "Mix", "RunResult", "SourceError",
     "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
     "StoreWriteError", "Summary", "TileDataset", "TileSettings", "TilefeedError", "__version__",
     "measure", "preprocess_images", "watch",
