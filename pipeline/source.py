@@ -38,14 +38,16 @@ DCT_SCALES = (8, 4, 2)
 @dataclass(frozen=True)
 class Epoch:
     """An epoch to read: its number, this rank's samples in order, the per-sample extras, its
-    output side (0: the tiles as stored) and the keys of the samples' crops and flips (None: the
-    samples themselves; a mixture's: its positions, so a repeated sample is cut anew)."""
+    output side (0: the tiles as stored), the keys of the samples' crops and flips (None: the
+    samples themselves; a mixture's: its positions, so a repeated sample is cut anew) and the
+    samples' labels (None: each batch gathers its own from the reader)."""
 
     number: int
     indices: np.ndarray
     extras: Extras | None = None
     size: int = 0
     keys: np.ndarray | None = None
+    labels: np.ndarray | None = None
 
     def same(self, other: Epoch) -> bool:
         return (self.number == other.number and self.size == other.size
@@ -204,11 +206,12 @@ class BatchSource:
         batch_of = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
         chunk = epoch.indices[batch_of]
         keys = chunk if epoch.keys is None else epoch.keys[batch_of]
+        labels = None if epoch.labels is None else epoch.labels[batch_of]
         side = epoch.size or self.reader.tile
         slot, images = self._buffer(len(chunk), side)
         timing = Timing() if self.timed else None
         tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing)
-        return tag, self._pool.submit(self._read, chunk, keys, images, epoch.extras, timing)
+        return tag, self._pool.submit(self._read, chunk, keys, labels, images, epoch.extras, timing)
 
     def _buffer(self, n: int, side: int) -> tuple[int, np.ndarray | None]:
         """A slot of the ring (or, handed out, fresh memory) for ``n`` tiles at ``side``."""
@@ -267,11 +270,12 @@ class BatchSource:
         with self.lock:
             return sum(fut.done() for _tag, fut in self._pending)
 
-    def _read(self, indices: np.ndarray, keys: np.ndarray, images: Any, extras_of: Extras | None,
-              timing: Timing | None) -> Batch:
+    def _read(self, indices: np.ndarray, keys: np.ndarray, labels: np.ndarray | None, images: Any,
+              extras_of: Extras | None, timing: Timing | None) -> Batch:
         with Reading(timing):
             reader = self.reader
-            labels = reader.labels[indices]
+            if labels is None:
+                labels = reader.labels[indices]
             extras = extras_of(indices, keys) if extras_of is not None else ()
             began = time.perf_counter()
             if images is None:
