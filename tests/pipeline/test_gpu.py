@@ -61,3 +61,30 @@ def test_fast_idct_is_accepted_on_the_device(jpeg_store: Path, train: bool) -> N
     (fast, fast_idx), (accurate, accurate_idx) = first_batch(True), first_batch(False)
     assert fast_idx == accurate_idx
     np.testing.assert_array_equal(fast, accurate)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_mixture_runs_one_graph_on_the_device(jpeg_store: Path, train: bool) -> None:
+    """Two JPEG stores through nvJPEG in one graph: every position once, each tile its store's."""
+    from collections import Counter
+
+    from tilefeed.pipeline import Mix
+
+    mix = Mix({"a": jpeg_store, "b": jpeg_store}, weights={"a": 1, "b": 1}, labels="offset")
+    reader = StoreReader(jpeg_store)
+    with Loader(mix, 8, shuffle=True, train=train, size=32, dtype=torch.uint8, layout="NHWC",
+                with_index=True) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            graph, counts = loader._graph, Counter[str]()
+            for images, labels, idx in loader:
+                assert images.device.type == "cuda" and labels.device.type == "cuda"
+                names, samples = loader.source_of(idx.cpu())
+                counts.update(names)
+                for image, name, sample, label in zip(images.cpu().numpy(), names, samples.tolist(),
+                                                      labels.cpu().tolist(), strict=True):
+                    assert label == int(reader.labels[sample]) + (0 if name == "a" else len(reader.classes))
+                    if not train:
+                        assert psnr(image, reader.read(sample)) > 35
+            assert loader._graph is graph  # one graph for both stores, kept across epochs
+            assert counts == {"a": 50, "b": 50}
