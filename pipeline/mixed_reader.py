@@ -2,8 +2,10 @@
 
 Source ``s``'s sample ``i`` is the global id ``offsets[s] + i`` (``offsets[s]``: the sizes of
 the sources before it). Everything a ``StoreReader`` offers the Loader, its reader threads and
-its graph is here, taking global ids: a batch's ids are split by source, each source is called
-once with its own ids in the batch's order, and the results go back in the batch's order.
+its graph is here, taking global ids. Local sources' tiles are read as one store's are: every
+tile of a batch in one pass, in the batch's order, each from its own store's shard. Otherwise
+(a source in a bucket) a batch's ids are split by source, each source is called once with its
+own ids in the batch's order, and the results go back in the batch's order.
 Labels and boxes are ``MixedArray`` views that gather from the sources' own (memory-mapped)
 arrays at each lookup, so memory does not grow with the stores.
 
