@@ -7,6 +7,7 @@ state written and read in ``pipeline.resume``; order, crops, the graph and its p
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Iterator
@@ -436,10 +437,10 @@ class Loader(DataLoaderFace):
         self.close()
 
     def __del__(self) -> None:
-        try:
-            self._release()
-        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
-            pass
+        graph, self._graph = getattr(self, "_graph", None), None
+        with contextlib.suppress(Exception):  # interpreter shutdown may have torn modules down
+            if graph is not None:
+                pool.orphan(self._graph_key, graph)  # nothing that waits: see pool.orphan
 
 
 def _following(loader: weakref.ref[Loader], epoch: int, lookahead: int) -> list[Epoch]:

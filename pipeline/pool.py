@@ -18,6 +18,7 @@ each batch.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,10 @@ from tilefeed.pipeline.source import BatchSource, Epoch
 MAX_IDLE = 4
 _idle: dict[Hashable, list[Graph]] = {}
 _lock = threading.Lock()
+# Graphs of Loaders finalised by the garbage collector, given back on the next call here. A
+# finaliser runs wherever a collection starts, possibly inside ``threading`` holding its own
+# locks or in a thread holding a feed's: stopping threads there (joining them) can deadlock.
+_orphans: deque[tuple[Hashable, Graph]] = deque()
 
 
 @dataclass
@@ -93,9 +98,25 @@ def key(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = 
     return (augment, reader.codec.shape, reader.is_image_coded, settings, direct)
 
 
+def orphan(graph_key: Hashable, graph: Graph) -> None:
+    """``give`` for a finaliser: only noted here (a deque's append takes no lock), given back
+    by the next ``take``, ``give`` or ``clear``."""
+    _orphans.append((graph_key, graph))
+
+
+def _adopt() -> None:
+    while _orphans:
+        try:
+            graph_key, graph = _orphans.popleft()
+        except IndexError:  # another thread took the last one
+            return
+        give(graph_key, graph)
+
+
 def take(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = False) -> Graph:
     """An idle graph with these settings, or a new one. ``direct``: the output is the stored
     tiles at their size, always (no DALI pipeline; on the CPU only)."""
+    _adopt()
     with _lock:
         idle = _idle.get(key(reader, augment, settings, direct))
         while idle:
@@ -135,6 +156,7 @@ def give(graph_key: Hashable, graph: Graph) -> None:
 
     A kept graph ends its reader threads (``restart()`` makes new ones) and forgets the store;
     only DALI's own worker threads stay parked with it."""
+    _adopt()
     if graph.alive and graph.park():
         graph.source.close()
         graph.source.reader = None  # type: ignore[assignment]  # the store is the Loader's, not the pool's
@@ -147,6 +169,7 @@ def give(graph_key: Hashable, graph: Graph) -> None:
 
 def clear() -> None:
     """Close every idle graph (their threads go with them)."""
+    _adopt()
     with _lock:
         graphs = [g for v in _idle.values() for g in v]
         _idle.clear()

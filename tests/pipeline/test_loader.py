@@ -294,6 +294,28 @@ def test_a_loader_dropped_mid_epoch_inside_a_reference_cycle_spoils_no_later_loa
             assert len(indices_of(fresh)) == 50
 
 
+def test_a_finalised_loader_waits_for_nothing_and_its_graph_is_given_back_later(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector may finalise a Loader inside ``threading`` holding its locks (seen: a
+    thread starting, in ``_maintain_shutdown_locks``): joining a thread there deadlocked."""
+    pool.clear()
+    loader = Loader(store, 4, workers=2)
+    it = iter(loader)
+    next(it)
+    graph = loader._graph
+    with monkeypatch.context() as m:
+        def no_join(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a finaliser joined a thread")
+        m.setattr(threading.Thread, "join", no_join)
+        loader.__del__()
+    assert loader._graph is None and pool._orphans
+    with Loader(store, 4, with_index=True) as fresh:  # the orphan is given back first
+        assert not pool._orphans
+        assert len(indices_of(fresh)) == 50
+    assert graph is not None and graph.source._pool is None  # its reader threads ended
+    del it
+    pool.clear()
+
 @pytest.mark.parametrize("train", [False, True])
 def test_channels_last_is_nchw_shaped_in_channels_last_memory(store: Path, train: bool) -> None:
     opts = dict(shuffle=False, train=train, size=24, seed=3)
