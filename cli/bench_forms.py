@@ -287,34 +287,52 @@ def schedule_form(argv: list[str]) -> int:
 def gpu_report_form(argv: list[str]) -> int:
     p = form_parser("tilefeed bench gpu-report",
                     "On a CUDA device: JPEG decode and augmentation on the GPU (tilefeed's nvJPEG tiles, "
-                    "DALI's file reader, torchvision's decode_jpeg), peak and growing device memory, and "
-                    "the stall at a bf16 ResNet-50 step; one JSON report, failures recorded in it.")
-    data_args(p, count=2048)
-    p.add_argument("--batch-size", type=int, default=256)
+                    "DALI's file reader, torchvision's decode_jpeg) at each tile side, which JPEG decoder "
+                    "ran (the hardware engine or CUDA), peak and growing device memory, and the stall "
+                    "at a bf16 ResNet-50 step against synthetic data; one JSON report, failures "
+                    "recorded in it.")
+    data_args(p, count=2048, store=False)
+    p.add_argument("--tiles", default="224,256",
+                   help="tile sides of the JPEG stores made from --images (comma list)")
+    p.add_argument("--batch-size", type=int, default=256, help="samples per batch, every loader")
     p.add_argument("--batches", type=int, default=30, help="measured batches per loader")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--model-steps", type=int, default=20)
+    p.add_argument("--workers", type=int, default=4, help="workers (Loader threads) for every loader")
+    p.add_argument("--model-steps", type=int, default=20, help="measured steps per feed at the model")
     p.add_argument("--tests-xml", type=Path, default=None,
                    help="JUnit XML of the gpu tests (pytest --junitxml) to include in the report")
     args = p.parse_args(argv)
     import torch
 
-    from tilefeed.bench.gpu_report import gpu_report, report_table, junit_summary, write_report
+    from tilefeed.bench.gpu_report import gpu_report, junit_summary, write_report
     from tilefeed.store.errors import ConfigError
 
+    tiles = _sides(args.tiles)
     if not torch.cuda.is_available():
         raise ConfigError("gpu-report needs a CUDA device (torch.cuda.is_available() is False)")
     images = args.images or demo_images(args.count)
-    store = args.store or demo_store(images, codec="jpeg")
-    report = gpu_report(images, store, device=torch.device("cuda"), batch_size=args.batch_size,
+    stores = {tile: demo_store(images, size=tile, codec="jpeg") for tile in tiles}
+    report = gpu_report(images, stores, device=torch.device("cuda"), batch_size=args.batch_size,
                         batches=args.batches, workers=args.workers, model_steps=args.model_steps)
     if args.tests_xml:
-        report["tests"] = junit_summary(args.tests_xml)
-    print(report_table(report))
+        report.tests = junit_summary(args.tests_xml)
+    print(report.table())
     json_path = args.json or Path("bench-out/gpu-report.json")
     write_report(report, json_path)
     print(f"json: {json_path}")
     return 0
+
+
+def _sides(text: str) -> list[int]:
+    """A comma list of tile sides, each a positive integer."""
+    from tilefeed.store.errors import ConfigError
+
+    try:
+        sides = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise ConfigError(f"--tiles takes a comma list of sides in pixels, got {text!r}") from None
+    if not sides or min(sides) < 1:
+        raise ConfigError(f"--tiles takes a comma list of positive sides in pixels, got {text!r}")
+    return sides
 
 
 def _report(result: Any, json_path: Path | None) -> int:
