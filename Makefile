@@ -42,12 +42,12 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
 # Lint, types and the floor plan: ruff (pyflakes, pycodestyle, bugbear), mypy over the package,
-# and import-linter's layers contract (pyproject.toml) with a 450-line ceiling per module.
+# import-linter's contracts (pyproject.toml), and a warning (never a failure) for a module over 600 lines.
 check: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy -p tilefeed
 	$(VENV)/bin/lint-imports
-	$(PY) tools/module_lines.py 450
+	$(PY) tools/module_lines.py 600
 
 demo: setup
 	$(VENV)/bin/tilefeed demo

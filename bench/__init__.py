@@ -12,7 +12,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tilefeed.bench.harness import RunResult, measure, watch
+    from tilefeed.bench.harness.watch import RunResult, measure, watch
 
 __all__ = ["RunResult", "measure", "watch"]
 
@@ -20,4 +20,4 @@ __all__ = ["RunResult", "measure", "watch"]
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'tilefeed.bench' has no attribute {name!r}")
-    return getattr(import_module("tilefeed.bench.harness"), name)
+    return getattr(import_module("tilefeed.bench.harness.watch"), name)

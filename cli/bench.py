@@ -30,8 +30,8 @@ def bench_main(argv: Sequence[str]) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> list[Any]:
-    from tilefeed.bench.compare import compare, report, settings_dict, write_json
-    from tilefeed.bench.plots import plot_runs
+    from tilefeed.bench.suites.compare import compare, report, settings_dict, write_json
+    from tilefeed.bench.harness.plots import plot_runs
 
     settings, step = _resolve(args)
     runs, fair_line = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
@@ -48,8 +48,8 @@ def run_compare(args: argparse.Namespace) -> list[Any]:
 def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
-    from tilefeed.bench.loaders import LOADERS, RowSettings
-    from tilefeed.bench.steps import EmulatedStep, ModelStep
+    from tilefeed.bench.peers.loaders import LOADERS, RowSettings
+    from tilefeed.bench.harness.steps import EmulatedStep, ModelStep
     from tilefeed.pipeline.device import default_device
     from tilefeed.store.errors import ConfigError
 
@@ -85,9 +85,9 @@ def _sweep(argv: list[str]) -> int:
     p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms")
     p.add_argument("--values", default="0,10,20,40,80", help="comma list of values to sweep")
     args = p.parse_args(argv)
-    from tilefeed.bench.compare import compare, settings_dict, write_json
-    from tilefeed.bench.harness import format_table
-    from tilefeed.bench.plots import plot_sweep
+    from tilefeed.bench.suites.compare import compare, settings_dict, write_json
+    from tilefeed.bench.harness.watch import format_table
+    from tilefeed.bench.harness.plots import plot_sweep
 
     values = [float(v) for v in args.values.split(",")]
     curves: dict[str, list[float]] = {name: [] for name in _names(args)}
@@ -118,7 +118,7 @@ def _diagnose(argv: list[str]) -> int:
                     "and which lever helps, with the numbers behind it.")
     harness_args(p, loaders="baseline")
     args = p.parse_args(argv)
-    from tilefeed.bench.diagnose import diagnose
+    from tilefeed.bench.suites.diagnose import diagnose
 
     settings, step = _resolve(args)
     print(diagnose(_names(args)[0], settings, step, steps=args.steps, warmup=args.warmup))

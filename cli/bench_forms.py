@@ -23,7 +23,7 @@ def preprocess_form(argv: list[str]) -> int:
     p.add_argument("--codec", default="lz4", help="tile codec")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
     args = p.parse_args(argv)
-    from tilefeed.bench.preprocess_bench import bench_preprocess
+    from tilefeed.bench.suites.preprocess import bench_preprocess
 
     result = bench_preprocess(args.images or demo_images(args.count), size=args.size,
                               codec=args.codec, rounds=args.rounds)
@@ -58,7 +58,7 @@ def loader_form(argv: list[str]) -> int:
                    "(made once in the cache from its source paths, with its settings), the same "
                    "samples, and the mixture / single store ratio")
     args = p.parse_args(argv)
-    from tilefeed.bench.loader_bench import bench_loaders, bench_sizes
+    from tilefeed.bench.suites.loader import bench_loaders, bench_sizes
     from tilefeed.store.errors import ConfigError
 
     if args.peer and not args.peer_python:
@@ -87,9 +87,9 @@ def _halves(store: str | Path) -> tuple[Path, Path] | None:
     import hashlib
     import sys
 
-    from tilefeed.bench.mixture_halves import check_halves, split_store
+    from tilefeed.bench.fixtures.halves import check_halves, split_store
     from tilefeed.cli.progress import progress_bar
-    from tilefeed.pipeline.reader import StoreReader
+    from tilefeed.pipeline.reading.reader import StoreReader
     from tilefeed.store.errors import one_line
 
     where = hashlib.sha256(str(store.resolve()).encode()).hexdigest()[:8]
@@ -119,7 +119,7 @@ def cloud_form(argv: list[str]) -> int:
                    help="tiles per shard of the store made without --store (about 5 MB at 224 px "
                    "JPEG: a small first fetch, many concurrent ones)")
     args = p.parse_args(argv)
-    from tilefeed.bench.cloud import bench_cloud, format_cloud
+    from tilefeed.bench.suites.cloud import bench_cloud, format_cloud
 
     store = args.store or demo_store(args.images or demo_images(args.count), codec="jpeg",
                                      shard_size=args.shard_size)
@@ -136,7 +136,7 @@ def clients_form(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    from tilefeed.bench.clients import bench_clients, format_clients
+    from tilefeed.bench.suites.clients import bench_clients, format_clients
 
     result = bench_clients(rounds=args.rounds)
     return _print(format_clients(result), result, args.json)
@@ -151,7 +151,7 @@ def parts_form(argv: list[str]) -> int:
     data_args(p, count=1600)
     loop_args(p, rounds=5)
     args = p.parse_args(argv)
-    from tilefeed.bench.parts import bench_parts, format_parts
+    from tilefeed.bench.suites.parts import bench_parts, format_parts
 
     store = args.store or demo_store(args.images or demo_images(args.count), fit="crop")
     result = bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
@@ -170,7 +170,7 @@ def stats_form(argv: list[str]) -> int:
                    help="emulated step of the advice runs (shorter than one worker's batch)")
     p.add_argument("--steps", type=int, default=40, help="measured steps of each advice run")
     args = p.parse_args(argv)
-    from tilefeed.bench.stats_bench import advice, format_stats, overhead
+    from tilefeed.bench.suites.stats import advice, format_stats, overhead
 
     images = args.images or demo_images(args.count)
     store = args.store or demo_store(images)
@@ -206,8 +206,8 @@ def scale_form(argv: list[str]) -> int:
     p.add_argument("--order-world-size", type=int, default=64)
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
-    from tilefeed.bench.order_bench import format_order_cost, order_cost
-    from tilefeed.bench.scale import format_scale, run_scale
+    from tilefeed.bench.suites.order_cost import format_order_cost, order_cost
+    from tilefeed.bench.suites.scale import format_scale, run_scale
 
     classes = [int(c) for c in args.classes.split(",") if c.strip()]
     result = run_scale(args.root or cache_dir() / "scale", classes, per_class=args.per_class,
@@ -235,7 +235,7 @@ def soak_form(argv: list[str]) -> int:
     p.add_argument("--only", default=None,
                    help="comma list of the patterns to run (by name, as the table shows them)")
     args = p.parse_args(argv)
-    from tilefeed.bench.soak import header, format_row, soak, to_json
+    from tilefeed.bench.suites.soak import header, format_row, soak, to_json
 
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     print(header(), flush=True)
@@ -265,7 +265,7 @@ def aspect_form(argv: list[str]) -> int:
                     "on the same whole pictures.")
     training_args(p, "view", "epochs of each training")
     args = p.parse_args(argv)
-    from tilefeed.bench.aspect import bench_aspect
+    from tilefeed.bench.suites.aspect import bench_aspect
 
     return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
 
@@ -279,7 +279,7 @@ def schedule_form(argv: list[str]) -> int:
     training_args(p, "schedule", "epochs of the fixed-size run")
     p.add_argument("--low", type=int, default=32, help="the ramp's first size (the full size is 64)")
     args = p.parse_args(argv)
-    from tilefeed.bench.schedule import bench_schedule
+    from tilefeed.bench.suites.resize_schedule import bench_schedule
 
     return _report(bench_schedule(seeds=args.seeds, epochs=args.epochs, low=args.low), args.json)
 
@@ -303,7 +303,7 @@ def gpu_report_form(argv: list[str]) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from tilefeed.bench.gpu_report import gpu_report, junit_summary, write_report
+    from tilefeed.bench.suites.gpu_report import gpu_report, junit_summary, write_report
     from tilefeed.store.errors import ConfigError
 
     tiles = _sides(args.tiles)

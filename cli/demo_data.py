@@ -16,7 +16,7 @@ def cache_dir() -> Path:
 
 
 def demo_images(count: int, classes: int = 8) -> Path:
-    from tilefeed.bench.synthetic import make_image_folder
+    from tilefeed.bench.fixtures.generated import make_image_folder
     from tilefeed.store.format import ceil_div
 
     per_class = ceil_div(count, classes)

@@ -123,11 +123,11 @@ def _run(args: argparse.Namespace) -> int:
 
         return doctor_main(args.args)
     if args.command == "audit":
-        from tilefeed.pipeline.ledger import audit_main
+        from tilefeed.pipeline.audit.ledger import audit_main
 
         return audit_main(args.args)
     if args.command == "show":  # prints its own one-line errors
-        from tilefeed.pipeline.show import main as show_main
+        from tilefeed.pipeline.sheet import main as show_main
 
         return show_main(args.args)
     if args.command == "bench":

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
-from tilefeed.preprocess.scanning import LABEL_RULES
+from tilefeed.preprocess.sources.scanning import LABEL_RULES
 from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS, parse_size
 from tilefeed.store.format import CODECS
 
@@ -140,7 +140,7 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tilefeed.cli.progress import progress_bar
     from tilefeed.preprocess.settings import StoreSettings, TileSettings
-    from tilefeed.preprocess.scanning import SourceOptions
+    from tilefeed.preprocess.sources.scanning import SourceOptions
     from tilefeed.preprocess.writer import preprocess
 
     tiles = TileSettings(

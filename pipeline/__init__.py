@@ -13,16 +13,16 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tilefeed.pipeline.dataset import TileDataset
-    from tilefeed.pipeline.loader import Loader
-    from tilefeed.pipeline.mixing import Mix
-    from tilefeed.pipeline.reader import StoreReader
+    from tilefeed.pipeline.reading.dataset import TileDataset
+    from tilefeed.pipeline.loader.loader import Loader
+    from tilefeed.pipeline.mixing.mix import Mix
+    from tilefeed.pipeline.reading.reader import StoreReader
     from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreFormatError
 
 _PUBLIC = {
-    "TileDataset": "tilefeed.pipeline.dataset", "Loader": "tilefeed.pipeline.loader",
-    "Mix": "tilefeed.pipeline.mixing",
-    "StoreReader": "tilefeed.pipeline.reader", "ConfigError": "tilefeed.store.errors",
+    "TileDataset": "tilefeed.pipeline.reading.dataset", "Loader": "tilefeed.pipeline.loader.loader",
+    "Mix": "tilefeed.pipeline.mixing.mix",
+    "StoreReader": "tilefeed.pipeline.reading.reader", "ConfigError": "tilefeed.store.errors",
     "CorruptChunkError": "tilefeed.store.errors", "StoreFormatError": "tilefeed.store.errors",
 }
 __all__ = ["ConfigError", "CorruptChunkError", "Loader", "Mix", "StoreFormatError", "StoreReader",

@@ -13,7 +13,7 @@ strips (no whole-image float copy), and each intermediate picture is let go as s
 next exists. ``--max-pixels`` is the one pixel limit: Pillow's own bomb check follows it.
 
 A 13000 x 13000 16-bit PNG (under the default --max-pixels) decodes in a worker that stays
-under the bound ``tests/test_hostile_inputs.py`` holds it to; converting the whole picture
+under the bound ``tests/preprocess/test_hostile_inputs.py`` holds it to; converting the whole picture
 through float copies, as a plain NumPy conversion would, needs several times the picture.
 """
 

@@ -21,8 +21,8 @@ from tilefeed.store.attrs import ArrayRecord, StoreAttrs
 from tilefeed.store.codec import COMPRESSORS
 from tilefeed.store.shard import sha256_files
 from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe
-from tilefeed.preprocess.sourcelist import decode_paths
-from tilefeed.preprocess.sources import Listing
+from tilefeed.preprocess.sources.source_list import decode_paths
+from tilefeed.preprocess.sources.finding import Listing
 
 
 _WIDTH = {fmt.BOXES: (4,)}  # the arrays whose rows are not one value: a box is four

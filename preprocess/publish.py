@@ -22,7 +22,7 @@ from tilefeed.store import format as fmt
 from tilefeed.store.errors import SourceError
 
 if TYPE_CHECKING:
-    from tilefeed.preprocess.schedule import Scheduler
+    from tilefeed.preprocess.task_scheduler import Scheduler
 
 
 @dataclass(frozen=True)

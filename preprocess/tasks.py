@@ -27,7 +27,7 @@ from tilefeed.store import format as fmt
 from tilefeed.store.codec import TileCodec
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
-from tilefeed.preprocess.sourcelist import decode_paths, split_paths
+from tilefeed.preprocess.sources.source_list import decode_paths, split_paths
 from tilefeed.store.shard import ShardIndex
 from tilefeed.store.storage import Storage, is_url
 

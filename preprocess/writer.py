@@ -50,13 +50,13 @@ from tilefeed.preprocess import tasks
 from tilefeed.store.documents import parse_attrs
 from tilefeed.store.errors import StoreWriteError, TilefeedError
 from tilefeed.preprocess.output import out_inside, prepare_output, scan_folder, writer_lock
-from tilefeed.preprocess.pool import Pool
+from tilefeed.preprocess.worker_pool import Pool
 from tilefeed.preprocess.publish import publish, reason_counts
-from tilefeed.preprocess.schedule import ProgressFn, Scheduler
+from tilefeed.preprocess.task_scheduler import ProgressFn, Scheduler
 from tilefeed.preprocess.settings import StoreSettings, TileSettings, default_workers, describe
-from tilefeed.preprocess.sourcelist import split_paths
-from tilefeed.preprocess.scanning import SourceOptions
-from tilefeed.preprocess.sources import Listing, check_source, scan_sources
+from tilefeed.preprocess.sources.source_list import split_paths
+from tilefeed.preprocess.sources.scanning import SourceOptions
+from tilefeed.preprocess.sources.finding import Listing, check_source, scan_sources
 from tilefeed.store.storage import Storage, open_storage, redacted
 
 PART_SOURCES: Final = 64  # sources per part of a small run; the source list is indexed as often

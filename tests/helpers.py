@@ -28,7 +28,7 @@ FAULT_ARGS = ["--size", "32", "--shard-size", "50", "--workers", "2", "--quiet"]
 def s3_environment(cache: Path, buckets: tuple[str, ...] = ("tilefeed",)) -> Iterator[dict[str, str]]:
     """A local S3 server with ``buckets``, and this process's environment pointing at it (its
     endpoint, credentials and ``cache`` as the default shard cache) until the block ends."""
-    from tilefeed.bench.netem import CREDENTIALS, local_s3
+    from tilefeed.bench.fixtures.netem import CREDENTIALS, local_s3
 
     saved = dict(os.environ)
     with local_s3(buckets) as endpoint:
@@ -141,7 +141,7 @@ def killed_and_resumed(loader_of: Callable[[int, int, int], Any], child: str, le
     calls ``train_until_killed`` with ``state_file``), checkpoints in lock-step and is killed two
     batches later. Three ranks at batch 5 then resume from the checkpoint and finish the epoch.
     Returns the ledger's audit of that epoch."""
-    from tilefeed.pipeline.ledger import audit
+    from tilefeed.pipeline.audit.ledger import audit
 
     with loader_of(4, 1, 2) as loader:
         for n, _ in enumerate(loader):

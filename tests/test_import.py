@@ -12,10 +12,11 @@ import numcodecs.blosc as blosc
 from PIL import Image
 before = (blosc.use_threads, len(Image.OPEN), len(Image.EXTENSION))
 import tilefeed, tilefeed.pipeline, tilefeed.bench, tilefeed.preprocess
-heavy = sorted(m for m in ("torch", "zarr", "nvidia.dali", "tilefeed.pipeline.loader") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "zarr", "nvidia.dali", "tilefeed.pipeline.loader.loader")
+               if m in sys.modules)
 assert not heavy, heavy
 assert tilefeed.StoreReader.__name__ == "StoreReader" and tilefeed.__version__
-import tilefeed.preprocess.images, tilefeed.store.format, tilefeed.pipeline.reader
+import tilefeed.preprocess.images, tilefeed.store.format, tilefeed.pipeline.reading.reader
 assert (blosc.use_threads, len(Image.OPEN), len(Image.EXTENSION)) == before, "global state changed"
 print("ok")
 """

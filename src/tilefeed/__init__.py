@@ -10,11 +10,11 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tilefeed.bench.harness import RunResult, measure, watch
-    from tilefeed.pipeline.dataset import TileDataset
-    from tilefeed.pipeline.loader import Loader
-    from tilefeed.pipeline.mixing import Mix
-    from tilefeed.pipeline.reader import StoreReader
+    from tilefeed.bench.harness.watch import RunResult, measure, watch
+    from tilefeed.pipeline.reading.dataset import TileDataset
+    from tilefeed.pipeline.loader.loader import Loader
+    from tilefeed.pipeline.mixing.mix import Mix
+    from tilefeed.pipeline.reading.reader import StoreReader
     from tilefeed.store.errors import (
         ConfigError,
         CorruptChunkError,
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         TilefeedError,
     )
     from tilefeed.preprocess.settings import StoreSettings, TileSettings
-    from tilefeed.preprocess.scanning import SourceOptions
+    from tilefeed.preprocess.sources.scanning import SourceOptions
     from tilefeed.preprocess.writer import Summary, preprocess as preprocess_images
 
 __version__: str  # the installed distribution's, looked up on first use (importlib.metadata is slow to load)
@@ -34,16 +34,16 @@ __version__: str  # the installed distribution's, looked up on first use (import
 # public name -> (module, attribute): each loads on first use, so ``import tilefeed`` (every
 # command, every spawned or Dask worker) costs no torch, zarr, DALI or numpy
 _PUBLIC = {
-    "RunResult": ("tilefeed.bench.harness", "RunResult"),
-    "measure": ("tilefeed.bench.harness", "measure"),
-    "watch": ("tilefeed.bench.harness", "watch"),
-    "TileDataset": ("tilefeed.pipeline.dataset", "TileDataset"),
-    "Loader": ("tilefeed.pipeline.loader", "Loader"),
-    "Mix": ("tilefeed.pipeline.mixing", "Mix"),
-    "StoreReader": ("tilefeed.pipeline.reader", "StoreReader"),
+    "RunResult": ("tilefeed.bench.harness.watch", "RunResult"),
+    "measure": ("tilefeed.bench.harness.watch", "measure"),
+    "watch": ("tilefeed.bench.harness.watch", "watch"),
+    "TileDataset": ("tilefeed.pipeline.reading.dataset", "TileDataset"),
+    "Loader": ("tilefeed.pipeline.loader.loader", "Loader"),
+    "Mix": ("tilefeed.pipeline.mixing.mix", "Mix"),
+    "StoreReader": ("tilefeed.pipeline.reading.reader", "StoreReader"),
     "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
-    "SourceOptions": ("tilefeed.preprocess.scanning", "SourceOptions"),
+    "SourceOptions": ("tilefeed.preprocess.sources.scanning", "SourceOptions"),
     "preprocess_images": ("tilefeed.preprocess.writer", "preprocess"),
     "Summary": ("tilefeed.preprocess.writer", "Summary"),
     **{name: ("tilefeed.store.errors", name) for name in (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilefeed.bench.harness import measure
-from tilefeed.bench.steps import EmulatedStep, ModelStep
+from tilefeed.bench.harness.watch import measure
+from tilefeed.bench.harness.steps import EmulatedStep, ModelStep
 from tests.helpers import DelayedLoader
 
 pytestmark = pytest.mark.gpu
@@ -43,7 +43,7 @@ def test_model_step_on_the_device_in_bf16_autocast() -> None:
 
 @pytest.mark.parametrize("name", ["baseline", "dali-files", "tiles-dataloader", "tilefeed"])
 def test_every_loader_feeds_the_device(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from tilefeed.bench.loaders import RowSettings, build_loader
+    from tilefeed.bench.peers.loaders import RowSettings, build_loader
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
     from tests.helpers import write_folder
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import tilefeed.pipeline.options as loader_module
+import tilefeed.pipeline.settings as loader_module
 from tests.helpers import make_store
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tests.helpers import photo, psnr
-from tilefeed.bench.baseline import torchvision_get_params
+from tilefeed.bench.peers.baseline import torchvision_get_params
 from tests.helpers import RATIO, SCALE, ks
 
 SIZES = [(320, 240), (240, 320), (400, 200), (256, 256)]  # width, height

@@ -122,7 +122,7 @@ def test_a_decoder_that_kills_its_process_rejects_only_that_image(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # the crashing decoder is registered in this process: its workers are forked from it even
     # when an earlier test's bucket client would have the pool start them from a forkserver
-    monkeypatch.setattr("tilefeed.preprocess.pool.client_started", lambda: False)
+    monkeypatch.setattr("tilefeed.preprocess.worker_pool.client_started", lambda: False)
     faulthandler.disable()  # the dying workers would print pytest's fault traceback
     src = tmp_path / "src"
     for c in range(2):

@@ -17,8 +17,8 @@ from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store.documents import load_attrs
 from tilefeed.store.errors import CorruptChunkError, SourceError, StoreExistsError, StoreFormatError
 from tilefeed.store.inspection import verify
-from tilefeed.preprocess.scanning import SourceOptions
-from tilefeed.preprocess.sources import find_sources
+from tilefeed.preprocess.sources.scanning import SourceOptions
+from tilefeed.preprocess.sources.finding import find_sources
 from tilefeed.preprocess.output import writer_lock
 from tilefeed.store.storage import LocalStorage
 from tests.helpers import photo, run_cli, write_folder
@@ -330,7 +330,7 @@ def test_an_unreadable_folder_inside_a_class_is_a_reject_not_the_end(
 def test_an_integer_label_too_large_for_any_class_list_is_refused_before_sizing_one(tmp_path: Path) -> None:
     from PIL import Image
 
-    from tilefeed.preprocess.sources import find_sources
+    from tilefeed.preprocess.sources.finding import find_sources
     from tilefeed.store.errors import SourceError
 
     Image.new("RGB", (20, 20)).save(tmp_path / "a.png")

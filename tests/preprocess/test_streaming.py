@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tracemalloc
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,14 @@ import pytest
 
 import tilefeed.preprocess.publish as publish
 import tilefeed.preprocess.tasks as tasks
-from tilefeed.preprocess import StoreSettings, TileSettings, folders, preprocess, sourcelist, spill, writer
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess, writer
+from tilefeed.preprocess.sources import folders, spill
+from tilefeed.preprocess.sources import source_list as sourcelist
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import SourceError, StoreWriteError
-from tilefeed.preprocess.sourcelist import SourceListWriter, split_paths
-from tilefeed.preprocess.scanning import SourceOptions
-from tilefeed.preprocess.sources import find_sources, scan_sources
+from tilefeed.preprocess.sources.source_list import SourceListWriter, split_paths
+from tilefeed.preprocess.sources.scanning import SourceOptions
+from tilefeed.preprocess.sources.finding import find_sources, scan_sources
 from tests.helpers import photo, tree_bytes, write_folder
 
 TINY = TileSettings(tile=8)
@@ -254,15 +258,29 @@ class _FullDiskOnFifthPart:
         return _REAL_WRITE_PART(*args)
 
 
+def _preprocess_on_a_full_disk(src: Path, out: Path, calls: Path) -> str:
+    """preprocess with the disk full at the fifth part: the error it stops with, in one line."""
+    tasks.write_part = _FullDiskOnFifthPart(calls)  # type: ignore[assignment]
+    try:
+        preprocess(src, out, TINY, StoreSettings(shard_size=50), workers=1)
+    except Exception as e:  # noqa: BLE001 - the caller checks which error it was
+        return f"{type(e).__name__}: {e}"
+    finally:
+        tasks.write_part = _REAL_WRITE_PART
+    return "no error"
+
+
 def test_a_part_recorded_in_another_form_is_done_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = write_folder(tmp_path / "src", classes=3, per_class=100, size=(40, 30))
     store = StoreSettings(shard_size=50)
     preprocess(src, tmp_path / "reference", TINY, store, workers=1)
     out = tmp_path / "out"
-    monkeypatch.setattr(tasks, "write_part", _FullDiskOnFifthPart(tmp_path / "calls"))
-    with pytest.raises(StoreWriteError, match="No space left on device"):
-        preprocess(src, out, TINY, store, workers=1)
-    monkeypatch.setattr(tasks, "write_part", _REAL_WRITE_PART)
+    # in a fresh process: its workers fork from it and see the stand-in (a process that has
+    # run an object-store client, as this one may have in earlier tests, starts them from a
+    # forkserver, which never saw the patch)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
+        failure = fresh.submit(_preprocess_on_a_full_disk, src, out, tmp_path / "calls").result()
+    assert failure.startswith("StoreWriteError") and "No space left on device" in failure, failure
     records = sorted((out / fmt.WORK_DIR).glob("part-*.json"))
     assert len(records) == 4
     record = json.loads(records[0].read_text())

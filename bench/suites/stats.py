@@ -1,0 +1,104 @@
+"""``tilefeed bench stats``: what ``Loader.stats()`` costs, and whether its advice helps.
+
+Two measurements, each side by side in one run:
+
+- overhead: a training Loader's samples/s with its per-stage clocks on and off, in interleaved
+  rounds (medians and ranges), so the cost of ``stats=True`` is a measured figure;
+- advice: a Loader made decode-bound on purpose (a JPEG store, one worker, training on the
+  CPU) against a step; its stats name the stage that binds and the change to make; the run
+  is repeated with that change applied (``num_workers``), and both stalls are reported.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tilefeed.bench.harness.watch import measure
+from tilefeed.bench.harness.steps import EmulatedStep
+from tilefeed.pipeline import Loader
+
+EPOCHS = 3  # timed per round, after a warm-up epoch: long enough to rise above the timer noise
+
+
+def _rates(store: Path, batch_size: int, workers: int, stats: bool) -> tuple[float, float]:
+    """(samples/s, CPU microseconds per sample over all the process's threads)."""
+    with Loader(store, batch_size, train=True, num_workers=workers, stats=stats) as loader:
+        for _batch in loader:  # warm-up epoch: the graph, the page cache, the allocator
+            pass
+        began, cpu, samples = time.perf_counter(), time.process_time(), 0
+        for _ in range(EPOCHS):
+            for images, _labels in loader:
+                samples += len(images)
+        return (samples / (time.perf_counter() - began),
+                1e6 * (time.process_time() - cpu) / samples)
+
+
+def overhead(store: Path, *, batch_size: int, workers: int, rounds: int) -> dict[str, Any]:
+    """samples/s and CPU per sample with stats on and off, alternating round by round; the
+    CPU time is the steadier figure on a shared machine (other tenants slow the wall clock)."""
+    on: list[tuple[float, float]] = []
+    off: list[tuple[float, float]] = []
+    for _ in range(rounds):
+        on.append(_rates(store, batch_size, workers, True))
+        off.append(_rates(store, batch_size, workers, False))
+
+    def median(runs: list[tuple[float, float]], k: int) -> float:
+        return statistics.median(r[k] for r in runs)
+
+    return {"on": [r[0] for r in on], "off": [r[0] for r in off],
+            "cpu_us_on": [r[1] for r in on], "cpu_us_off": [r[1] for r in off],
+            "cost": 1 - median(on, 0) / median(off, 0),
+            "cpu_cost": median(on, 1) / median(off, 1) - 1,
+            "paired": [1 - a[0] / b[0] for a, b in zip(on, off, strict=True)]}
+
+
+def advice(jpeg_store: Path, *, batch_size: int, step_ms: float, steps: int) -> dict[str, Any]:
+    """A decode-bound Loader's stats, and the stall before and after its advice is applied."""
+    step = EmulatedStep(step_ms, torch.device("cpu"))
+    runs: dict[str, Any] = {}
+    workers = 1
+    with Loader(jpeg_store, batch_size, train=True, num_workers=workers, device="cpu") as loader:
+        before = measure(loader, step, steps=steps, name="one worker", device="cpu")
+        stats = loader.stats()
+    runs["before"] = {"workers": workers, "stall": before.stall_fraction,
+                      "bottleneck": stats.bottleneck, "advice": stats.advice, "stats": str(stats)}
+    asked = re.search(r"num_workers=(\d+)", stats.advice)
+    if asked:
+        workers = int(asked.group(1))
+        with Loader(jpeg_store, batch_size, train=True, num_workers=workers, device="cpu") as loader:
+            after = measure(loader, step, steps=steps, name="as advised", device="cpu")
+            stats = loader.stats()
+        runs["after"] = {"workers": workers, "stall": after.stall_fraction,
+                         "bottleneck": stats.bottleneck, "advice": stats.advice, "stats": str(stats)}
+    return runs
+
+
+def format_stats(result: dict[str, Any]) -> str:
+    o = result["overhead"]
+    lines = ["stats overhead (training Loader, medians of "
+             f"{len(o['on'])} interleaved rounds):",
+             "| stats | samples/s | range | CPU us/sample | range |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name in ("on", "off"):
+        v, c = o[name], o[f"cpu_us_{name}"]
+        lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} | "
+                     f"{statistics.median(c):.1f} | {min(c):.1f}-{max(c):.1f} |")
+    lines.append(f"cost: {o['cost']:+.2%} of samples/s (paired rounds {min(o['paired']):+.1%} to "
+                 f"{max(o['paired']):+.1%}), {o['cpu_cost']:+.2%} of CPU per sample")
+    a = result["advice"]
+    lines += ["", "decode-bound on purpose (JPEG store, one worker, train, CPU):",
+              a["before"]["stats"], "", "| run | workers | stall | bottleneck |",
+              "| --- | ---: | ---: | --- |"]
+    for name in ("before", "after"):
+        if name in a:
+            r = a[name]
+            lines.append(f"| {name} | {r['workers']} | {r['stall']:.1%} | {r['bottleneck']} |")
+    if "after" not in a:
+        lines.append("the advice names no worker count to apply: " + a["before"]["advice"])
+    return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""Augmentation parameters as a function of the sample: crop windows and flips, on the host.
+
+Each sample's random-resized-crop window and flip come from (seed, epoch, sample index) alone,
+through a counter-based generator (splitmix64 of a per-sample counter), so a run resumed
+mid-epoch, or on another world size or batch size, sees exactly the crops an uninterrupted run
+would. The window follows torchvision's ``RandomResizedCrop.get_params``: area fraction
+uniform in ``scale``, aspect ratio log-uniform in ``ratio``, ten tries, then the centre fallback.
+The graph then cuts and resizes on the device (DALI takes the windows as per-sample inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.reading.mixed import MixedArray
+    from tilefeed.pipeline.engine.augment import Augment
+
+TRIES = 10
+_DRAWS = 4 * TRIES + 1  # per try: area, aspect, top, left; then the flip
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, vectorised over uint64 (wrapping arithmetic is the point)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _key(seed: int, epoch: int) -> np.uint64:
+    k = np.array([(seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + 0x5851F42D4C957F2D) & _MASK],
+                 dtype=np.uint64)
+    return np.uint64(_mix(k)[0])
+
+
+def uniforms(seed: int, epoch: int, samples: np.ndarray, count: int) -> np.ndarray:
+    """(len(samples), count) floats in [0, 1): draw k of sample s depends on (seed, epoch, s, k) only."""
+    counter = samples.astype(np.uint64)[:, None] * np.uint64(count) + np.arange(count, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        bits = _mix(counter * np.uint64(0x9E3779B97F4A7C15) + _key(seed, epoch))
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Per sample: crop window (top, left, height, width) in pixels of its image, and a flip."""
+
+    top: np.ndarray
+    left: np.ndarray
+    height: np.ndarray
+    width: np.ndarray
+    flip: np.ndarray  # int32, 1 = mirror horizontally
+
+    def roi(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, end) as float32 (n, 2) [y, x] pairs: what DALI's resize and slice take."""
+        start = np.stack([self.top, self.left], axis=1).astype(np.float32)
+        return start, start + np.stack([self.height, self.width], axis=1).astype(np.float32)
+
+
+def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np.ndarray | int,
+                         image_w: np.ndarray | int, scale: tuple[float, float],
+                         ratio: tuple[float, float]) -> Windows:
+    """torchvision's RandomResizedCrop.get_params for each sample, vectorised, plus a coin flip.
+
+    ``image_h``/``image_w`` are each sample's image size (the valid box of its tile).
+    """
+    n = len(samples)
+    u = uniforms(seed, epoch, samples, _DRAWS)
+    h_img = np.broadcast_to(np.asarray(image_h, dtype=np.float64), (n,))
+    w_img = np.broadcast_to(np.asarray(image_w, dtype=np.float64), (n,))
+    area = (h_img * w_img)[:, None]
+    tries = u[:, : 4 * TRIES].reshape(n, TRIES, 4)
+    target = area * (scale[0] + (scale[1] - scale[0]) * tries[..., 0])
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(log_lo + (log_hi - log_lo) * tries[..., 1])
+    w = np.rint(np.sqrt(target * aspect))
+    h = np.rint(np.sqrt(target / aspect))
+    ok = (w > 0) & (w <= w_img[:, None]) & (h > 0) & (h <= h_img[:, None])
+    first = np.argmax(ok, axis=1)
+    found = ok[np.arange(n), first]
+    pick = np.arange(n), first
+    height, width = h[pick], w[pick]
+    top = np.floor(tries[..., 2][pick] * (h_img - height + 1))
+    left = np.floor(tries[..., 3][pick] * (w_img - width + 1))
+    if not found.all():  # torchvision's fallback: the whole image, clamped to the ratio range
+        in_ratio = w_img / h_img
+        fw = np.where(in_ratio > ratio[1], np.rint(h_img * ratio[1]), w_img)
+        fh = np.where(in_ratio < ratio[0], np.rint(w_img / ratio[0]), h_img)
+        miss = ~found
+        height[miss], width[miss] = fh[miss], fw[miss]
+        top[miss] = np.floor((h_img[miss] - fh[miss]) / 2)
+        left[miss] = np.floor((w_img[miss] - fw[miss]) / 2)
+    flip = (u[:, -1] < 0.5).astype(np.int32)
+    return Windows(top.astype(np.int64), left.astype(np.int64), height.astype(np.int64),
+                   width.astype(np.int64), flip)
+
+
+def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int,
+                  samples: np.ndarray, size: int | None = None,
+                  keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip, drawn
+    from ``keys`` (default the samples themselves).
+
+    ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
+    random-resized crop of the picture (the same at every output size). Evaluation: its
+    framing of the picture for output ``size`` (default the tile side: shorter side to
+    ``size / crop_pct``, centre crop ``size``), no flip.
+    """
+    top, left, height, width = boxes[samples].T
+    if a.train:
+        w = random_resized_crops(seed, epoch, samples if keys is None else keys, height, width, a.scale,
+                                 a.ratio)
+        start, end = w.roi()
+        offset = np.stack([top, left], axis=1).astype(np.float32)
+        return start + offset, end + offset, w.flip
+    side = a.tile if size is None else size
+    framed = np.minimum(height, width) * (side / a.resize_to(side))
+    start = np.stack([top + (height - framed) / 2, left + (width - framed) / 2], axis=1)
+    return (start.astype(np.float32), (start + framed[:, None]).astype(np.float32),
+            np.zeros(len(samples), dtype=np.int32))
+
+
+def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
+                 samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Everything the graph takes per sample besides the pixels, for an epoch at ``size``.
+
+    With windows: (start, end, flip, output [h, w]). Without (evaluation framing of whole
+    tiles by fixed ops): (resize [h, w], centre crop [h, w]). The size travels as an input, so
+    one graph serves every size.
+    """
+    n = len(samples)
+    if a.windows:
+        return (*window_inputs(boxes, a, seed, epoch, samples, size, keys), np.full((n, 2), size, np.float32))
+    return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)

@@ -1,0 +1,84 @@
+"""The DALI graph: batch source -> (nvJPEG) decode -> augment -> normalise, on the device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvidia.dali import fn, pipeline_def, types
+
+from tilefeed.pipeline.engine.augment import Augment
+from tilefeed.pipeline.engine.batch_source import BatchSource
+
+
+def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
+    """The per-sample inputs after the pixels, labels and indices, in the order the batch source
+    sends them (``crops.graph_inputs``, less the windows the source cut itself)."""
+    if not augment.windows:
+        return ("resize", "crop")  # evaluation framing of whole tiles: sizes only
+    return ("flip",) if host_resize else ("start", "end", "flip", "size")
+
+
+def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
+                   device_id: int | None, prefetch: int, jpeg: bool) -> Any:
+    """The graph, for every output size: sizes arrive per sample with the windows and flips."""
+    gpu = device_id is not None
+    names = input_names(augment, source.host_resize)
+    kinds = {"start": types.FLOAT, "end": types.FLOAT, "flip": types.INT32, "size": types.FLOAT,
+             "resize": types.FLOAT, "crop": types.FLOAT}
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
+                  prefetch_queue_depth=prefetch)  # no DALI randomness: crops come from the host
+    def tiles() -> Any:
+        raw, labels, indices, *extras = fn.external_source(
+            source=source, num_outputs=3 + len(names), batch=True,
+            dtype=[types.UINT8, types.INT64, types.INT64, *(kinds[n] for n in names)],
+            layout=[None if jpeg else "HWC", None, None, *[None] * len(names)],
+            no_copy=not source.dali_copies,
+        )
+        inputs = dict(zip(names, extras, strict=True))
+        if not source.host_resize:  # else the pixels arrive cut and resized to the epoch's size
+            raw = _decode_and_resize(raw, inputs, augment, gpu=gpu, jpeg=jpeg)
+        images = _finish(raw, inputs, augment)
+        if gpu:
+            labels, indices = labels.gpu(), indices.gpu()
+        return images, labels, indices
+
+    return tiles()
+
+
+def _finish(images: Any, inputs: dict[str, Any], a: Augment) -> Any:
+    """Evaluation centre crop (its size an input), flip, normalise, cast and lay out; uint8
+    eval output skips every per-pixel op it can."""
+    centre = {} if a.windows else {"crop": inputs["crop"]}
+    if a.passthrough:
+        return fn.crop(images, **centre)
+    return fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT16 if a.half else (types.FLOAT if a.normalize else types.UINT8),
+        output_layout="CHW" if a.channels_first else "HWC",
+        mean=list(a.mean) if a.normalize else [0.0, 0.0, 0.0],
+        std=list(a.std) if a.normalize else [1.0, 1.0, 1.0],
+        mirror=inputs["flip"] if a.windows else 0,
+        **centre,
+    )
+
+
+def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
+    if a.windows:
+        start, end, size = inputs["start"], inputs["end"], inputs["size"]
+        if jpeg:  # decode only the window (nvJPEG when there is a GPU)
+            images = fn.decoders.image_slice(
+                raw, start, end - start, axis_names="HW", normalized_anchor=False,
+                normalized_shape=False, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                use_fast_idct=a.fast_idct)
+            return fn.resize(images, size=size, antialias=True)
+        images = raw.gpu() if gpu else raw  # lossless tiles: one host-to-device copy per batch
+        return fn.resize(images, size=size, roi_start=start, roi_end=end, roi_relative=False,
+                         antialias=True)
+    if jpeg:
+        images = fn.decoders.image(raw, device="mixed" if gpu else "cpu", output_type=types.RGB,
+                                   use_fast_idct=a.fast_idct)
+    else:
+        images = raw.gpu() if gpu else raw
+    # at the tile's own size this is the identity, pixel for pixel (so is the centre crop)
+    return fn.resize(images, size=inputs["resize"], antialias=True)

@@ -1,0 +1,177 @@
+"""Built DALI graphs, kept for reuse by the next Loader with the same settings.
+
+Building, running and dropping a DALI pipeline leaves native memory behind (measured here at
+30-70 KB per pipeline on the CPU, steadily, while Python objects, threads and files stay flat),
+so a process that creates a Loader per epoch, per evaluation or per trial grows until it dies.
+A graph is therefore never dropped while it can serve again: its feed stops (what it prepared
+for a stream nobody will take is recognised by its tag and dropped when it comes out) and the
+graph goes back to a small pool keyed by everything that shapes it. The output size is not
+among them: it reaches the graph per sample (``pipeline.sizes``), so one graph serves every size
+a progressive-resizing schedule asks for. A few idle graphs (``MAX_IDLE``) bound the
+threads and memory the pool holds.
+
+Where the output is the stored tiles on the CPU (uint8 NHWC at the tile's size, a size that
+cannot change), a graph is the batch source alone, with no DALI pipeline: DALI would only copy
+each batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tilefeed.pipeline.engine.augment import Augment
+from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.engine.feed import Feed, Following
+from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch
+
+MAX_IDLE = 4
+_idle: dict[Hashable, list[Graph]] = {}
+_lock = threading.Lock()
+# Graphs of Loaders finalised by the garbage collector, given back on the next call here. A
+# finaliser runs wherever a collection starts, possibly inside ``threading`` holding its own
+# locks or in a thread holding a feed's: stopping threads there (joining them) can deadlock.
+_orphans: deque[tuple[Hashable, Graph]] = deque()
+
+
+@dataclass
+class Graph:
+    """A DALI pipeline and the batch source feeding it, run by a ``Feed``; or, where DALI would
+    only copy (``pipe`` None: see ``take``), the source alone."""
+
+    source: BatchSource
+    pipe: Any
+    device_id: int | None = None
+    feed: Feed = field(init=False)
+    closed: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        self.feed = Feed(self.source, self.pipe, self.device_id)
+
+    @property
+    def lookahead(self) -> int:
+        """Batches the graph holds prepared ahead of the consumer, at most."""
+        return self.source.ahead + (self.pipe.prefetch_queue_depth + 2 if self.pipe is not None else 0)
+
+    def arm(self, reader: AnyReader, epoch: Epoch, first_batch: int, following: Following,
+            cast: torch.dtype | None = None, timed: bool = True) -> int:
+        """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
+        to ask ``feed.next`` for."""
+        self.source.reader = reader
+        return self.feed.arm(epoch, first_batch, following, cast, timed)
+
+    @property
+    def alive(self) -> bool:
+        """DALI shuts a pipeline down (``_pipe`` None) when the garbage collector finalises it,
+        even while something still refers to it, e.g. a Loader dropped inside a reference cycle."""
+        if self.closed or self.feed.broken:
+            return False
+        return self.pipe is None or getattr(self.pipe, "_pipe", None) is not None
+
+    def park(self) -> bool:
+        """Stop feeding; True when the graph can serve another Loader."""
+        return self.feed.park() and self.alive
+
+    def close(self) -> None:
+        self.closed = True
+        self.feed.park()
+        self.pipe = None  # DALI joins its threads when the pipeline goes
+        self.source.close()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything beside the augmentation and the tile that shapes a graph."""
+
+    batch_size: int
+    threads: int  # the Loader's num_workers: DALI's CPU threads, and the reader threads' share
+    prefetch: int
+    device_id: int | None
+
+
+def key(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = False) -> Hashable:
+    return (augment, reader.codec.shape, reader.is_image_coded, settings, direct)
+
+
+def orphan(graph_key: Hashable, graph: Graph) -> None:
+    """``give`` for a finaliser: only noted here (a deque's append takes no lock), given back
+    by the next ``take``, ``give`` or ``clear``."""
+    _orphans.append((graph_key, graph))
+
+
+def _adopt() -> None:
+    while _orphans:
+        try:
+            graph_key, graph = _orphans.popleft()
+        except IndexError:  # another thread took the last one
+            return
+        give(graph_key, graph)
+
+
+def take(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = False) -> Graph:
+    """An idle graph with these settings, or a new one. ``direct``: the output is the stored
+    tiles at their size, always (no DALI pipeline; on the CPU only)."""
+    _adopt()
+    with _lock:
+        idle = _idle.get(key(reader, augment, settings, direct))
+        while idle:
+            graph = idle.pop()
+            if graph.alive:
+                return graph
+    s = settings
+    if s.device_id is None and direct:
+        # the output is the stored tiles: a DALI graph would only copy each batch into memory
+        # of its own; the reader threads decompress or decode straight into arrays handed to
+        # the caller
+        return Graph(BatchSource(reader, s.batch_size, s.threads, ahead=s.threads + 2,
+                                 dali_depth=0, handed_out=True, fast_idct=augment.fast_idct,
+                                 scaled_decode=augment.scaled_decode),
+                     pipe=None)
+    from tilefeed.pipeline.engine.graph import build_pipeline  # DALI: imported when a graph is first needed
+
+    # on the CPU, tiles are decoded, cut and resized by the reader threads (pillow-simd: several
+    # times DALI's CPU resize, `tilefeed bench parts`); on a GPU the graph does it on the device
+    host_resize = s.device_id is None and augment.windows
+    # one reader thread beside DALI's for lossless tiles (more only contend for the cores;
+    # `tilefeed bench sweep --over workers`), one per worker where the readers decode JPEG
+    readers = s.threads if host_resize and reader.is_image_coded else max(1, s.threads // 2)
+    source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
+                         host_resize=host_resize, fast_idct=augment.fast_idct,
+                         scaled_decode=augment.scaled_decode)
+    pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
+                          device_id=s.device_id, prefetch=s.prefetch,
+                          jpeg=reader.is_image_coded and not source.decodes)
+    pipe.build()
+    return Graph(source, pipe, s.device_id)
+
+
+def give(graph_key: Hashable, graph: Graph) -> None:
+    """Return a graph after use: kept when its feed stopped cleanly and the pool has room, else
+    closed.
+
+    A kept graph ends its reader threads (``restart()`` makes new ones) and forgets the store;
+    only DALI's own worker threads stay parked with it."""
+    _adopt()
+    if graph.alive and graph.park():
+        graph.source.close()
+        graph.source.reader = None  # type: ignore[assignment]  # the store is the Loader's, not the pool's
+        with _lock:
+            if sum(len(v) for v in _idle.values()) < MAX_IDLE:
+                _idle.setdefault(graph_key, []).append(graph)
+                return
+    graph.close()
+
+
+def clear() -> None:
+    """Close every idle graph (their threads go with them)."""
+    _adopt()
+    with _lock:
+        graphs = [g for v in _idle.values() for g in v]
+        _idle.clear()
+    for g in graphs:
+        g.close()

@@ -1,0 +1,450 @@
+"""``Loader``: the drop-in for a torch DataLoader over a tilefeed store, built on DALI.
+
+The class's docstring documents every parameter with its trade-off (as FFCV's Loader does). The
+options are checked in ``pipeline.options``, epochs planned in ``pipeline.epochs``, the resume
+state written and read in ``pipeline.resume``; order, crops, the graph and its pool live apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections.abc import Iterator
+from functools import cached_property, partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tilefeed.pipeline.engine import graph_pool as pool
+from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.pipeline.loader.dataloader_face import DataLoaderFace
+from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
+from tilefeed.pipeline.loader.epochs import OpenEpoch, Shares, plan_epoch, progress, starting_size
+from tilefeed.pipeline.engine.feed import Feed, Following
+from tilefeed.pipeline.audit.ledger import Ledger
+from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
+from tilefeed.pipeline.settings import LoaderSettings, check_int, require_dali
+from tilefeed.pipeline.planning.order import batches_per_rank
+from tilefeed.pipeline.reading.reader import StoreReader
+from tilefeed.pipeline.loader.resume import Loaded, identity, load, saved
+from tilefeed.pipeline.planning.sizes import Schedule, check_size
+from tilefeed.pipeline.engine.batch_source import Epoch
+from tilefeed.pipeline.stats import LoaderStats, Recorder
+from tilefeed.store.errors import ConfigError
+
+
+class Loader(DataLoaderFace):
+    """Batches of ``(images, labels)`` torch tensors on the training device, epoch after epoch.
+
+    Swaps in for ``torch.utils.data.DataLoader(dataset, batch_size, shuffle=..., num_workers=...,
+    pin_memory=..., drop_last=...)``: the same keyword arguments work, ``len()``, ``dataset``,
+    ``sampler.set_epoch`` and ``batch_size`` are there, and each ``iter()`` is a new epoch.
+
+    Parameters
+    ----------
+    store : str, Path, StoreReader or Mix
+        A tilefeed store. A ``StoreReader`` the caller passes stays the caller's: ``close()``
+        does not close it. A ``Mix`` (``pipeline.mixing``) reads several stores by weight.
+    batch_size : int
+        Samples per batch on each rank.
+    shuffle : bool or {"global", "shard", "none"}, default True
+        ``True`` is ``"global"`` (a fresh permutation of all samples each epoch), ``False`` is
+        ``"none"`` (store order). ``"shard"`` visits shards in random order and mixes
+        ``shuffle_window`` of them at a time: sequential reads (object storage, cold disks) at the
+        cost of batches drawn from a few shards.
+    seed : int, default 0
+        With the epoch number, decides the order and every crop and flip.
+    drop_last : bool, default False
+        As DataLoader and DistributedSampler: drop the incomplete tail (``True``) or pad the order
+        with its own first samples so every rank gets the same number of batches (``False``).
+    rank, world_size : int, optional
+        Default: from ``torch.distributed`` when initialised, else 0 and 1.
+    device : str or torch.device, optional
+        Default ``cuda:LOCAL_RANK`` when there is a GPU, else ``cpu``.
+    train : bool, default False
+        ``True``: random-resized crop (``scale``, ``ratio``, torchvision's rule, drawn from the
+        sample), horizontal flip, normalisation. ``False``: deterministic evaluation framing.
+    size : int or callable, optional
+        Output side. Default: the tile side. In evaluation, a ``size`` other than the tile side
+        resizes the tile to ``size / crop_pct`` and centre-crops ``size``, as torchvision's presets.
+        A callable ``epoch -> int`` is a schedule (progressive resizing; ``pipeline.sizes.ramp``
+        is FFCV's), asked once per epoch: the size is fixed for a whole epoch and reaches the
+        graph per sample, so changing it never rebuilds the graph. ``set_size`` overrides it.
+    crop_pct : float, default 0.875
+        Evaluation centre-crop fraction (224 of 256); 1.0 resizes straight to ``size``.
+    dtype : torch.dtype, default torch.float32
+        float32, float16, bfloat16 or uint8 (uint8 skips normalisation: pixels as stored).
+    layout : {"NCHW", "NHWC", "channels_last"}, default "NCHW"
+        ``channels_last``: NCHW shape in ``torch.channels_last`` memory format (a view of DALI's
+        HWC output, no transpose): what torch recommends for convolution nets under autocast,
+        and the cheapest float output on the CPU. ``NCHW`` is contiguous (DALI transposes);
+        ``NHWC`` is the HWC tensor itself.
+    with_index : bool, default False
+        Yield ``(images, labels, indices)``: the store indices of the batch's samples (of a
+        ``Mix``: ids that ``source_of`` names).
+    num_workers : int, optional
+        DALI's CPU threads (threads, not processes: nothing is pickled or copied between
+        processes); default min(4, cores). Reader threads are half as many. ``workers`` is the
+        same setting under its older name.
+    prefetch_factor : int, default 2
+        DALI's queue depth: batches prepared ahead of the one being trained on. More hides more
+        jitter at the cost of device memory. ``prefetch`` is the same setting.
+    pin_memory, persistent_workers : bool
+        Accepted for the swap; batches already land on the device and threads persist anyway.
+    indices : sequence of int, optional
+        Only these samples of the store; order, exactly-once, resume and ``len()`` hold over them.
+    ledger : str or Path, optional
+        A folder where each rank records which samples it handed over, per epoch, for
+        ``tilefeed audit`` (see ``pipeline.ledger``). Call ``state_dict()`` on every rank.
+    scale, ratio : tuple of float
+        Random-resized-crop area fraction and aspect range (torchvision's defaults).
+    mean, std : tuple of float
+        Normalisation, in 0..255 pixel units (ImageNet's by default).
+    shuffle_window : int, default 4
+        Shards mixed at a time under ``shuffle="shard"``.
+    storage_options : dict, optional
+        For a store in object storage (``"s3://bucket/prefix"``, ``gs://``, ``az://``): settings
+        added to the cloud's standard configuration (environment, profiles), such as
+        ``{"endpoint": "http://minio:9000", "region": "us-east-1"}``.
+    cache_dir : str or Path, optional
+        Local folder the bucket's shards are fetched into, ahead of the epoch, in the order it
+        reads them; shared by a node's ranks. Default ``$TILEFEED_CACHE`` or ``~/.cache/tilefeed``.
+    cache_limit : int, optional
+        Bytes of shards the cache folder may hold (least recently used go first); default no
+        limit. Under ``shuffle="global"`` a limit below the store's size reads tiles by ranged
+        requests instead of whole shards; otherwise it must hold ``shuffle_window + 2`` shards.
+    fast_idct : bool, default False
+        JPEG stores decoded on the CPU: libjpeg-turbo's fast integer IDCT (as FFCV), faster
+        (``tilefeed bench parts``), pixels a few levels off; nvJPEG on a GPU is not affected.
+    scaled_decode : bool, default True
+        JPEG stores cut and resized on the CPU: a tile is decoded at 1/2, 1/4 or 1/8 scale (in
+        the DCT) when its crop window still spans the output size there, so low resolutions
+        decode less (``tilefeed bench loader --sizes``). False always decodes at full size.
+    stats : bool, default True
+        Time each stage of every batch for ``stats()`` (``tilefeed bench stats``); False: no clocks.
+    """
+
+    def __init__(  # long mostly for its keyword list, one per line: DataLoader's options and tilefeed's
+        self,
+        store: str | Path | StoreReader | Mix,
+        batch_size: int,
+        *,
+        shuffle: bool | str = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | torch.device | None = None,
+        train: bool = False,
+        size: int | Schedule | None = None,
+        crop_pct: float = 0.875,
+        dtype: torch.dtype = torch.float32,
+        layout: str = "NCHW",
+        with_index: bool = False,
+        num_workers: int | None = None,
+        workers: int | None = None,
+        prefetch_factor: int | None = None,
+        prefetch: int | None = None,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        indices: Any = None,
+        ledger: str | Path | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        shuffle_window: int = 4,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | None = None,
+        fast_idct: bool = False,
+        scaled_decode: bool = True,
+        stats: bool = True,
+        **dataloader_options: Any,
+    ) -> None:
+        require_dali()
+        s = self.settings = LoaderSettings.check(
+            batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
+            world_size=world_size, device=device, train=train, size=size, crop_pct=crop_pct,
+            dtype=dtype, layout=layout, with_index=with_index, num_workers=num_workers,
+            workers=workers, prefetch_factor=prefetch_factor, prefetch=prefetch,
+            pin_memory=pin_memory, persistent_workers=persistent_workers, indices=indices,
+            ledger=ledger, scale=scale, ratio=ratio, mean=mean, std=std,
+            shuffle_window=shuffle_window, storage_options=storage_options, cache_dir=cache_dir,
+            cache_limit=cache_limit, fast_idct=fast_idct, scaled_decode=scaled_decode, stats=stats,
+            **dataloader_options)
+        self.batch_size, self.shuffle, self.seed, self.drop_last = s.batch_size, s.shuffle, s.seed, s.drop_last
+        self.rank, self.world_size, self.device = s.rank, s.world_size, s.device
+        self.dtype, self.layout, self.with_index = s.dtype, s.layout, s.with_index
+        self.workers, self.prefetch, self.shuffle_window = s.workers, s.prefetch, s.shuffle_window
+        self.pin_memory, self.persistent_workers = s.pin_memory, s.persistent_workers
+        self._owns_reader = not isinstance(store, StoreReader)
+        self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
+        self.reader = self.mixture.reader if self.mixture else s.open_store(store)  # type: ignore[arg-type]
+        try:
+            self._assemble(s)
+        except BaseException:
+            if self._owns_reader:
+                self.reader.close()  # ends the downloads just started
+            raise
+
+    def _assemble(self, s: LoaderSettings) -> None:
+        """Everything on the open store: order, crops, ledger, the first reads, the graph."""
+        self._schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
+        self._fixed: int | None = None  # set_size(): every epoch not yet begun, schedule or not
+        self.subset = s.subset(len(self.reader))
+        self.augment = s.augment(self.reader.tile, self.reader.padded)
+        # the stored tiles, handed out with no graph, while nothing can ask for another size
+        self._direct = (not callable(self._schedule) and self.device.type == "cpu"
+                        and self.augment.stored_tiles(self._schedule))
+        self.timed = s.stats
+        self._stats: Recorder | None = None  # made with the graph: it knows the reader threads
+        self._shares = Shares(s, len(self.reader), self.reader.shard_size, self.subset, self.mixture)
+        self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=self._shares.positions,
+                              mixture=self.mixture.describe() if self.mixture else None)
+                       if s.ledger is not None else None)
+        self._epoch = 0
+        self._resume: Loaded | None = None  # loaded state not yet iterated
+        self._open: OpenEpoch | None = None
+        self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
+        self._graph_key: Any = None
+        # a bucket store starts fetching the first epoch's shards now, while the graph is built
+        self.reader.will_read(self.next_epoch_indices().numpy())
+        self._take_graph()
+
+    # -- the output size ----------------------------------------------------------------------
+    def size_of(self, epoch: int) -> int:
+        """The output side of ``epoch``: the epoch in progress keeps the size it began with (a
+        loaded state's too); any other takes ``set_size``'s, else the schedule's."""
+        epoch = check_int("epoch", epoch, 0)
+        if self._open is not None and self._open.epoch == epoch:
+            return self._open.size
+        return starting_size(self._schedule, self._fixed, self._resume, epoch)
+
+    @property
+    def size(self) -> int:
+        """The output side of the epoch in progress, or of the next ``iter()``."""
+        return self.size_of(self._open.epoch if self._open is not None else self._epoch)
+
+    def set_size(self, size: int | None) -> None:
+        """The output side from the next epoch on (an epoch in progress keeps its own): one
+        graph serves every size, so nothing is rebuilt. ``None`` returns to the schedule (or
+        the size) the Loader was made with. Saved in ``state_dict``."""
+        self._fixed = None if size is None else check_size(size)
+
+    @property
+    def samples(self) -> int:
+        """Samples an epoch covers: the store's, the subset's, or a mixture's epoch_samples."""
+        return self._shares.positions if self.subset is None else len(self.subset)
+
+    def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
+        """The store names (one store: its location) and sample indices of ``with_index`` ids."""
+        return source_of(self.mixture, self.reader.location, ids)
+
+    # -- the DataLoader contract --------------------------------------------------------------
+    def __len__(self) -> int:
+        return batches_per_rank(self.samples, self.world_size, self.batch_size, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The number of the next epoch. The epoch a loaded state is in keeps its position; any
+        other starts fresh (as DistributedSampler users call it every epoch)."""
+        self._epoch = check_int("epoch", epoch, 0)
+        if self._resume is not None and self._resume.epoch != self._epoch:
+            self._resume = None
+
+    def epoch_indices(self, epoch: int) -> torch.Tensor:
+        """The samples this rank yields in a fresh ``epoch``, in order (without running the pipeline)."""
+        return torch.from_numpy(self._shares.get(epoch).copy())  # the share is kept: yours to change
+
+    def epoch_positions(self, epoch: int) -> torch.Tensor:
+        """What ``windows`` takes for a fresh ``epoch``'s samples: of a ``Mix``, the positions
+        behind ``epoch_indices``; of one store, the samples themselves."""
+        keys = self._shares.keys(epoch)
+        return torch.from_numpy((self._shares.get(epoch) if keys is None else keys).copy())
+
+    def next_epoch_indices(self) -> torch.Tensor:
+        """The samples the next ``iter()`` will yield on this rank, in order: a fresh epoch's, or
+        the rest of a loaded state's epoch (without running the pipeline)."""
+        plan = self._plan(self._epoch)
+        return torch.from_numpy(plan.indices[plan.batches * self.batch_size :].copy())
+
+    def _plan(self, epoch: int) -> OpenEpoch:
+        """This rank's part of ``epoch``, continuing a loaded state when it is in this epoch."""
+        size = starting_size(self._schedule, self._fixed, self._resume, epoch)
+        resume = self._resume.segments if self._resume is not None and self._resume.epoch == epoch else None
+        return plan_epoch(self._shares, epoch, size, resume)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        epoch = self._epoch
+        plan = self._open = self._plan(epoch)
+        self._epoch, self._resume = epoch + 1, None
+        if plan.batches * self.batch_size < len(plan.indices):
+            feed, generation = self._arm(plan, epoch)
+            recorder = self._stats
+            if recorder is not None:
+                recorder.epoch_begins()
+            last = False
+            while not last:
+                began = time.perf_counter()
+                tag, out = feed.next(generation)
+                if recorder is not None:
+                    recorder.handed(tag.timing, time.perf_counter() - began, feed.ready())
+                last = tag.last
+                plan.batches += 1  # counted once handed over: a state_dict() taken while
+                yield self._convert(out)  # the batch is trained on resumes after it
+        self._record(complete=True)
+        self._open = None
+
+    def windows(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
+        picture box, and a flip: what the graph cuts and resizes, a function of the sample
+        (training windows are the same at every size; evaluation framing follows the size).
+        Of a ``Mix``, crops are drawn from positions: ``samples`` are those (``epoch_positions``)."""
+        keys = None if self.mixture is None else np.asarray(samples, dtype=np.int64)
+        located = samples if self.mixture is None else self.mixture.locate(epoch, samples)
+        return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located, self.size_of(epoch),
+                             keys)
+
+    def _take_graph(self) -> None:
+        """The DALI graph for these settings: built (or taken from the pool) when the Loader is
+        made, so a bad configuration fails here and the first step does not pay for it."""
+        cuda, index = self.device.type == "cuda", self.device.index
+        device_id = (torch.cuda.current_device() if index is None else index) if cuda else None
+        settings = pool.Settings(self.batch_size, self.workers, self.prefetch, device_id)
+        self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
+        self._graph = pool.take(self.reader, self.augment, settings, self._direct)
+        largest = getattr(self._schedule, "largest", self._schedule)  # ramp(): its max_res
+        self._graph.source.reserve = largest if isinstance(largest, int) else 0
+
+    def _arm(self, plan: OpenEpoch, epoch: int) -> tuple[Feed, int]:
+        if self._graph is not None and not self._graph.alive:
+            self._release(keep=False)
+        if self._direct and plan.size != self.reader.tile:
+            # set_size() left the stored tiles: from now on a DALI graph, which serves every size
+            self._release()
+            self._direct = False
+        if self._graph is None:
+            self._take_graph()
+        assert self._graph is not None
+        cast = torch.bfloat16 if self.dtype == torch.bfloat16 else None
+        lookahead = self._graph.lookahead
+        later = partial(_following, weakref.ref(self), epoch, lookahead)
+        # a short epoch may end before the feeding thread got to them: those are worked out now
+        short = -(-len(plan.indices) // self.batch_size) - plan.batches <= 2 * lookahead
+        following: Following = later() if short else later
+        generation = self._graph.arm(self.reader, self._epoch_of(plan), plan.batches, following,
+                                     cast, self.timed)
+        if self.timed and self._stats is None:
+            self._stats = Recorder(self._graph.source.threads, self.reader.stored_nbytes)
+        return self._graph.feed, generation
+
+    def stats(self, last: int = 50) -> LoaderStats:
+        """Where the time of the last ``last`` batches (at most 1,000) and of the epoch went, per
+        stage (``pipeline.stats``); the stage that binds, and the change most likely to help."""
+        if self._stats is None:
+            raise ConfigError("no figures yet: stats() needs Loader(stats=True) and a batch handed over")
+        window = check_int("last", last, 1)
+        remote = self.reader.remote
+        return self._stats.report(self.settings.advice(self.reader), window,
+                                  remote.cache.counts if remote is not None else None)
+
+    def _following(self, epoch: int, lookahead: int) -> list[Epoch]:
+        """The fresh epochs expected after ``epoch`` (set_epoch or a loaded state may still
+        change them: the feed then drops what it prepared), as many as keep ``lookahead``
+        batches coming past the epoch's end: one, but for small epochs."""
+        following: list[Epoch] = []
+        batches = 0
+        while batches < lookahead and len(following) < 16:
+            plan = self._plan(epoch + 1 + len(following))
+            if plan.batches:  # a loaded state's epoch: resumed when it is reached, not before
+                break
+            if self._direct and plan.size != self.reader.tile:  # needs a graph: armed when reached
+                break
+            following.append(self._epoch_of(plan))
+            batches += -(-len(plan.indices) // self.batch_size)
+        return following
+
+    def _epoch_of(self, plan: OpenEpoch) -> Epoch:
+        # the extras are a plain function of the settings, not a bound method: the graph, which
+        # may outlive this Loader in the pool, must not keep it alive (or form a cycle with it)
+        extras = partial(graph_inputs, self.reader.boxes, self.augment, self.seed, plan.epoch, plan.size)
+        # a mixture's labels in one gather an epoch: gathered per batch, split by store, they cost
+        # the rate a few percent (tilefeed bench loader), far more than their own CPU time
+        labels = None if self.mixture is None else self.reader.labels[plan.indices]
+        return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys, labels)
+
+    def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        images = out["images"]  # already bfloat16 where asked: cast by the feed, off this thread
+        if self.layout == "channels_last":  # HWC from DALI, seen as NCHW: no copy, no transpose
+            images = images.permute(0, 3, 1, 2)
+        labels = out["labels"].reshape(-1)
+        if self.with_index:
+            return images, labels, out["indices"].reshape(-1)
+        return images, labels
+
+    # -- resume ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epoch stands, over all ranks: a small JSON-able dict for a checkpoint.
+        Loaded into a new Loader (any world size or batch size), it delivers exactly what no rank
+        delivered yet. With a ledger, records what this rank handed over: call it on every rank."""
+        epoch, segments = progress(self.settings, self._open, self._resume, self._epoch)
+        self._record(complete=False)  # records only while an epoch is being iterated
+        return saved(self.settings, self._identity, epoch, segments, self.size_of(epoch), self._fixed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next ``iter()`` (or a ``set_epoch`` of the same epoch,
+        then ``iter()``) delivers the rest of that epoch, split over this Loader's ranks."""
+        self._resume = load(state, self._identity)
+        self._fixed, self._epoch, self._open = self._resume.fixed, self._resume.epoch, None
+
+    @cached_property
+    def _identity(self) -> dict[str, Any]:  # fixed once the Loader is made: subsets hashed once
+        return identity(self.settings, self._shares.positions, self.subset, self.mixture)
+
+    def _record(self, *, complete: bool) -> None:
+        plan = self._open
+        if self.ledger is None or plan is None:
+            return
+        recorded = plan.indices if plan.keys is None else plan.keys  # a mixture's positions
+        handed = recorded[plan.first * self.batch_size : plan.batches * self.batch_size]
+        self.ledger.record(plan.epoch, handed, world_size=self.world_size,
+                           batch_size=self.batch_size, drop_last=self.drop_last, complete=complete)
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def _release(self, keep: bool = True) -> None:
+        """Hand the DALI graph back to the pool (``keep``) or close it; its threads go either way
+        but DALI's own, which stay parked with an idle graph (see ``pipeline.pool``)."""
+        graph, self._graph = self._graph, None
+        if graph is not None and keep:
+            pool.give(self._graph_key, graph)
+        elif graph is not None:
+            graph.close()
+
+    def close(self) -> None:
+        """Stop every reader thread and release every map (of a store this Loader opened itself);
+        the Loader can still be iterated again."""
+        self._release()
+        if self._owns_reader:
+            self.reader.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        graph, self._graph = getattr(self, "_graph", None), None
+        with contextlib.suppress(Exception):  # interpreter shutdown may have torn modules down
+            if graph is not None:
+                pool.orphan(self._graph_key, graph)  # nothing that waits: see pool.orphan
+
+
+def _following(loader: weakref.ref[Loader], epoch: int, lookahead: int) -> list[Epoch]:
+    """``Loader._following``, asked for on the feeding thread: the graph, which may outlive the
+    Loader in the pool, holds it only weakly."""
+    alive = loader()
+    return alive._following(epoch, lookahead) if alive is not None else []

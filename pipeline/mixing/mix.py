@@ -1,0 +1,166 @@
+"""A Loader over several stores mixed by weight: ``Loader(Mix({...}, weights={...}), ...)``.
+
+A ``Mix`` names its sources (folders or bucket URLs), their weights, the samples an epoch holds
+and how their class lists combine. The Loader then reads one ``MixedReader`` (one index space:
+source ``s``'s sample ``i`` is ``offsets[s] + i``): the epoch's positions are ordered and split
+over ranks exactly as a single store's samples are (``pipeline.order``), each position then
+located in its source by the ``MixturePlan`` (``pipeline.mixture``). So every promise of the
+single store holds per position: exactly once over all ranks, mid-epoch and elastic resume, the
+ledger (which records positions: a position is one entry of the epoch's planned multiset of
+samples), and crops and flips are drawn from the position (a repeated sample is cut anew).
+
+Orders: ``shuffle=True`` interleaves the sources uniformly at random; ``"none"`` reads source
+after source, each its full passes in store order, then its extras (in store order too);
+``"shard"`` shuffles runs of ``shard_size`` consecutive positions (the smallest source's shard
+size), which are runs of a source's store order, so reads stay within a few shards (a store
+taken sparsely spreads a run over more of its shards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tilefeed.pipeline.reading.mixed import LABEL_RULES
+from tilefeed.pipeline.mixing.plan import MixturePlan, finite_weight, is_weight
+from tilefeed.pipeline.settings import LoaderSettings, store_subset
+from tilefeed.store.errors import ConfigError
+from tilefeed.store.storage import is_url
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.reading.mixed import MixedReader
+    from tilefeed.pipeline.reading.reader import StoreReader
+
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Several stores read as one, each epoch taking ``weights`` shares of ``epoch_samples``.
+
+    ``stores``: name -> folder or bucket URL (each opened with the Loader's storage options and
+    cache). ``weights``: name -> weight (any non-negative numbers; default each source's
+    size, so an epoch reads every sample once). ``epoch_samples``: positions an epoch holds
+    (default the sum of the sources' sizes); a source whose share exceeds its size repeats, each
+    sample at most once more than any other, one whose share is smaller is sub-sampled, every
+    sample visited before any again over consecutive epochs. ``labels``: how class lists
+    combine: ``"same"`` (the stores' lists must be equal), ``"offset"`` (each source's classes
+    after the previous sources') or ``"names"`` (merged by class name). ``indices``: name -> the
+    samples of that store the mixture takes (a train/validation split, as the Loader's
+    ``indices`` for one store); its size is then the subset's."""
+
+    stores: Mapping[str, str | Path]
+    weights: Mapping[str, float] | None = None
+    epoch_samples: int | None = None
+    labels: str = "same"
+    indices: Mapping[str, Any] | None = None
+    names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        stores = dict(self.stores)
+        if not stores:
+            raise ConfigError("Mix needs at least one store")
+        if not all(isinstance(n, str) and n for n in stores):
+            raise ConfigError(f"Mix store names must be non-empty strings, got {list(stores)!r}")
+        if not all(isinstance(v, (str, Path)) for v in stores.values()):
+            raise ConfigError("Mix stores must be folders or bucket URLs (str or Path): the Loader opens "
+                              "and closes them")
+        if self.weights is not None:
+            if set(self.weights) != set(stores):
+                raise ConfigError(f"Mix weights must name the same sources as the stores: stores "
+                                  f"{sorted(stores)}, weights {sorted(self.weights)}")
+            weights = list(self.weights.values())
+            if not all(is_weight(w) and finite_weight(w) and w >= 0 for w in weights) or not any(
+                    w > 0 for w in weights):
+                raise ConfigError(f"Mix weights must be finite numbers >= 0, one of them > 0, got "
+                                  f"{dict(self.weights)!r}")
+        if self.epoch_samples is not None and not (
+                isinstance(self.epoch_samples, int) and not isinstance(self.epoch_samples, bool)
+                and self.epoch_samples >= 1):
+            raise ConfigError(f"Mix epoch_samples must be a whole number >= 1, got {self.epoch_samples!r}")
+        if self.indices is not None and not set(self.indices) <= set(stores):
+            unknown = sorted(set(self.indices) - set(stores))
+            raise ConfigError(f"Mix indices name stores it does not hold: {unknown}")
+        if self.labels not in LABEL_RULES:
+            raise ConfigError(f"Mix labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
+        object.__setattr__(self, "stores", stores)
+        object.__setattr__(self, "names", tuple(stores))
+
+    def plan(self, sizes: list[int], seed: int) -> MixturePlan:
+        weights = sizes if self.weights is None else [self.weights[n] for n in self.names]
+        try:
+            return MixturePlan(sizes, weights, seed, self.epoch_samples)
+        except ValueError as e:
+            raise ConfigError(f"Mix {dict(zip(self.names, sizes, strict=True))} (sizes): {e}") from None
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """A mixture opened: its reader, each store's subset (None: all of it) and its plan."""
+
+    mix: Mix
+    reader: MixedReader
+    subsets: tuple[np.ndarray | None, ...]
+    plan: MixturePlan
+
+    def locate(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The samples (global ids of the reader) at ``positions`` of ``epoch``."""
+        sources, samples = self.plan.locate(epoch, positions)
+        for s, subset in enumerate(self.subsets):
+            if subset is not None:  # the plan counts a subset's members: to the store's samples
+                mine = sources == s
+                samples[mine] = subset[samples[mine]]
+        return np.asarray(self.reader.offsets, dtype=np.int64)[sources] + samples
+
+    def identity(self) -> str:
+        """What a resumed state must agree on besides seed and shuffle: sources, sizes, subsets,
+        quotas, labels."""
+        subsets = [None if s is None else hashlib.sha256(s.tobytes()).hexdigest()[:16] for s in self.subsets]
+        described = {"names": self.mix.names, "sizes": self.plan.sizes, "quotas": self.plan.quotas,
+                     "labels": self.mix.labels, "shard_size": self.reader.shard_size, "subsets": subsets}
+        return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        """The sources and their blocks of an epoch's positions (for the ledger's audit)."""
+        return {"names": list(self.mix.names), "starts": list(self.plan.starts),
+                "quotas": list(self.plan.quotas)}
+
+
+def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
+    """Each source opened (as ``settings.open_store`` opens one store) and checked against the
+    others by ``MixedReader``; the plan keyed on the Loader's seed."""
+    from tilefeed.pipeline.reading.mixed import MixedReader
+    from tilefeed.pipeline.reading.reader import StoreReader
+
+    if settings.indices is not None:
+        raise ConfigError("indices selects samples of one store; a Mix takes none (sub-sample a "
+                          "store with its weight and epoch_samples)")
+    opened: list[StoreReader] = []
+    try:
+        for store in mix.stores.values():  # the bucket options are for the stores in buckets
+            opened.append(settings.open_store(store if is_url(store) else StoreReader(store)))
+        reader = MixedReader(opened, list(mix.names), mix.labels)
+        given = mix.indices or {}
+        subsets = tuple(None if n not in given else store_subset(given[n], len(r), f"Mix indices of {n!r}")
+                        for n, r in zip(mix.names, opened, strict=True))
+        sizes = [len(r) if s is None else len(s) for r, s in zip(opened, subsets, strict=True)]
+        return Mixture(mix, reader, subsets, mix.plan(sizes, settings.seed))
+    except BaseException:
+        for one in opened:
+            one.close()
+        raise
+
+
+def source_of(mixture: Mixture | None, location: str, ids: Any) -> tuple[list[str], np.ndarray]:
+    """The store names and sample indices of a Loader's ``with_index`` ids (a tensor on any
+    device, or numbers; one store: its ``location`` for every id)."""
+    ids = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
+    if mixture is None:
+        return [location] * len(ids), ids
+    sources, samples = mixture.reader.source_of(ids)
+    return [mixture.mix.names[k] for k in sources.tolist()], samples

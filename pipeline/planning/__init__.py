@@ -1,0 +1,2 @@
+"""What each epoch holds and in which order: the epoch order per rank, and the output size
+schedule."""

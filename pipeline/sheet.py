@@ -1,0 +1,420 @@
+"""``tilefeed show``: a contact sheet (PNG) of samples as the model receives them.
+
+A training run that goes wrong because of its input (crops that miss the object, padding in the
+crops, wrong labels, a normalisation applied twice) is cheapest to catch by looking. The sheet is
+made by the ``Loader`` itself, on the CPU, so it shows the very crops, flips and framing a run
+with the same seed and epoch gets; only the normalisation is undone, for the eye. ``--stored``
+shows the tiles as written instead, with each picture's box, and ``--rejects`` what preprocessing
+refused and why.
+
+Which samples: a list given with ``--samples``, else the first ``--count`` of the epoch's order
+on rank 0 of one (``pipeline.order``, as the Loader orders them). Either way they are loaded
+through ``Loader(indices=...)``: crops and flips are a function of (seed, epoch, sample) alone,
+so a subset gets each sample's own, and only the samples shown are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFile, ImageFont
+
+from tilefeed.pipeline.planning.order import epoch_order
+from tilefeed.store import format as fmt
+from tilefeed.store.arrays import read_small_array
+from tilefeed.store.attrs import store_attrs
+from tilefeed.store.errors import ConfigError, StoreFormatError, TilefeedError
+from tilefeed.store.inspection import printable
+from tilefeed.store.storage import redact
+from tilefeed.store.storage import is_url, parse_options
+
+if TYPE_CHECKING:
+    import torch
+
+    from tilefeed.pipeline.reading.reader import StoreReader
+
+PROG = "tilefeed show"
+DEFAULT_COUNT = 64
+MIN_DISPLAY = 96  # smaller tiles are enlarged (nearest, by a whole factor) to at least this side
+THUMB = 128  # side of a rejected input's thumbnail
+GAP = 4  # pixels between cells and around the sheet
+SHEET_COLOUR = (24, 24, 24)
+TEXT_COLOUR = (235, 235, 235)
+BOX_COLOUR = (255, 0, 255)  # the picture box on stored tiles: a colour photos rarely hold
+THUMB_MAX_PIXELS = 64_000_000  # rejected inputs larger than this (after JPEG draft) are not drawn
+
+
+@dataclass(frozen=True)
+class Sheet:
+    """A drawn contact sheet and what it shows, so callers (and tests) need not read pixels back
+    to know which sample lies where."""
+
+    image: Image.Image
+    captions: list[tuple[str, ...]]  # per cell, the caption's lines before they are fitted
+    cells: list[tuple[int, int]]  # per cell, the (x, y) of its tile's top-left on the sheet
+    side: int  # the tiles' side on the sheet
+    scale: int  # sheet pixels per pixel of the tiles (nearest-neighbour enlargement)
+    indices: list[int]  # the store sample of each cell (empty for rejected inputs)
+
+
+# -- which samples ---------------------------------------------------------------------------------
+def select(reader: StoreReader, *, train: bool, epoch: int, seed: int, count: int | None,
+           samples: Sequence[int] | None) -> np.ndarray:
+    """The samples to show: ``samples`` as given, else the first ``count`` of the epoch's order.
+
+    The order is the Loader's own (``epoch_order``; rank 0 of a world of one is the whole order),
+    shuffled when training as ``Loader(shuffle=True)`` is, the store order in evaluation.
+    """
+    if samples is not None:
+        chosen = np.asarray(samples, dtype=np.int64)
+        bad = chosen[(chosen < 0) | (chosen >= len(reader))]
+        if bad.size:
+            raise ConfigError(f"--samples: {int(bad[0])} is not a sample of this store "
+                              f"(0..{len(reader) - 1})")
+        if len(np.unique(chosen)) != len(chosen):
+            raise ConfigError("--samples names a sample twice: list each once")
+        return chosen
+    order = epoch_order(len(reader), shuffle="global" if train else "none", seed=seed, epoch=epoch,
+                        shard_size=reader.shard_size)
+    return order[: count or DEFAULT_COUNT]
+
+
+# -- pixels ----------------------------------------------------------------------------------------
+def to_pixels(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """Float NCHW batches as the model gets them, back to (N, H, W, 3) uint8 for the eye:
+    the Loader normalises in 0..255 units, x = (pixel - mean) / std."""
+    hwc = images.float().permute(0, 2, 3, 1).cpu().numpy()
+    pixels = hwc * np.asarray(std, dtype=np.float32) + np.asarray(mean, dtype=np.float32)
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+
+
+def loaded(reader: StoreReader, indices: np.ndarray, *, train: bool, epoch: int, seed: int,
+           size: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(pixels, labels, side) of ``indices``, in that order, from the Loader on the CPU: the
+    crops, flips and framing training (or evaluation) with this seed and epoch gets."""
+    from tilefeed.pipeline.loader.loader import Loader
+
+    with Loader(reader, len(indices), shuffle=False, seed=seed, rank=0, world_size=1,
+                device="cpu", train=train, size=size, with_index=True, indices=indices) as loader:
+        loader.set_epoch(epoch)
+        images, labels, got = next(iter(loader))
+        pixels = to_pixels(images, loader.augment.mean, loader.augment.std)
+        side = loader.size
+    where = {int(i): k for k, i in enumerate(got.tolist())}  # store order -> the order asked for
+    order = [where[int(i)] for i in indices]
+    return pixels[order], labels.numpy()[order], side
+
+
+def stored(reader: StoreReader, indices: np.ndarray) -> np.ndarray:
+    """The tiles of ``indices`` as written (no Loader, so no DALI or torch)."""
+    out = np.empty((len(indices), *reader.codec.shape), dtype=np.uint8)
+    return reader.read_batch_into([int(i) for i in indices], out)
+
+
+def enlargement(side: int) -> int:
+    """The whole factor that brings ``side`` to at least MIN_DISPLAY: whole, so every pixel of
+    the tile stays a block of equal pixels on the sheet."""
+    return max(1, math.ceil(MIN_DISPLAY / side))
+
+
+# -- captions --------------------------------------------------------------------------------------
+def source_paths(reader: StoreReader, indices: np.ndarray) -> list[str]:
+    """The source file of each sample, where the store keeps ``source_paths``; else empty
+    strings."""
+    arrays = store_attrs(reader.attrs, reader.root).arrays
+    if fmt.SOURCE_PATHS not in arrays or fmt.SOURCES not in arrays:
+        return [""] * len(indices)
+    owners = read_small_array(reader.root, reader.attrs, fmt.SOURCES)
+    try:  # strings: zarr reads them (the reader checked the chunks' digests when it opened)
+        import zarr
+
+        paths = zarr.open_array(str(reader.root / fmt.SOURCE_PATHS), mode="r", zarr_format=3)
+        wanted = np.unique(owners[indices])
+        found = {int(o): str(paths[int(o)]) for o in wanted if 0 <= o < paths.shape[0]}
+    except Exception as e:  # noqa: BLE001 - any failure to read them is the store's damage
+        raise StoreFormatError(f"{reader.location}/{fmt.SOURCE_PATHS}: cannot be read: "
+                               f"{type(e).__name__}: {e}") from None
+    return [found.get(int(o), "") for o in owners[indices]]
+
+
+def sample_captions(reader: StoreReader, indices: np.ndarray, labels: np.ndarray) -> list[tuple[str, ...]]:
+    """Per sample: its class name, its index and its source path (when the store keeps it)."""
+    sources = source_paths(reader, indices)
+    return [tuple(line for line in (printable(reader.classes[int(label)]), f"#{int(i)}", printable(src))
+                  if line)
+            for i, label, src in zip(indices, labels, sources, strict=True)]
+
+
+def _fit(draw: ImageDraw.ImageDraw, text: str, width: int, font: Any, keep_end: bool) -> str:
+    """``text`` shortened with '...' to ``width`` pixels; paths keep their end (the file name)."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    for cut in range(1, len(text)):
+        short = "..." + text[cut:] if keep_end else text[:-cut] + "..."
+        if draw.textlength(short, font=font) <= width:
+            return short
+    return ""
+
+
+# -- the sheet -------------------------------------------------------------------------------------
+def draw_sheet(tiles: Sequence[np.ndarray], captions: list[tuple[str, ...]], *, scale: int,
+               boxes: np.ndarray | None = None, indices: Sequence[int] = (),
+               path_line: int | None = None) -> Sheet:
+    """Tiles in a grid of ceil(sqrt(n)) columns, each enlarged ``scale`` times (nearest) and
+    captioned underneath; ``boxes`` (top, left, height, width per tile, in its pixels) drawn in
+    BOX_COLOUR along their inner edge, so the box's outermost picture pixels carry it. Caption
+    lines too long for the tile are shortened at the end, but line ``path_line`` (a path) at its
+    start, keeping the file name."""
+    font = ImageFont.load_default()
+    line = int(font.getbbox("Ag")[3]) + 2
+    side = max(max(t.shape[0], t.shape[1]) for t in tiles) * scale
+    strip = line * max(len(c) for c in captions) + GAP
+    columns = math.ceil(math.sqrt(len(tiles)))
+    rows = math.ceil(len(tiles) / columns)
+    sheet = Image.new("RGB", (GAP + columns * (side + GAP), GAP + rows * (side + strip + GAP)),
+                      SHEET_COLOUR)
+    draw = ImageDraw.Draw(sheet)
+    cells = []
+    for k, (tile, caption) in enumerate(zip(tiles, captions, strict=True)):
+        row, column = divmod(k, columns)
+        x, y = GAP + column * (side + GAP), GAP + row * (side + strip + GAP)
+        cells.append((x, y))
+        picture = Image.fromarray(np.ascontiguousarray(tile), "RGB")
+        if scale > 1:
+            picture = picture.resize((picture.width * scale, picture.height * scale),
+                                     Image.Resampling.NEAREST)
+        # a thumbnail smaller than the cell sits in its middle
+        sheet.paste(picture, (x + (side - picture.width) // 2, y + (side - picture.height) // 2))
+        if boxes is not None:
+            top, left, height, width = (int(v) * scale for v in boxes[k])
+            draw.rectangle((x + left, y + top, x + left + width - 1, y + top + height - 1),
+                           outline=BOX_COLOUR)
+        for n, text in enumerate(caption):
+            fitted = _fit(draw, text, side, font, keep_end=n == path_line)
+            draw.text((x, y + side + GAP // 2 + n * line), fitted, fill=TEXT_COLOUR, font=font)
+    return Sheet(sheet, captions, cells, side, scale, [int(i) for i in indices])
+
+
+def contact_sheet(reader: StoreReader, *, train: bool = False, epoch: int = 0, seed: int = 0,
+                  size: int | None = None, count: int | None = None,
+                  samples: Sequence[int] | None = None, show_stored: bool = False) -> Sheet:
+    """The sheet of the chosen samples: as the Loader yields them, or (``show_stored``) as
+    stored, with each picture's box drawn where the store holds padding."""
+    indices = select(reader, train=train, epoch=epoch, seed=seed, count=count, samples=samples)
+    boxes = None
+    if show_stored:
+        pixels, labels, side = stored(reader, indices), reader.labels[indices], reader.tile
+        if reader.padded:
+            boxes = reader.boxes[indices]
+    else:
+        pixels, labels, side = loaded(reader, indices, train=train, epoch=epoch, seed=seed, size=size)
+    return draw_sheet(list(pixels), sample_captions(reader, indices, labels), scale=enlargement(side),
+                      boxes=boxes, indices=indices.tolist(), path_line=2)
+
+
+# -- rejected inputs -------------------------------------------------------------------------------
+def thumbnail(path: str) -> tuple[np.ndarray | None, str]:
+    """(a thumbnail of what PIL decodes of ``path``, '') or (None, why it cannot be drawn).
+
+    Rejected files are often truncated: what decodes is drawn, the rest left grey, which is
+    exactly what a look at them should show."""
+    if is_url(path):
+        return None, "not a local file"
+    file = Path(path)
+    if not file.is_file():  # also keeps devices and fifos from being read
+        return None, "no longer there" if not file.exists() else "not a regular file"
+    truncated = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = True  # PIL's switch for partial decodes; restored below
+    try:
+        with Image.open(file) as image:
+            image.draft("RGB", (THUMB, THUMB))  # JPEG: decode at a reduced scale
+            if image.width * image.height > THUMB_MAX_PIXELS:
+                return None, f"{image.width}x{image.height} is too large to draw"
+            image.thumbnail((THUMB, THUMB))
+            return np.asarray(image.convert("RGB")), ""
+    except Exception as e:  # noqa: BLE001 - any decoder failure is a reason, not a crash
+        return None, f"does not decode: {printable(str(e) or type(e).__name__)}"
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = truncated
+
+
+def reject_sheet(rejects: Sequence[tuple[str, str]]) -> tuple[Sheet | None, list[str]]:
+    """(a sheet of the rejected inputs that still partly decode, or None; one line per reject)."""
+    tiles: list[np.ndarray] = []
+    captions: list[tuple[str, ...]] = []
+    lines: list[str] = []
+    for path, reason in rejects:
+        line = f"rejected   {printable(path)}: {printable(reason)}"
+        picture, why = thumbnail(path)
+        if picture is None:
+            line += f"  (not drawn: {why})"
+        else:
+            tiles.append(picture)
+            captions.append((printable(Path(path).name), printable(reason)))
+        lines.append(line)
+    sheet = draw_sheet(tiles, captions, scale=1, path_line=0) if tiles else None
+    return sheet, lines
+
+
+# -- the command -----------------------------------------------------------------------------------
+class _Refusal(Exception):
+    """argparse's complaint, raised instead of printed, so it becomes one line and exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Refusal(message)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _sample_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sample indices i,j,k, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one sample index")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Write a contact sheet (PNG) of samples as the model receives them: the "
+        "Loader's own crops, flips and framing on the CPU, normalisation undone, each tile "
+        "captioned with its class, sample index and source file.",
+    )
+    p.add_argument("store", metavar="STORE", help="a tilefeed store (folder or bucket URL)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="train", action="store_true",
+                      help="training crops and flips (Loader(train=True)), in the shuffled order")
+    mode.add_argument("--eval", dest="train", action="store_false",
+                      help="evaluation framing, in store order (the default)")
+    p.add_argument("--epoch", type=_count, default=0, help="epoch whose order and crops are shown")
+    p.add_argument("--seed", type=_count, default=0, help="the Loader's seed")
+    p.add_argument("--size", type=_positive, default=None,
+                   help="output side (default: the tile side); small sides are enlarged on the sheet")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--count", type=_positive, default=None,
+                      help=f"show the first N samples of the epoch's order (default {DEFAULT_COUNT})")
+    what.add_argument("--samples", type=_sample_list, default=None, metavar="I,J,K",
+                      help="show these samples, in this order")
+    p.add_argument("--out", default="show.png", help="the PNG to write")
+    view = p.add_mutually_exclusive_group()
+    view.add_argument("--stored", action="store_true",
+                      help="the tiles as written, with each picture's box drawn on stores with "
+                      "padding (--fit pad)")
+    view.add_argument("--rejects", action="store_true",
+                      help="list the rejected inputs with their reasons, and draw those whose "
+                      "files still (partly) decode")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="for a store URL: a setting added to the cloud's standard configuration; "
+                   "repeat for more")
+    p.set_defaults(train=False)
+    return p
+
+
+def _output(path: str) -> Path:
+    """The PNG's path, refused before any work when it cannot be written there."""
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"--out {path!r} is a folder: name the PNG file to write")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {path!r}: the folder {str(out.parent)!r} does not exist")
+    return out
+
+
+def _describe(args: argparse.Namespace, shown: int, side: int) -> str:
+    if args.stored:
+        return f"{shown} stored tiles, {side} px"
+    if args.train:
+        return f"{shown} training crops of epoch {args.epoch}, seed {args.seed}, {side} px"
+    return f"{shown} evaluation framings, {side} px"
+
+
+def _show_samples(args: argparse.Namespace, out: Path, options: dict[str, str]) -> int:
+    from tilefeed.pipeline.reading.reader import StoreReader
+
+    if args.stored and args.size is not None:
+        raise ConfigError("--size sets the Loader's output side; --stored shows tiles at their stored side")
+    with StoreReader(args.store, storage_options=options or None) as reader:
+        sheet = contact_sheet(reader, train=args.train, epoch=args.epoch, seed=args.seed,
+                              size=args.size, count=args.count, samples=args.samples,
+                              show_stored=args.stored)
+        boxes = args.stored and reader.padded
+    _save(sheet, out)
+    side = sheet.side // sheet.scale
+    print(f"wrote {printable(str(out))}: {_describe(args, len(sheet.cells), side)}"
+          + (", picture boxes drawn" if boxes else ""))
+    return 0
+
+
+def _show_rejects(args: argparse.Namespace, out: Path, options: dict[str, str]) -> int:
+    from tilefeed.store.inspection import info
+
+    rejects = [(r["path"], r["reason"]) for r in info(args.store, options or None)["rejects"]]
+    if not rejects:
+        print(f"{printable(args.store)}: no input was rejected")
+        return 0
+    sheet, lines = reject_sheet(rejects)
+    print("\n".join(lines))
+    if sheet is None:
+        print(f"no sheet written: none of the {len(rejects)} rejected inputs could be drawn")
+        return 0
+    _save(sheet, out)
+    print(f"wrote {printable(str(out))}: {len(sheet.cells)} of {len(rejects)} rejected inputs")
+    return 0
+
+
+def _save(sheet: Sheet, out: Path) -> None:
+    try:
+        sheet.image.save(out, format="PNG")
+    except OSError as e:  # a full disk, a permission: the machine's problem, not an option's
+        raise _CannotWrite(f"cannot write {out}: {e.strerror or e}") from None
+
+
+class _CannotWrite(Exception):
+    """The sheet was made but could not be saved (exit 1, not 2)."""
+
+
+def main(argv: Sequence[str]) -> int:
+    """``tilefeed show``: 0 when done, 2 (one line on stderr) for a bad store or option, 1 when
+    the PNG cannot be written or the store cannot be read (a permission, a vanished file)."""
+    parser = build_parser()
+    options: dict[str, str] = {}
+    try:
+        args = parser.parse_args(list(argv))
+        options = parse_options(args.storage_option)
+        out = _output(args.out)
+        return _show_rejects(args, out, options) if args.rejects else _show_samples(args, out, options)
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    except (_Refusal, TilefeedError) as e:
+        print(f"{PROG}: error: {printable(redact(str(e), options))}", file=sys.stderr)
+        return 2
+    except (_CannotWrite, OSError) as e:
+        print(f"{PROG}: error: {printable(redact(str(e), options))}", file=sys.stderr)
+        return 1

@@ -1,0 +1,551 @@
+"""Hostile stores for ``test_hostile_store``: how to craft them, and the child process that opens
+them under a memory limit.
+
+Crafting re-signs what it changes (crc32c, sha256, the attributes' digest), as anyone can: the
+checks under test are the ones no checksum makes, not the checksums themselves.
+
+``python -m tests.store.hostile_store_cases HONEST WORK SUITE BUDGET_MB SECONDS`` runs each case of
+SUITE on a copy of the honest store under WORK and prints one JSON line per case: what ``verify --deep``,
+``info``, the StoreReader (every tile and label) and, for JPEG stores, zarr-python made of it,
+how long that took, and any file outside the store that was opened. Memory beyond BUDGET_MB over
+the warmed-up process is refused by the kernel (RLIMIT_AS), so an allocation sized by a hostile
+number shows up as a MemoryError rather than a slow machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import resource
+import shutil
+import signal
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilefeed.store import format as fmt
+from tilefeed.store.attrs import attrs_digest
+from tilefeed.store.codec import COMPRESSORS, encode_jpeg
+from tilefeed.store.shard import ShardFile, ShardIndex, sha256_files
+
+Case = tuple[str, Callable[[Path], object]]
+
+
+# -- crafting ---------------------------------------------------------------------------------------
+def group(store: Path) -> dict[str, Any]:
+    return json.loads((store / "zarr.json").read_bytes())  # type: ignore[no-any-return]
+
+
+def attrs_of(store: Path) -> dict[str, Any]:
+    return group(store)["attributes"][fmt.ATTRS_KEY]  # type: ignore[no-any-return]
+
+
+def write_attrs(store: Path, attrs: dict[str, Any]) -> None:
+    """The group's attributes replaced, their digest recomputed."""
+    doc = group(store)
+    attrs = dict(attrs)
+    attrs["digest"] = attrs_digest(attrs)
+    doc["attributes"][fmt.ATTRS_KEY] = attrs
+    (store / "zarr.json").write_text(json.dumps(doc))
+
+
+def edit_attrs(store: Path, change: Callable[[dict[str, Any]], object]) -> None:
+    attrs = attrs_of(store)
+    change(attrs)
+    write_attrs(store, attrs)
+
+
+def write_array_doc(store: Path, name: str, document: bytes) -> None:
+    """An array's zarr.json replaced, the digest the attributes keep of it updated."""
+    (store / name / "zarr.json").write_bytes(document)
+    edit_attrs(store, lambda a: a["arrays"][name].update(
+        metadata_sha256=hashlib.sha256(document).hexdigest()))
+
+
+def edit_array_doc(store: Path, name: str, change: Callable[[dict[str, Any]], object]) -> None:
+    doc = json.loads((store / name / "zarr.json").read_bytes())
+    change(doc)
+    write_array_doc(store, name, json.dumps(doc).encode())
+
+
+def write_small_chunk(store: Path, name: str, index: int, payload: bytes) -> None:
+    """Chunk ``index`` of a small array replaced (crc32c appended), the array's sha256 updated."""
+    rec = attrs_of(store)["arrays"][name]
+    paths = fmt.small_chunk_paths(store, name, rec["length"], rec["chunk"], rec["ndim"])
+    paths[index].write_bytes(payload + fmt.crc_bytes(payload))
+    edit_attrs(store, lambda a: a["arrays"][name].update(sha256=sha256_files(paths)))
+
+
+def write_tile_chunk(store: Path, sample: int, payload: bytes) -> None:
+    """The chunk of ``sample`` replaced (crc32c appended) in a rebuilt shard, its size recorded."""
+    attrs = attrs_of(store)
+    per, shard = attrs["shard_size"], sample // attrs["shard_size"]
+    f = ShardFile(store, shard, per)
+    chunks = [bytes(f.chunk(i)) for i in range(len(f))]
+    f.close()
+    chunks[sample % per] = payload
+    parts = [c + fmt.crc_bytes(c) for c in chunks]
+    data = b"".join(parts) + ShardIndex.packed(per, [len(p) for p in parts]).encode()
+    fmt.shard_path(store, shard).write_bytes(data)
+    attrs["arrays"][fmt.IMAGES]["shard_bytes"][shard] = len(data)
+    write_attrs(store, attrs)
+
+
+def zstd_rle(size: int, declared: int | None = None) -> bytes:
+    """A zstd frame of ``size`` zero bytes as RLE blocks (4 bytes per 128 KiB): a 2 GiB one is
+    64 KiB. ``declared``: the content size its header states (default ``size``)."""
+    block = 128 << 10
+    # magic; single segment, a 4-byte content size; the size
+    head = b"\x28\xb5\x2f\xfd\xa0" + struct.pack("<I", size if declared is None else declared)
+    blocks = []
+    while size > 0:
+        n = min(block, size)
+        size -= n
+        blocks.append(((n << 3) | (1 << 1) | (size == 0)).to_bytes(3, "little") + b"\0")
+    return head + b"".join(blocks)
+
+
+def jpeg_with_size(jpeg: bytes, height: int, width: int) -> bytes:
+    """A JPEG whose SOF header declares another picture size (its data unchanged)."""
+    data = bytearray(jpeg)
+    at = next(i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] in (0xC0, 0xC1, 0xC2))
+    struct.pack_into(">HH", data, at + 5, height, width)
+    return bytes(data)
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+# -- the cases of the issue's table ------------------------------------------------------------------
+def _shards_huge(s: Path) -> None:
+    edit_attrs(s, lambda a: a.update(shards=10**12))
+
+
+def _labels_huge(s: Path) -> None:
+    edit_array_doc(s, fmt.LABELS, lambda d: (d.update(shape=[10**12]),
+                                             d["chunk_grid"]["configuration"].update(chunk_shape=[1])))
+    edit_attrs(s, lambda a: a["arrays"][fmt.LABELS].update(length=10**12, chunk=1, chunks=10**12))
+
+
+def _small_chunk_zero(s: Path) -> None:
+    edit_attrs(s, lambda a: a["arrays"][fmt.LABELS].update(chunk=0))
+
+
+def _deep_group(s: Path) -> None:
+    (s / "zarr.json").write_bytes(b'{"attributes": {"tilefeed": ' + nested(200_000) + b"}}")
+
+
+def _deep_array_doc(s: Path) -> None:
+    write_array_doc(s, fmt.LABELS, b'{"shape": ' + nested(200_000) + b"}")
+
+
+def _tile_side(side: int) -> Callable[[Path], None]:
+    def craft(s: Path) -> None:
+        edit_array_doc(s, fmt.IMAGES, lambda d: _retile(d, side))
+        edit_attrs(s, lambda a: a.update(tile=[side, side, 3]))
+    return craft
+
+
+def _retile(doc: dict[str, Any], side: int) -> None:
+    doc["shape"][1:3] = [side, side]
+    doc["chunk_grid"]["configuration"]["chunk_shape"][1:3] = [side, side]
+    doc["codecs"][0]["configuration"]["chunk_shape"][1:3] = [side, side]
+
+
+def _short_tile(codec: str) -> Callable[[Path], None]:
+    """Sample 3's chunk holds a frame of 16 bytes (a 16-pixel JPEG): valid, crc32c and all."""
+    def craft(s: Path) -> None:
+        small = np.arange(48, dtype=np.uint8)
+        payload = {"lz4": lambda: bytes(COMPRESSORS["lz4"].encode(small[:16])),
+                   "zstd": lambda: bytes(COMPRESSORS["zstd"].encode(small[:16])),
+                   "none": lambda: small[:16].tobytes(),
+                   "jpeg": lambda: encode_jpeg(np.zeros((4, 4, 3), np.uint8), 90)}[codec]()
+        write_tile_chunk(s, 3, payload)
+    return craft
+
+
+def _tile_bomb(codec: str) -> Callable[[Path], None]:
+    """Sample 3's chunk declares a huge picture: 2 GiB of lz4 or zstd, or a 65500x65500 JPEG."""
+    def craft(s: Path) -> None:
+        f = ShardFile(s, 0, attrs_of(s)["shard_size"])
+        honest = bytes(f.chunk(3))
+        f.close()
+        if codec == "jpeg":
+            payload = jpeg_with_size(honest, 65500, 65500)
+        elif codec == "lz4":  # the header of a blosc frame says 2 GiB
+            payload = honest[:4] + struct.pack("<I", 2 << 30) + honest[8:]
+        else:
+            payload = zstd_rle(2 << 30)
+        write_tile_chunk(s, 3, payload)
+    return craft
+
+
+def _labels_bomb(s: Path) -> None:
+    write_small_chunk(s, fmt.LABELS, 0, zstd_rle(2 << 30))
+
+
+def _labels_overfull(s: Path) -> None:
+    """A frame that says the chunk's size but holds 64 KiB more."""
+    expected = attrs_of(s)["arrays"][fmt.LABELS]["length"] * 8
+    write_small_chunk(s, fmt.LABELS, 0, zstd_rle(expected + (64 << 10), declared=expected))
+
+
+def _escape(name: str) -> Callable[[Path], None]:
+    """An array named by a path that leads out of the store, to a copy of ``sources`` there."""
+    def craft(s: Path) -> None:
+        target = s / name
+        if not target.exists():
+            shutil.copytree(s / fmt.SOURCES, target)
+        edit_attrs(s, lambda a: a["arrays"].update({name: a["arrays"][fmt.SOURCES]}))
+    return craft
+
+
+def _linked_chunk(s: Path) -> None:
+    """labels/c/0 a link to a copy of itself outside the store: right bytes, wrong place."""
+    chunk = s / fmt.LABELS / "c" / "0"
+    outside = s.parent / "outside" / "labels-chunk"
+    outside.write_bytes(chunk.read_bytes())
+    chunk.unlink()
+    chunk.symlink_to(outside)
+
+
+def _linked_group(s: Path) -> None:
+    """zarr.json a link to a copy of itself outside the store."""
+    outside = s.parent / "outside" / "zarr.json"
+    outside.write_bytes((s / "zarr.json").read_bytes())
+    (s / "zarr.json").unlink()
+    (s / "zarr.json").symlink_to(outside)
+
+
+def _piped_group(s: Path) -> None:
+    """zarr.json a named pipe no one writes to: opening it to read would wait forever."""
+    (s / "zarr.json").unlink()
+    os.mkfifo(s / "zarr.json")
+
+
+def row_cases(codec: str) -> list[Case]:
+    outside = "../outside/elsewhere"
+    cases: list[Case] = [
+        ("shards 10**12", _shards_huge),
+        ("labels length 10**12, chunk 1", _labels_huge),
+        ("labels chunk 0", _small_chunk_zero),
+        ("shard_size 0", lambda s: edit_attrs(s, lambda a: a.update(shard_size=0))),
+        ('shards "3"', lambda s: edit_attrs(s, lambda a: a.update(shards=str(a["shards"])))),
+        ("group zarr.json 200,000 deep", _deep_group),
+        ("labels zarr.json 200,000 deep", _deep_array_doc),
+        ("tile 100000", _tile_side(100_000)),
+        ("tile 8192", _tile_side(8192)),
+        ("short tile chunk", _short_tile(codec)),
+        ("tile chunk bomb", _tile_bomb(codec)),
+        ("labels zstd bomb", _labels_bomb),
+        ("labels frame overfull", _labels_overfull),
+        ("array name ../", _escape(outside)),
+        ("array name absolute", lambda s: _escape(str(s.parent / "outside" / "elsewhere"))(s)),
+        ("labels chunk links outside", _linked_chunk),
+        ("group zarr.json links outside", _linked_group),
+        ("group zarr.json a pipe", _piped_group),
+    ]
+    return cases
+
+
+# -- the property: every attribute field, every chunk --------------------------------------------------
+def leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The path of every field in the attributes, containers included."""
+    if path:
+        yield path
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from leaves(child, (*path, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value[:3]):  # three entries of a list stand for the rest
+            yield from leaves(child, (*path, i))
+
+
+def mutations(value: Any) -> list[tuple[str, Any]]:
+    """Another type, the other sign or zero, a huge size, deep nesting."""
+    out: list[tuple[str, Any]] = [("null", None), ("nested", json.loads(nested(40)))]
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        out += [("number", 7), ("string", "x")]
+    elif isinstance(value, int):
+        out += [("string", str(value)), ("negative", -value - 1), ("zero", 0), ("huge", 10**12)]
+    elif isinstance(value, str):
+        out += [("number", 7), ("long", "x" * 100_000), ("path", "../" * 20 + "etc")]
+    elif isinstance(value, list):
+        out += [("object", {"x": 1}), ("empty", []), ("long", [value[0] if value else 0] * 100_000)]
+    else:
+        out += [("list", [1]), ("empty", {})]
+    return out
+
+
+def _set(attrs: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    target: Any = attrs
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+
+def field_cases(honest: Path) -> list[Case]:
+    attrs = attrs_of(honest)
+    cases: list[Case] = []
+    for path in leaves({k: v for k, v in attrs.items() if k != "digest"}):
+        current: Any = attrs
+        for key in path:
+            current = current[key]
+        for kind, value in mutations(current):
+            def craft(s: Path, path: tuple[Any, ...] = path, value: Any = value) -> None:
+                edit_attrs(s, lambda a: _set(a, path, copy.deepcopy(value)))
+            cases.append((f"{'.'.join(map(str, path))} {kind}", craft))
+    return cases
+
+
+def chunk_files(store: Path) -> list[Path]:
+    return sorted(p for p in store.rglob("*") if p.is_file() and p.name != "zarr.json")
+
+
+def byte_cases(honest: Path) -> list[Case]:
+    """Each chunk and shard file: a byte flipped at the start, middle and end of every tile's
+    chunk and of the index, then cut short and grown, checksums left as written."""
+    cases: list[Case] = []
+    for path in chunk_files(honest):
+        rel, size = path.relative_to(honest), path.stat().st_size
+        positions = {0, size // 2, size - 1}
+        if rel.parts[0] == fmt.IMAGES:
+            f = ShardFile(honest, int(rel.parts[2]), attrs_of(honest)["shard_size"])
+            positions |= {int(o) for o, n in f.index.table[: len(f)]}
+            positions |= {int(o + n) - 1 for o, n in f.index.table[: len(f)]}
+            f.close()
+        cases += [(f"{rel} flip {at}", _damage(rel, "flip", at)) for at in sorted(positions)]
+        cases += [(f"{rel} cut", _damage(rel, "cut", 5)), (f"{rel} grown", _damage(rel, "grow", 1))]
+    return cases
+
+
+def _damage(rel: Path, how: str, at: int) -> Callable[[Path], None]:
+    """Byte ``at`` flipped, ``at`` bytes cut off the end, or ``at`` zero bytes added to it."""
+    def craft(s: Path) -> None:
+        data = bytearray((s / rel).read_bytes())
+        if how == "flip":
+            data[at] ^= 0x10
+        elif how == "cut":
+            del data[-at:]
+        else:
+            data += bytes(at)
+        (s / rel).write_bytes(bytes(data))
+    return craft
+
+
+# -- the child process ---------------------------------------------------------------------------------
+def _one_line(e: BaseException) -> tuple[str, str]:
+    from tilefeed.store.errors import TilefeedError
+
+    text = str(e)
+    if isinstance(e, TilefeedError):
+        return ("refused" if "\n" not in text else "multi-line"), text
+    return "crash", f"{type(e).__name__}: {text[:300]}"
+
+
+def _verify(store: Path) -> tuple[str, str]:
+    from tilefeed.store.inspection import verify
+
+    try:
+        problems = verify(store, deep=True)
+    except Exception as e:  # noqa: BLE001 - classified
+        return _one_line(e)
+    if any("\n" in p for p in problems):
+        return "multi-line", problems[0]
+    return ("refused", problems[0]) if problems else ("sound", "")
+
+
+def _info(store: Path) -> tuple[str, str]:
+    from tilefeed.store.inspection import info
+
+    try:
+        info(store)
+    except Exception as e:  # noqa: BLE001
+        return _one_line(e)
+    return "ok", ""
+
+
+def _read(store: Path, tiles: np.ndarray, labels: np.ndarray) -> tuple[str, str]:
+    from tilefeed.pipeline import StoreReader
+
+    try:
+        with StoreReader(store) as reader:
+            if reader.labels.shape != labels.shape or (reader.labels != labels).any():
+                return "wrong", "labels"
+            for i in range(len(tiles)):
+                if (reader.read(i) != tiles[i]).any():
+                    return "wrong", f"sample {i}"
+            if len(reader) != len(tiles):
+                return "wrong", f"{len(reader)} samples"
+    except Exception as e:  # noqa: BLE001
+        return _one_line(e)
+    return "honest", ""
+
+
+def _zarr(store: Path, tiles: np.ndarray) -> tuple[str, str]:
+    """zarr-python's own read of the tiles (only JPEG tiles decode through tilefeed's codec)."""
+    import zarr
+
+    try:
+        images = zarr.open_array(str(store / fmt.IMAGES), mode="r")
+        for i in range(len(tiles)):
+            if (np.asarray(images[i]) != tiles[i]).any():
+                return "wrong", f"sample {i}"
+    except MemoryError as e:
+        return "crash", f"MemoryError: {e}"
+    except Exception as e:  # noqa: BLE001 - any refusal but running out of memory is one
+        return "refused", f"{type(e).__name__}: {str(e)[:200]}"
+    return "honest", ""
+
+
+class _Watch:
+    """Files opened outside the store (links resolved), under the folder the cases live in."""
+
+    def __init__(self, base: Path) -> None:
+        self.base, self.store, self.seen = os.path.realpath(base) + os.sep, "", set[str]()
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple[Any, ...]) -> None:
+        if event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], str | Path):
+            path = os.path.realpath(args[0]) + os.sep
+            if path.startswith(self.base) and self.store and not path.startswith(self.store):
+                self.seen.add(path)
+
+
+class _Late(BaseException):
+    """Out of time: not an Exception, so no handler under test takes it for a finding."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Late("out of time")
+
+
+# -- ledgers -----------------------------------------------------------------------------------------
+def _ledger(root: Path, population: list[int], ids: list[int], header: dict[str, Any] | None = None) -> None:
+    from tilefeed.pipeline.audit.ledger import POPULATION, _pack
+
+    (root / "epoch-000000").mkdir(parents=True)
+    (root / POPULATION).write_bytes(_pack(np.array(population, dtype=np.int64)))
+    meta = header or {"epoch": 0, "rank": 0, "run": "r", "world_size": 1, "batch_size": 2,
+                      "drop_last": False, "complete": True, "delivered": len(ids)}
+    head = json.dumps(meta).encode()
+    packed = _pack(np.array(ids, dtype=np.int64))
+    (root / "epoch-000000" / "r-rank00000.ledger").write_bytes(len(head).to_bytes(4, "little") + head + packed)
+
+
+def _counted(root: Path, count: bytes, ids: list[int]) -> None:
+    """A ledger of a whole store: its population is a sample count (``population.json``)."""
+    from tilefeed.pipeline.audit.ledger import COUNT, POPULATION
+
+    _ledger(root, [0], ids)
+    (root / POPULATION).unlink()
+    (root / COUNT).write_bytes(count)
+
+
+def ledger_cases() -> list[Case]:
+    import zlib
+
+    from tilefeed.pipeline.audit.ledger import MAX_IDS
+
+    deflate, zeros = zlib.compressobj(1), bytes(1 << 20)  # zero deltas past the cap, in a megabyte
+    bomb = b"".join(deflate.compress(zeros) for _ in range((MAX_IDS * 4 >> 20) + 1)) + deflate.flush() + b"I"
+    return [
+        ("population holds id 10**12", lambda r: _ledger(r, [0, 10**12], [0])),
+        ("record holds id 10**12", lambda r: _ledger(r, [0, 1], [0, 10**12])),
+        ("record holds an id outside the population", lambda r: _ledger(r, [0, 1, 5], [0, 3])),
+        ("world size 10**12", lambda r: _ledger(r, [0, 1], [0], {
+            "epoch": 0, "rank": 0, "run": "r", "world_size": 10**12, "batch_size": 1,
+            "drop_last": False, "complete": True, "delivered": 1})),
+        ("population a zlib bomb", lambda r: _bombed(r, bomb)),
+        ("population a count of 10**12", lambda r: _counted(r, b'{"samples": 1000000000000}', [0])),
+        ("record past the population count", lambda r: _counted(r, b'{"samples": 2}', [0, 2])),
+        ("population count not a count", lambda r: _counted(r, b'{"samples": -1}', [0])),
+        ("population count a megabyte of JSON", lambda r: _counted(r, b"[" * (1 << 20), [0])),
+    ]
+
+
+def _bombed(root: Path, population: bytes) -> None:
+    _ledger(root, [0], [0])
+    (root / "population.npz").write_bytes(population)
+
+
+def _audit(root: Path) -> tuple[str, str]:
+    from tilefeed.pipeline.audit.ledger import audit
+
+    try:
+        epochs = audit(root)
+    except Exception as e:  # noqa: BLE001
+        return _one_line(e)
+    return "ok", " ".join(f"once={e.once} twice={e.twice} never={e.never}" for e in epochs)
+
+
+def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) -> None:
+    from tilefeed.pipeline import StoreReader
+
+    with StoreReader(honest) as reader:  # the honest pixels and labels, and every module warmed up
+        tiles = np.stack([reader.read(i) for i in range(len(reader))])
+        labels = reader.labels.copy()
+        jpeg = reader.codec.name == "jpeg"
+    _verify(honest), _info(honest), _zarr(honest, tiles) if jpeg else None
+    cases = {"rows": lambda: row_cases(attrs_of(honest)["codec"]), "fields": lambda: field_cases(honest),
+             "bytes": lambda: byte_cases(honest), "ledger": ledger_cases}[suite]()
+    (work / "outside").mkdir(parents=True, exist_ok=True)
+    watch = _Watch(work)
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) for line in f if line.startswith("VmSize")) * 1024
+    limit = size + (budget_mb << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    signal.signal(signal.SIGALRM, _alarm)
+    for n, (name, craft) in enumerate(cases):
+        store = _fresh(honest, work, suite, n)
+        craft(store)
+        watch.store, watch.seen = os.path.realpath(store) + os.sep, set()
+        started = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            if suite == "ledger":
+                result: dict[str, Any] = {"case": name, "audit": _audit(store)}
+            else:
+                result = {"case": name, "verify": _verify(store), "info": _info(store),
+                          "reader": _read(store, tiles, labels)}
+            if jpeg and suite != "ledger":
+                result["zarr"] = _zarr(store, tiles)
+        except _Late:
+            result = {"case": name, "late": True}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        watch.store = ""
+        result.update(seconds=time.perf_counter() - started, outside=sorted(watch.seen))
+        print(json.dumps(result), flush=True)
+
+
+def _fresh(honest: Path, work: Path, suite: str, n: int) -> Path:
+    """A copy of the honest store for case ``n``. The property's cases each change one file in
+    place, so one copy serves them all, its files put back as they were (copying a tree per case
+    costs more than the case)."""
+    if suite in ("rows", "ledger"):
+        store = work / f"case-{n}"
+        store.mkdir() if suite == "ledger" else shutil.copytree(honest, store)
+        return store
+    store = work / "case"
+    if not store.exists():
+        shutil.copytree(honest, store)
+    for path in honest.rglob("*"):
+        if path.is_file():
+            copy = store / path.relative_to(honest)
+            data = path.read_bytes()
+            if copy.read_bytes() != data:
+                copy.write_bytes(data)
+    return store
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))

@@ -1,0 +1,222 @@
+"""Stores from elsewhere, crafted to hurt (``tests.store.hostile_store_cases`` makes them): each is
+refused in one line, within seconds and a memory budget, touching no file outside the store, and
+no reader ever serves a pixel or label the honest store does not hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numcodecs import Zstd
+
+from tilefeed.store import format as fmt
+from tilefeed.store.codec import COMPRESSORS, TileCodec, decode_jpeg, encode_jpeg, zstd_content_size
+from tilefeed.store.shard import ShardFile, ShardIndex, read_tiles_into
+from tilefeed.store.shard import chunks as shard_chunks
+from tilefeed.store.errors import CorruptChunkError, TileDecodeError
+from tests.helpers import make_store
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS_BUDGET_MB, ROWS_SECONDS = 1024, 60  # the issue's bound for each of its rows
+FIELDS_BUDGET_MB, FIELDS_SECONDS = 512, 5  # and for each mutation of the property
+
+# What each row's refusal names: the field, the file, or the sample (any one of them).
+NAMED = {
+    "shards 10**12": ["'shards'"],
+    "labels length 10**12, chunk 1": ["'arrays.labels.length'"],
+    "labels chunk 0": ["'arrays.labels.chunk'"],
+    "shard_size 0": ["'shard_size'"],
+    'shards "3"': ["'shards'"],
+    "group zarr.json 200,000 deep": ["zarr.json: nested deeper"],
+    "labels zarr.json 200,000 deep": ["labels/zarr.json: nested deeper"],
+    "tile 100000": ["'tile'"],
+    "tile 8192": ["sample 0", "'arrays.images.shard_bytes'"],
+    "short tile chunk": ["sample 3", "'arrays.images.shard_bytes'"],
+    "tile chunk bomb": ["sample 3", "'arrays.images.shard_bytes'"],
+    "labels zstd bomb": ["labels/c/0"],
+    "labels frame overfull": ["labels/c/0"],
+    "array name ../": ["'arrays' names"],
+    "array name absolute": ["'arrays' names"],
+    "labels chunk links outside": ["labels/c/0: lies outside the store"],
+    "group zarr.json links outside": ["zarr.json: lies outside the store"],
+    "group zarr.json a pipe": ["not a tilefeed store"],
+}
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("honest")
+    return {codec: make_store(root / codec, codec) for codec in fmt.CODECS}
+
+
+def run_cases(store: Path, work: Path, suite: str, budget_mb: int, seconds: float) -> list[dict[str, Any]]:
+    """The cases of ``suite`` in a child process under the memory budget (see
+    ``tests.store.hostile_store_cases``)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.store.hostile_store_cases", str(store), str(work), suite,
+         str(budget_mb), str(seconds)],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={**os.environ, "MALLOC_ARENA_MAX": "2"})  # thread arenas would count against the budget
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert results, done.stdout[-2000:]
+    return results
+
+
+def _bounded(r: dict[str, Any], seconds: float) -> None:
+    assert not r.get("late") and r["seconds"] < seconds, r
+    assert r["outside"] == [], r  # no file outside the store was opened
+
+
+@pytest.mark.parametrize("codec", fmt.CODECS)
+def test_every_row_of_the_table_is_refused_in_one_line(honest: dict[str, Path], tmp_path: Path,
+                                                        codec: str) -> None:
+    results = run_cases(honest[codec], tmp_path, "rows", ROWS_BUDGET_MB, ROWS_SECONDS)
+    assert [r["case"] for r in results] == list(NAMED)
+    for r in results:
+        _bounded(r, ROWS_SECONDS)
+        for reader in ("verify", "reader"):
+            outcome, message = r[reader]
+            assert outcome == "refused", (r["case"], reader, r[reader])  # not a crash, not served
+            assert any(name in message for name in NAMED[r["case"]]), (r["case"], reader, message)
+        assert r["info"][0] in ("refused", "ok"), r  # info reads the attributes only
+        if codec == "jpeg" and r["case"] in ("short tile chunk", "tile chunk bomb"):
+            assert r["zarr"][0] == "refused", r  # zarr-python through tilefeed.jpeg: no 10 GiB ask
+
+
+# What ``tilefeed audit`` makes of each hostile ledger: refused, or answered without a table or a
+# set sized by the largest id or the world size a file states.
+LEDGER = {
+    "population holds id 10**12": ["ok", "once=1 twice=0 never=1"],  # a sparse subset is valid
+    "record holds id 10**12": ["refused", "not in the population"],
+    "record holds an id outside the population": ["refused", "not in the population"],
+    "world size 10**12": ["ok", "once=1 twice=0 never=1"],  # one rank of many: not complete
+    "population a zlib bomb": ["refused", "holds more than"],
+    # a whole store's ledger states only a count: nothing is sized by it
+    "population a count of 10**12": ["ok", "once=1 twice=0 never=999999999999"],
+    "record past the population count": ["refused", "not in the population"],
+    "population count not a count": ["refused", "not a sample count"],
+    "population count a megabyte of JSON": ["refused", "not a sample count"],
+}
+
+
+def test_the_ledger_rows_are_answered_or_refused_in_one_line(honest: dict[str, Path], tmp_path: Path) -> None:
+    results = run_cases(honest["lz4"], tmp_path, "ledger", ROWS_BUDGET_MB, ROWS_SECONDS)
+    assert [r["case"] for r in results] == list(LEDGER)
+    for r in results:
+        _bounded(r, ROWS_SECONDS)
+        outcome, text = LEDGER[r["case"]]
+        assert r["audit"][0] == outcome and text in r["audit"][1], r
+
+
+def _honest_or_refused(r: dict[str, Any]) -> None:
+    _bounded(r, FIELDS_SECONDS)
+    assert r["verify"][0] in ("refused", "sound"), r
+    assert r["info"][0] in ("refused", "ok"), r
+    assert r["reader"][0] in ("refused", "honest"), r
+    if r["verify"][0] == "sound":
+        assert r["reader"][0] == "honest", r
+
+
+def test_every_attribute_field_mutated_is_refused_or_read_honestly(honest: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    """Each field of the attributes (every entry of the short lists, three of the long ones) as
+    another type, negated, zero, huge, long, or nested deep, its digest recomputed."""
+    results = run_cases(honest["lz4"], tmp_path, "fields", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+    fields = {r["case"].rsplit(" ", 1)[0] for r in results}
+    assert {"samples", "shards", "shard_size", "tile.0", "arrays.labels.chunk",
+            "arrays.images.shard_bytes.0", "classes"} <= fields
+    assert sum(r["reader"][0] == "refused" for r in results) > len(results) // 2
+
+
+def test_every_chunk_damaged_is_refused_or_read_honestly(honest: dict[str, Path], tmp_path: Path) -> None:
+    """A byte flipped at the start, the end and each tile's boundaries of every shard and array
+    chunk, and each file cut short and grown."""
+    results = run_cases(honest["lz4"], tmp_path, "bytes", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+        assert r["verify"][0] == "refused", r  # every change to a chunk is found
+
+
+# -- the decoded-size checks, one codec at a time --------------------------------------------------
+@pytest.mark.parametrize("size", [0, 16, 255, 256, 300, 65_791, 70_000, 3 * 224 * 224])
+def test_the_zstd_header_gives_the_content_size_numcodecs_wrote(size: int) -> None:
+    frame = bytes(Zstd(level=3).encode(np.arange(size, dtype=np.uint8)))
+    assert zstd_content_size(frame) == size
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd", "none"])
+@pytest.mark.parametrize("tiles", [0.5, 2])
+def test_a_chunk_of_another_size_is_refused_before_decoding(codec: str, tiles: float) -> None:
+    tc = TileCodec(codec, 16)
+    wrong = np.zeros(int(tc.nbytes * tiles), dtype=np.uint8)
+    payload = {"lz4": lambda: bytes(COMPRESSORS["lz4"].encode(wrong)),
+               "zstd": lambda: bytes(COMPRESSORS["zstd"].encode(wrong)),
+               "none": lambda: wrong.tobytes()}[codec]()
+    out = np.full(tc.shape, 7, dtype=np.uint8)
+    with pytest.raises(TileDecodeError, match=f"{codec} chunk: declares {wrong.size} decoded bytes"):
+        tc.decode(payload, out)
+    assert (out == 7).all()  # nothing written: no part of a tile is left over from another sample
+
+
+def test_a_shard_names_the_sample_whose_chunk_is_short(tmp_path: Path) -> None:
+    tc = TileCodec("lz4", 16)
+    short = bytes(COMPRESSORS["lz4"].encode(np.ones(16, np.uint8)))  # valid lz4, its crc32c right
+    chunks = [tc.encode(np.ones(tc.shape, np.uint8)), short + fmt.crc_bytes(short)]
+    path = fmt.shard_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"".join(chunks) + ShardIndex.packed(2, [len(c) for c in chunks]).encode())
+    f = ShardFile(tmp_path, 0, 2)
+    out = np.empty(tc.shape, np.uint8)
+    f.read_into(0, tc, out)
+    with pytest.raises(CorruptChunkError, match=r"0/0/0/0: sample 1: declares 16 decoded bytes, the tile"):
+        f.read_into(1, tc, out)
+    f.close()
+
+
+
+@pytest.mark.parametrize(("codec", "side"), [("none", 16), ("lz4", 16), ("jpeg", 16), ("lz4", 64)])
+def test_a_batch_reads_as_its_tiles_one_by_one_and_names_a_bad_one(tmp_path: Path, codec: str,
+                                                                   side: int) -> None:
+    """Small chunks are gathered before decoding, large ones (64 px of noise) read in place."""
+    tc = TileCodec(codec, side)
+    rng = np.random.default_rng(0)
+    tiles = [rng.integers(0, 256, tc.shape, dtype=np.uint8) for _ in range(3)]
+    chunks = [tc.encode(t) for t in tiles]
+    path = fmt.shard_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    index = ShardIndex.packed(4, [len(c) for c in chunks])
+    index.table[3] = (len(b"".join(chunks)) - 4, 8)  # reaches past the data into the index
+    path.write_bytes(b"".join(chunks) + index.encode())
+    f = ShardFile(tmp_path, 0, 4)
+    local, rows = [2, 0, 1, 0], [3, 1, 0, 2]
+    batch = np.zeros((4, *tc.shape), np.uint8)
+    read_tiles_into([f] * 4, local, tc, batch, rows)
+    for i, k in zip(local, rows, strict=True):
+        one = np.empty(tc.shape, np.uint8)
+        f.read_into(i, tc, one)
+        np.testing.assert_array_equal(batch[k], one)
+    assert [bytes(c) for c in shard_chunks([f] * 3, [0, 1, 2])] == [c[:-4] for c in chunks]
+    with pytest.raises(CorruptChunkError, match=r"sample 3: index entry \(\d+, 8\) is invalid"):
+        read_tiles_into([f] * 2, [0, 3], tc, batch, range(2))
+    crc_flipped = bytearray(path.read_bytes())
+    crc_flipped[len(chunks[0]) - 1] ^= 1  # the first tile's crc32c
+    path.write_bytes(bytes(crc_flipped))
+    f = ShardFile(tmp_path, 0, 4)
+    with pytest.raises(CorruptChunkError, match="sample 0: chunk crc32c mismatch"):
+        read_tiles_into([f] * 2, [1, 0], tc, batch, range(2))
+
+def test_a_huge_jpeg_is_refused_from_its_header_without_a_buffer() -> None:
+    from tests.store.hostile_store_cases import jpeg_with_size
+
+    jpeg = encode_jpeg(np.zeros((16, 16, 3), np.uint8), 90)
+    with pytest.raises(TileDecodeError, match="65500x65500 picture"):
+        decode_jpeg(jpeg_with_size(jpeg, 65500, 65500))
