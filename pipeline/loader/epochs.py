@@ -1,6 +1,8 @@
-"""Which samples one rank hands over in an epoch, at which size: its share of the epoch's order
-(``Shares``, kept for the epochs around the one being read), the plan of an epoch that may
-continue a loaded state (``plan_epoch``), and where an epoch stands for a saved state."""
+"""The Loader's epochs, with one owner (``EpochState``): which epoch comes next, the one being
+iterated, a loaded state not yet iterated, the output size each takes, and where an epoch stands
+for a saved state. Beneath it, which samples one rank hands over in an epoch: its share of the
+epoch's order (``Shares``, kept for the epochs around the one being read), and the plan of an
+epoch that may continue a loaded state (``plan_epoch``)."""
 
 from __future__ import annotations
 
@@ -92,23 +94,99 @@ def plan_epoch(shares: Shares, epoch: int, size: int, resume: list[Segment] | No
     return OpenEpoch(epoch, size, prior, shares.get(epoch, after), batches, batches, shares.keys(epoch, after))
 
 
-def starting_size(schedule: int | Schedule, fixed: int | None, resume: Loaded | None, epoch: int) -> int:
-    """The size ``epoch`` takes when it starts (or resumes) now: a loaded state's begun epoch
-    keeps its own; any other takes set_size()'s (``fixed``), else the schedule's."""
-    if resume is not None and resume.epoch == epoch and resume.size is not None:
-        return resume.size
-    if fixed is not None:
-        return fixed
-    return check_size(schedule(epoch), f"size({epoch})") if callable(schedule) else schedule
+class EpochState:
+    """Where the Loader's epochs stand, and the size each takes.
 
+    It holds the number of the epoch the next ``iter()`` begins (``next``), the epoch being
+    iterated (``open``, until it ends), a loaded state not yet iterated (``resume``), the size
+    schedule the Loader was made with and ``set_size``'s size (``fixed``). Every question about
+    an epoch (its plan, its size, where a state saved now would stand) is asked here.
 
-def progress(settings: LoaderSettings, open_epoch: OpenEpoch | None, resume: Loaded | None,
-             epoch: int) -> tuple[int, list[Segment]]:
-    """The epoch a state saved now is in, and its stretches so far: the one being iterated,
-    else a loaded state's not yet iterated, else the next ``epoch`` with nothing handed over."""
-    if open_epoch is not None:
-        return open_epoch.epoch, [*open_epoch.prior, Segment(settings.world_size, settings.batch_size,
-                                                             settings.drop_last, open_epoch.batches)]
-    if resume is not None:
-        return resume.epoch, resume.segments
-    return epoch, []
+    Parameters
+    ----------
+    shares : Shares
+        This rank's samples of each epoch.
+    schedule : int or Schedule
+        The output side of every epoch, or a function of the epoch giving it.
+    """
+
+    def __init__(self, shares: Shares, schedule: int | Schedule) -> None:
+        self.shares, self.schedule = shares, schedule
+        self.fixed: int | None = None  # set_size(): every epoch not yet begun, schedule or not
+        self.next = 0  # the epoch the next iter() begins
+        self.open: OpenEpoch | None = None  # the epoch being iterated
+        self.resume: Loaded | None = None  # a loaded state not yet iterated
+
+    @property
+    def largest(self) -> int:
+        """The largest size the schedule can ask for (0 where a plain function cannot say)."""
+        largest = getattr(self.schedule, "largest", self.schedule)  # ramp(): its max_res
+        return largest if isinstance(largest, int) else 0
+
+    @property
+    def current(self) -> int:
+        """The epoch being iterated, else the one the next ``iter()`` begins."""
+        return self.open.epoch if self.open is not None else self.next
+
+    def size_of(self, epoch: int) -> int:
+        """The output side of ``epoch``: the epoch being iterated keeps the size it began with (a
+        loaded state's too); any other takes ``set_size``'s, else the schedule's."""
+        if self.open is not None and self.open.epoch == epoch:
+            return self.open.size
+        return self._starting_size(epoch)
+
+    def set_size(self, size: int | None) -> None:
+        """``size`` for every epoch not yet begun; ``None`` returns to the schedule."""
+        self.fixed = None if size is None else check_size(size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next ``iter()`` begins: a loaded state's epoch keeps its position, any
+        other starts fresh."""
+        self.next = epoch
+        if self.resume is not None and self.resume.epoch != epoch:
+            self.resume = None
+
+    def plan(self, epoch: int) -> OpenEpoch:
+        """This rank's part of ``epoch`` as it would begin now: continuing a loaded state when it
+        is in this epoch, else fresh."""
+        resume = self.resume.segments if self.resume is not None and self.resume.epoch == epoch else None
+        return plan_epoch(self.shares, epoch, self._starting_size(epoch), resume)
+
+    def _starting_size(self, epoch: int) -> int:
+        """The size ``epoch`` takes when it starts (or resumes) now: a loaded state's begun epoch
+        keeps its own; any other takes set_size()'s, else the schedule's."""
+        if self.resume is not None and self.resume.epoch == epoch and self.resume.size is not None:
+            return self.resume.size
+        if self.fixed is not None:
+            return self.fixed
+        return check_size(self.schedule(epoch), f"size({epoch})") if callable(self.schedule) else self.schedule
+
+    def begin(self) -> OpenEpoch:
+        """Open the next epoch for iterating; the one after it comes next."""
+        plan = self.open = self.plan(self.next)
+        self.next, self.resume = plan.epoch + 1, None
+        return plan
+
+    def end(self) -> None:
+        """The open epoch was iterated to its end."""
+        self.open = None
+
+    def next_indices(self) -> np.ndarray:
+        """The samples the next ``iter()`` yields on this rank, in order (read-only)."""
+        plan = self.plan(self.next)
+        return plan.indices[plan.batches * self.shares.settings.batch_size :]
+
+    def progress(self) -> tuple[int, list[Segment]]:
+        """The epoch a state saved now is in, and its stretches so far: the one being iterated,
+        else a loaded state's not yet iterated, else the next epoch with nothing handed over."""
+        s = self.shares.settings
+        if self.open is not None:
+            return self.open.epoch, [*self.open.prior, Segment(s.world_size, s.batch_size, s.drop_last,
+                                                               self.open.batches)]
+        if self.resume is not None:
+            return self.resume.epoch, self.resume.segments
+        return self.next, []
+
+    def load(self, loaded: Loaded) -> None:
+        """Continue from a loaded state: its epoch comes next, at its size."""
+        self.resume, self.fixed, self.next, self.open = loaded, loaded.fixed, loaded.epoch, None

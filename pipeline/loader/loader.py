@@ -1,8 +1,9 @@
 """``Loader``: the drop-in for a torch DataLoader over a tilefeed store, built on DALI.
 
 The class's docstring documents every parameter with its trade-off (as FFCV's Loader does). The
-options are checked in ``pipeline.options``, epochs planned in ``pipeline.epochs``, the resume
-state written and read in ``pipeline.resume``; order, crops, the graph and its pool live apart.
+options are checked in ``pipeline.settings``, where the epochs stand is ``loader.epochs``'s
+``EpochState``, the resume state is written and read in ``loader.resume``; the order, crops, the
+graph and its pool live in their own rooms.
 """
 
 from __future__ import annotations
@@ -13,30 +14,55 @@ import weakref
 from collections.abc import Iterator
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 import torch
 
 from tilefeed.pipeline.engine import graph_pool as pool
 from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
-from tilefeed.pipeline.loader.dataloader_face import DataLoaderFace
+from tilefeed.pipeline.loader.dataloader_face import EpochSampler, dataset_of
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
-from tilefeed.pipeline.loader.epochs import OpenEpoch, Shares, plan_epoch, progress, starting_size
+from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
 from tilefeed.pipeline.settings import LoaderSettings, check_int, require_dali
 from tilefeed.pipeline.planning.order import batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
-from tilefeed.pipeline.loader.resume import Loaded, identity, load, saved
-from tilefeed.pipeline.planning.sizes import Schedule, check_size
+from tilefeed.pipeline.loader.resume import identity, load, saved
+from tilefeed.pipeline.planning.sizes import Schedule
 from tilefeed.pipeline.engine.batch_source import Epoch
 from tilefeed.pipeline.stats import LoaderStats, Recorder
 from tilefeed.store.errors import ConfigError
 
+T = TypeVar("T")
 
-class Loader(DataLoaderFace):
+
+class Setting(Generic[T]):
+    """A Loader attribute read from its checked settings, the one copy of them; fixed once the
+    Loader is made (as DataLoader refuses a new ``batch_size`` after it is made)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, loader: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, loader: Loader, owner: type) -> T: ...
+
+    def __get__(self, loader: Loader | None, owner: type) -> Setting[T] | T:
+        if loader is None:
+            return self
+        value: T = getattr(loader.settings, self.name)
+        return value
+
+    def __set__(self, loader: Loader, value: object) -> None:
+        raise AttributeError(f"{self.name} is fixed when the Loader is made: make another Loader")
+
+
+class Loader:
     """Batches of ``(images, labels)`` torch tensors on the training device, epoch after epoch.
 
     Swaps in for ``torch.utils.data.DataLoader(dataset, batch_size, shuffle=..., num_workers=...,
@@ -127,7 +153,23 @@ class Loader(DataLoaderFace):
         Time each stage of every batch for ``stats()`` (``tilefeed bench stats``); False: no clocks.
     """
 
-    def __init__(  # long mostly for its keyword list, one per line: DataLoader's options and tilefeed's
+    batch_size: Setting[int] = Setting()
+    shuffle: Setting[str] = Setting()
+    seed: Setting[int] = Setting()
+    drop_last: Setting[bool] = Setting()
+    rank: Setting[int] = Setting()
+    world_size: Setting[int] = Setting()
+    device: Setting[torch.device] = Setting()
+    dtype: Setting[torch.dtype] = Setting()
+    layout: Setting[str] = Setting()
+    with_index: Setting[bool] = Setting()
+    workers: Setting[int] = Setting()
+    prefetch: Setting[int] = Setting()
+    shuffle_window: Setting[int] = Setting()
+    pin_memory: Setting[bool] = Setting()
+    persistent_workers: Setting[bool] = Setting()
+
+    def __init__(  # one keyword a line: DataLoader's options, then tilefeed's
         self,
         store: str | Path | StoreReader | Mix,
         batch_size: int,
@@ -176,11 +218,6 @@ class Loader(DataLoaderFace):
             shuffle_window=shuffle_window, storage_options=storage_options, cache_dir=cache_dir,
             cache_limit=cache_limit, fast_idct=fast_idct, scaled_decode=scaled_decode, stats=stats,
             **dataloader_options)
-        self.batch_size, self.shuffle, self.seed, self.drop_last = s.batch_size, s.shuffle, s.seed, s.drop_last
-        self.rank, self.world_size, self.device = s.rank, s.world_size, s.device
-        self.dtype, self.layout, self.with_index = s.dtype, s.layout, s.with_index
-        self.workers, self.prefetch, self.shuffle_window = s.workers, s.prefetch, s.shuffle_window
-        self.pin_memory, self.persistent_workers = s.pin_memory, s.persistent_workers
         self._owns_reader = not isinstance(store, StoreReader)
         self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
         self.reader = self.mixture.reader if self.mixture else s.open_store(store)  # type: ignore[arg-type]
@@ -193,22 +230,19 @@ class Loader(DataLoaderFace):
 
     def _assemble(self, s: LoaderSettings) -> None:
         """Everything on the open store: order, crops, ledger, the first reads, the graph."""
-        self._schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
-        self._fixed: int | None = None  # set_size(): every epoch not yet begun, schedule or not
+        schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
         self.subset = s.subset(len(self.reader))
         self.augment = s.augment(self.reader.tile, self.reader.padded)
         # the stored tiles, handed out with no graph, while nothing can ask for another size
-        self._direct = (not callable(self._schedule) and self.device.type == "cpu"
-                        and self.augment.stored_tiles(self._schedule))
+        self._direct = (not callable(schedule) and self.device.type == "cpu"
+                        and self.augment.stored_tiles(schedule))
         self.timed = s.stats
         self._stats: Recorder | None = None  # made with the graph: it knows the reader threads
-        self._shares = Shares(s, len(self.reader), self.reader.shard_size, self.subset, self.mixture)
-        self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=self._shares.positions,
+        shares = Shares(s, len(self.reader), self.reader.shard_size, self.subset, self.mixture)
+        self.epochs = EpochState(shares, schedule)
+        self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=shares.positions,
                               mixture=self.mixture.describe() if self.mixture else None)
                        if s.ledger is not None else None)
-        self._epoch = 0
-        self._resume: Loaded | None = None  # loaded state not yet iterated
-        self._open: OpenEpoch | None = None
         self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None
         # a bucket store starts fetching the first epoch's shards now, while the graph is built
@@ -219,70 +253,73 @@ class Loader(DataLoaderFace):
     def size_of(self, epoch: int) -> int:
         """The output side of ``epoch``: the epoch in progress keeps the size it began with (a
         loaded state's too); any other takes ``set_size``'s, else the schedule's."""
-        epoch = check_int("epoch", epoch, 0)
-        if self._open is not None and self._open.epoch == epoch:
-            return self._open.size
-        return starting_size(self._schedule, self._fixed, self._resume, epoch)
+        return self.epochs.size_of(check_int("epoch", epoch, 0))
 
     @property
     def size(self) -> int:
         """The output side of the epoch in progress, or of the next ``iter()``."""
-        return self.size_of(self._open.epoch if self._open is not None else self._epoch)
+        return self.epochs.size_of(self.epochs.current)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` begins (``set_epoch``'s, or the one after the last begun)."""
+        return self.epochs.next
 
     def set_size(self, size: int | None) -> None:
         """The output side from the next epoch on (an epoch in progress keeps its own): one
         graph serves every size, so nothing is rebuilt. ``None`` returns to the schedule (or
         the size) the Loader was made with. Saved in ``state_dict``."""
-        self._fixed = None if size is None else check_size(size)
+        self.epochs.set_size(size)
 
     @property
     def samples(self) -> int:
         """Samples an epoch covers: the store's, the subset's, or a mixture's epoch_samples."""
-        return self._shares.positions if self.subset is None else len(self.subset)
+        return self.epochs.shares.positions if self.subset is None else len(self.subset)
 
     def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
         """The store names (one store: its location) and sample indices of ``with_index`` ids."""
         return source_of(self.mixture, self.reader.location, ids)
 
     # -- the DataLoader contract --------------------------------------------------------------
+    @cached_property
+    def dataset(self) -> Any:
+        """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()`` is
+        the number of samples an epoch covers, as scripts that count processed samples expect."""
+        return dataset_of(self.reader, self.subset)
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """DistributedSampler's face: ``set_epoch`` reaches this Loader."""
+        return EpochSampler(self)
+
     def __len__(self) -> int:
         return batches_per_rank(self.samples, self.world_size, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """The number of the next epoch. The epoch a loaded state is in keeps its position; any
         other starts fresh (as DistributedSampler users call it every epoch)."""
-        self._epoch = check_int("epoch", epoch, 0)
-        if self._resume is not None and self._resume.epoch != self._epoch:
-            self._resume = None
+        self.epochs.set_epoch(check_int("epoch", epoch, 0))
 
     def epoch_indices(self, epoch: int) -> torch.Tensor:
         """The samples this rank yields in a fresh ``epoch``, in order (without running the pipeline)."""
-        return torch.from_numpy(self._shares.get(epoch).copy())  # the share is kept: yours to change
+        return torch.from_numpy(self.epochs.shares.get(epoch).copy())  # the share is kept: yours to change
 
     def epoch_positions(self, epoch: int) -> torch.Tensor:
         """What ``windows`` takes for a fresh ``epoch``'s samples: of a ``Mix``, the positions
         behind ``epoch_indices``; of one store, the samples themselves."""
-        keys = self._shares.keys(epoch)
-        return torch.from_numpy((self._shares.get(epoch) if keys is None else keys).copy())
+        shares = self.epochs.shares
+        keys = shares.keys(epoch)
+        return torch.from_numpy((shares.get(epoch) if keys is None else keys).copy())
 
     def next_epoch_indices(self) -> torch.Tensor:
         """The samples the next ``iter()`` will yield on this rank, in order: a fresh epoch's, or
         the rest of a loaded state's epoch (without running the pipeline)."""
-        plan = self._plan(self._epoch)
-        return torch.from_numpy(plan.indices[plan.batches * self.batch_size :].copy())
-
-    def _plan(self, epoch: int) -> OpenEpoch:
-        """This rank's part of ``epoch``, continuing a loaded state when it is in this epoch."""
-        size = starting_size(self._schedule, self._fixed, self._resume, epoch)
-        resume = self._resume.segments if self._resume is not None and self._resume.epoch == epoch else None
-        return plan_epoch(self._shares, epoch, size, resume)
+        return torch.from_numpy(self.epochs.next_indices().copy())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        epoch = self._epoch
-        plan = self._open = self._plan(epoch)
-        self._epoch, self._resume = epoch + 1, None
+        plan = self.epochs.begin()
         if plan.batches * self.batch_size < len(plan.indices):
-            feed, generation = self._arm(plan, epoch)
+            feed, generation = self._arm(plan, plan.epoch)
             recorder = self._stats
             if recorder is not None:
                 recorder.epoch_begins()
@@ -296,7 +333,7 @@ class Loader(DataLoaderFace):
                 plan.batches += 1  # counted once handed over: a state_dict() taken while
                 yield self._convert(out)  # the batch is trained on resumes after it
         self._record(complete=True)
-        self._open = None
+        self.epochs.end()
 
     def windows(self, epoch: int, samples: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
@@ -316,8 +353,7 @@ class Loader(DataLoaderFace):
         settings = pool.Settings(self.batch_size, self.workers, self.prefetch, device_id)
         self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
         self._graph = pool.take(self.reader, self.augment, settings, self._direct)
-        largest = getattr(self._schedule, "largest", self._schedule)  # ramp(): its max_res
-        self._graph.source.reserve = largest if isinstance(largest, int) else 0
+        self._graph.source.reserve = self.epochs.largest
 
     def _arm(self, plan: OpenEpoch, epoch: int) -> tuple[Feed, int]:
         if self._graph is not None and not self._graph.alive:
@@ -358,7 +394,7 @@ class Loader(DataLoaderFace):
         following: list[Epoch] = []
         batches = 0
         while batches < lookahead and len(following) < 16:
-            plan = self._plan(epoch + 1 + len(following))
+            plan = self.epochs.plan(epoch + 1 + len(following))
             if plan.batches:  # a loaded state's epoch: resumed when it is reached, not before
                 break
             if self._direct and plan.size != self.reader.tile:  # needs a graph: armed when reached
@@ -390,22 +426,22 @@ class Loader(DataLoaderFace):
         """Where the epoch stands, over all ranks: a small JSON-able dict for a checkpoint.
         Loaded into a new Loader (any world size or batch size), it delivers exactly what no rank
         delivered yet. With a ledger, records what this rank handed over: call it on every rank."""
-        epoch, segments = progress(self.settings, self._open, self._resume, self._epoch)
+        epoch, segments = self.epochs.progress()
         self._record(complete=False)  # records only while an epoch is being iterated
-        return saved(self.settings, self._identity, epoch, segments, self.size_of(epoch), self._fixed)
+        return saved(self.settings, self._identity, epoch, segments, self.epochs.size_of(epoch),
+                     self.epochs.fixed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next ``iter()`` (or a ``set_epoch`` of the same epoch,
         then ``iter()``) delivers the rest of that epoch, split over this Loader's ranks."""
-        self._resume = load(state, self._identity)
-        self._fixed, self._epoch, self._open = self._resume.fixed, self._resume.epoch, None
+        self.epochs.load(load(state, self._identity))
 
     @cached_property
     def _identity(self) -> dict[str, Any]:  # fixed once the Loader is made: subsets hashed once
-        return identity(self.settings, self._shares.positions, self.subset, self.mixture)
+        return identity(self.settings, self.epochs.shares.positions, self.subset, self.mixture)
 
     def _record(self, *, complete: bool) -> None:
-        plan = self._open
+        plan = self.epochs.open
         if self.ledger is None or plan is None:
             return
         recorded = plan.indices if plan.keys is None else plan.keys  # a mixture's positions
