@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return audit_main(args.args)
     if args.command == "show":  # prints its own one-line errors
-        from tilefeed.pipeline.sheet import main as show_main
+        from tilefeed.cli.show import main as show_main
 
         return show_main(args.args)
     if args.command == "bench":

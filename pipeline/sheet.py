@@ -1,4 +1,4 @@
-"""``tilefeed show``: a contact sheet (PNG) of samples as the model receives them.
+"""A contact sheet (PNG) of samples as the model receives them (``tilefeed show`` draws it).
 
 A training run that goes wrong because of its input (crops that miss the object, padding in the
 crops, wrong labels, a normalisation applied twice) is cheapest to catch by looking. The sheet is
@@ -15,13 +15,11 @@ so a subset gets each sample's own, and only the samples shown are read.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFile, ImageFont
@@ -30,17 +28,15 @@ from tilefeed.pipeline.planning.order import epoch_order
 from tilefeed.store import format as fmt
 from tilefeed.store.arrays import read_small_array
 from tilefeed.store.attrs import store_attrs
-from tilefeed.store.errors import ConfigError, StoreFormatError, TilefeedError
+from tilefeed.store.errors import ConfigError, StoreFormatError
 from tilefeed.store.inspection import printable
-from tilefeed.store.storage import redact
-from tilefeed.store.storage import is_url, parse_options
+from tilefeed.store.storage import is_url
 
 if TYPE_CHECKING:
     import torch
 
     from tilefeed.pipeline.reading.reader import StoreReader
 
-PROG = "tilefeed show"
 DEFAULT_COUNT = 64
 MIN_DISPLAY = 96  # smaller tiles are enlarged (nearest, by a whole factor) to at least this side
 THUMB = 128  # side of a rejected input's thumbnail
@@ -261,160 +257,3 @@ def reject_sheet(rejects: Sequence[tuple[str, str]]) -> tuple[Sheet | None, list
         lines.append(line)
     sheet = draw_sheet(tiles, captions, scale=1, path_line=0) if tiles else None
     return sheet, lines
-
-
-# -- the command -----------------------------------------------------------------------------------
-class _Refusal(Exception):
-    """argparse's complaint, raised instead of printed, so it becomes one line and exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _Refusal(message)
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
-def _sample_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected sample indices i,j,k, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one sample index")
-    return values
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Write a contact sheet (PNG) of samples as the model receives them: the "
-        "Loader's own crops, flips and framing on the CPU, normalisation undone, each tile "
-        "captioned with its class, sample index and source file.",
-    )
-    p.add_argument("store", metavar="STORE", help="a tilefeed store (folder or bucket URL)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--train", dest="train", action="store_true",
-                      help="training crops and flips (Loader(train=True)), in the shuffled order")
-    mode.add_argument("--eval", dest="train", action="store_false",
-                      help="evaluation framing, in store order (the default)")
-    p.add_argument("--epoch", type=_count, default=0, help="epoch whose order and crops are shown")
-    p.add_argument("--seed", type=_count, default=0, help="the Loader's seed")
-    p.add_argument("--size", type=_positive, default=None,
-                   help="output side (default: the tile side); small sides are enlarged on the sheet")
-    what = p.add_mutually_exclusive_group()
-    what.add_argument("--count", type=_positive, default=None,
-                      help=f"show the first N samples of the epoch's order (default {DEFAULT_COUNT})")
-    what.add_argument("--samples", type=_sample_list, default=None, metavar="I,J,K",
-                      help="show these samples, in this order")
-    p.add_argument("--out", default="show.png", help="the PNG to write")
-    view = p.add_mutually_exclusive_group()
-    view.add_argument("--stored", action="store_true",
-                      help="the tiles as written, with each picture's box drawn on stores with "
-                      "padding (--fit pad)")
-    view.add_argument("--rejects", action="store_true",
-                      help="list the rejected inputs with their reasons, and draw those whose "
-                      "files still (partly) decode")
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="for a store URL: a setting added to the cloud's standard configuration; "
-                   "repeat for more")
-    p.set_defaults(train=False)
-    return p
-
-
-def _output(path: str) -> Path:
-    """The PNG's path, refused before any work when it cannot be written there."""
-    out = Path(path)
-    if out.is_dir():
-        raise ConfigError(f"--out {path!r} is a folder: name the PNG file to write")
-    if not out.parent.is_dir():
-        raise ConfigError(f"--out {path!r}: the folder {str(out.parent)!r} does not exist")
-    return out
-
-
-def _describe(args: argparse.Namespace, shown: int, side: int) -> str:
-    if args.stored:
-        return f"{shown} stored tiles, {side} px"
-    if args.train:
-        return f"{shown} training crops of epoch {args.epoch}, seed {args.seed}, {side} px"
-    return f"{shown} evaluation framings, {side} px"
-
-
-def _show_samples(args: argparse.Namespace, out: Path, options: dict[str, str]) -> int:
-    from tilefeed.pipeline.reading.reader import StoreReader
-
-    if args.stored and args.size is not None:
-        raise ConfigError("--size sets the Loader's output side; --stored shows tiles at their stored side")
-    with StoreReader(args.store, storage_options=options or None) as reader:
-        sheet = contact_sheet(reader, train=args.train, epoch=args.epoch, seed=args.seed,
-                              size=args.size, count=args.count, samples=args.samples,
-                              show_stored=args.stored)
-        boxes = args.stored and reader.padded
-    _save(sheet, out)
-    side = sheet.side // sheet.scale
-    print(f"wrote {printable(str(out))}: {_describe(args, len(sheet.cells), side)}"
-          + (", picture boxes drawn" if boxes else ""))
-    return 0
-
-
-def _show_rejects(args: argparse.Namespace, out: Path, options: dict[str, str]) -> int:
-    from tilefeed.store.inspection import info
-
-    rejects = [(r["path"], r["reason"]) for r in info(args.store, options or None)["rejects"]]
-    if not rejects:
-        print(f"{printable(args.store)}: no input was rejected")
-        return 0
-    sheet, lines = reject_sheet(rejects)
-    print("\n".join(lines))
-    if sheet is None:
-        print(f"no sheet written: none of the {len(rejects)} rejected inputs could be drawn")
-        return 0
-    _save(sheet, out)
-    print(f"wrote {printable(str(out))}: {len(sheet.cells)} of {len(rejects)} rejected inputs")
-    return 0
-
-
-def _save(sheet: Sheet, out: Path) -> None:
-    try:
-        sheet.image.save(out, format="PNG")
-    except OSError as e:  # a full disk, a permission: the machine's problem, not an option's
-        raise _CannotWrite(f"cannot write {out}: {e.strerror or e}") from None
-
-
-class _CannotWrite(Exception):
-    """The sheet was made but could not be saved (exit 1, not 2)."""
-
-
-def main(argv: Sequence[str]) -> int:
-    """``tilefeed show``: 0 when done, 2 (one line on stderr) for a bad store or option, 1 when
-    the PNG cannot be written or the store cannot be read (a permission, a vanished file)."""
-    parser = build_parser()
-    options: dict[str, str] = {}
-    try:
-        args = parser.parse_args(list(argv))
-        options = parse_options(args.storage_option)
-        out = _output(args.out)
-        return _show_rejects(args, out, options) if args.rejects else _show_samples(args, out, options)
-    except SystemExit as e:  # --help
-        return e.code if isinstance(e.code, int) else 0
-    except (_Refusal, TilefeedError) as e:
-        print(f"{PROG}: error: {printable(redact(str(e), options))}", file=sys.stderr)
-        return 2
-    except (_CannotWrite, OSError) as e:
-        print(f"{PROG}: error: {printable(redact(str(e), options))}", file=sys.stderr)
-        return 1

@@ -10,6 +10,9 @@ import pytest
 
 from tests.helpers import photo, write_folder
 
+# fixtures shared across rooms (``pad_store``, ``train_sheet``: the contact sheet's library and command)
+pytest_plugins = ["tests.sheet_stores"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The cache every store open uses (its check records, bucket copies) is the session's own,
