@@ -123,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return doctor_main(args.args)
     if args.command == "audit":
-        from tilefeed.pipeline.audit.ledger import audit_main
+        from tilefeed.cli.audit import main as audit_main
 
         return audit_main(args.args)
     if args.command == "show":  # prints its own one-line errors

@@ -25,7 +25,7 @@ import os
 import time
 import uuid
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -429,22 +429,3 @@ def format_audit(results: list[EpochAudit]) -> str:
             lines.append(row.format("", c["planned"], c["once"], c["twice"], c["never"], "",
                                     f"  {printable(name)}"))
     return "\n".join(lines)
-
-
-def audit_main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="tilefeed audit",
-        description="Report, per epoch, the samples delivered once, twice or never across all ranks "
-        "and restarts, from the ledger a Loader(ledger=DIR) wrote. Exits 1 when a sample was "
-        "delivered twice or never beyond what drop_last and padding explain.")
-    parser.add_argument("ledger", metavar="DIR")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args(argv)
-    if not any((Path(args.ledger) / name).is_file() for name in (POPULATION, COUNT)):
-        print(f"tilefeed: error: {args.ledger!r} holds no ledger (no {POPULATION} or {COUNT})")
-        return 1
-    results = audit(args.ledger)
-    print(json.dumps([asdict(r) for r in results], indent=2) if args.json else format_audit(results))
-    return 0 if all(r.ok for r in results) else 1
