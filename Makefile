@@ -47,6 +47,7 @@ check: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy -p tilefeed
 	$(VENV)/bin/lint-imports
+	$(PY) tools/import_cycles.py
 	$(PY) tools/module_lines.py 600
 
 demo: setup

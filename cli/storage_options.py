@@ -4,6 +4,7 @@ for what they print: one line, with no credential in it."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 
 def add_storage_option(p: argparse.ArgumentParser) -> None:
@@ -15,9 +16,20 @@ def add_storage_option(p: argparse.ArgumentParser) -> None:
 
 def storage_options(args: argparse.Namespace) -> dict[str, str]:
     """The ``--storage-option`` values as a dict (a malformed one is a ConfigError)."""
-    from tilefeed.store.storage import parse_options
-
     return parse_options(args.storage_option)
+
+
+def parse_options(pairs: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings (``--storage-option``) as a dict."""
+    from tilefeed.store.errors import ConfigError
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--storage-option takes KEY=VALUE, got {pair.split('=')[0]!r}...")
+        options[key.strip().lower()] = value
+    return options
 
 
 def shown(text: str, args: argparse.Namespace | None = None) -> str:

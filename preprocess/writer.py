@@ -57,7 +57,8 @@ from tilefeed.preprocess.settings import StoreSettings, TileSettings, default_wo
 from tilefeed.preprocess.sources.source_list import split_paths
 from tilefeed.preprocess.sources.scanning import SourceOptions
 from tilefeed.preprocess.sources.finding import Listing, check_source, scan_sources
-from tilefeed.store.storage import Storage, open_storage, redacted
+from tilefeed.store.location import open_storage
+from tilefeed.store.storage import Storage, redacted
 
 PART_SOURCES: Final = 64  # sources per part of a small run; the source list is indexed as often
 MAX_PART_SOURCES: Final = 2048

@@ -18,7 +18,8 @@ from tilefeed.store.documents import load_attrs
 from tilefeed.store.shard import ShardFile, shard_digest_problem
 from tilefeed.store.cache_dir import default_cache_dir, make_cache_dir
 from tilefeed.store.remote import RemoteStore
-from tilefeed.store.storage import is_url, local_path, open_storage
+from tilefeed.store.location import open_storage
+from tilefeed.store.storage import is_url, local_path
 from tilefeed.store.errors import CorruptChunkError
 
 

@@ -3,7 +3,8 @@
 The writer, ``info``, ``verify`` and the reader's shard cache speak to a ``Storage`` with keys
 relative to the store root ('/'-separated, as zarr's). ``LocalStorage`` writes under a temporary
 name and renames; ``ObjectStorage`` (``object_storage``) puts each object whole, which object
-stores make atomic. No message shows a credential: ``redact`` cuts them out of any text.
+stores make atomic; ``storage_at`` (``location``) chooses between them. No message shows a
+credential: ``redact`` cuts them out of any text.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from tilefeed.store.atomic import atomic_file
-from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreWriteError
+from tilefeed.store.errors import CorruptChunkError, StoreWriteError
 
 OBJECT_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 DOWNLOAD_CHUNK = 1 << 20  # streamed downloads are written in pieces of at least this
@@ -33,30 +34,6 @@ def is_url(location: str | os.PathLike[str]) -> bool:
 def local_path(location: str | os.PathLike[str]) -> Path:
     text = os.fspath(location)
     return Path(urlsplit(text).path if text.startswith("file://") else text)
-
-
-def open_storage(location: str | os.PathLike[str], options: dict[str, Any] | None = None) -> Storage:
-    """The storage at ``location``: an object-store URL or a local folder (path or file://)."""
-    if is_url(location):
-        # here, not at the top: the obstore backend builds on this module's ``Storage``
-        from tilefeed.store.object_storage import ObjectStorage
-
-        return ObjectStorage(str(location), options)
-    if options:
-        raise ConfigError("storage options apply to object-store URLs, not to the folder "
-                          f"{os.fspath(location)!r}")
-    return LocalStorage(local_path(location))
-
-
-def parse_options(pairs: Sequence[str]) -> dict[str, str]:
-    """``KEY=VALUE`` strings (``--storage-option``) as a dict."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--storage-option takes KEY=VALUE, got {pair.split('=')[0]!r}...")
-        options[key.strip().lower()] = value
-    return options
 
 
 class Storage:

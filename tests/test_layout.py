@@ -1,0 +1,52 @@
+"""The README's layout table is the tree: every path it names exists, and every module of the
+package is named there (itself, or a folder holding it); and no module imports itself back."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("store", "preprocess", "pipeline", "bench", "cli")
+
+
+def table_paths(readme: str) -> list[str]:
+    """The backticked paths in the rows of the Layout section's table."""
+    section = readme[readme.index("## Layout"):]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    return [path for row in rows[1:] for path in re.findall(r"`([\w./-]+/|[\w./-]+\.py)`", row.split("|")[2])]
+
+
+def unnamed_modules(paths: list[str], root: Path) -> list[str]:
+    """Modules of the packages that no path of the table names."""
+    modules = [str(p.relative_to(root)) for package in PACKAGES for p in sorted((root / package).rglob("*.py"))
+               if p.name != "__init__.py"]
+    return [m for m in modules if not any(m == p or (p.endswith("/") and m.startswith(p)) for p in paths)]
+
+
+def test_the_layout_table_names_every_module_and_only_what_exists() -> None:
+    paths = table_paths((ROOT / "README.md").read_text())
+    assert len(paths) > 30, paths
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"the README's layout table names what is not there: {missing}"
+    assert not unnamed_modules(paths, ROOT), "modules the README's layout table does not name"
+
+
+def test_the_check_finds_a_module_left_out_and_a_path_that_moved(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "format.py").write_text("")
+    (tmp_path / "store" / "new.py").write_text("")
+    for package in PACKAGES[1:]:
+        (tmp_path / package).mkdir()
+    assert unnamed_modules(["store/format.py"], tmp_path) == ["store/new.py"]
+    assert unnamed_modules(["store/"], tmp_path) == []
+    readme = "## Layout\n\n| concept | where |\n| --- | --- |\n| a | `store/format.py`, `store/` |\n"
+    assert table_paths(readme) == ["store/format.py", "store/"]
+
+
+def test_no_module_imports_itself_back() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "import_cycles.py")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
