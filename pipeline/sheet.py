@@ -8,7 +8,7 @@ shows the tiles as written instead, with each picture's box, and ``--rejects`` w
 refused and why.
 
 Which samples: a list given with ``--samples``, else the first ``--count`` of the epoch's order
-on rank 0 of one (``pipeline.order``, as the Loader orders them). Either way they are loaded
+on rank 0 of one (``pipeline.planning.order``, as the Loader orders them). Either way they are loaded
 through ``Loader(indices=...)``: crops and flips are a function of (seed, epoch, sample) alone,
 so a subset gets each sample's own, and only the samples shown are read.
 """

@@ -14,10 +14,10 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 class Augment:
     """What the graph does to each tile, whatever the output size.
 
-    The size is not here: it may change from epoch to epoch (``pipeline.sizes``), reaches the
+    The size is not here: it may change from epoch to epoch (``pipeline.planning.sizes``), reaches the
     graph as a per-sample input, and so never calls for another graph. ``windows`` (always when
     training): the crop window and flip of each sample arrive as per-sample inputs computed on
-    the host (``pipeline.crops``, inside each tile's picture box); the graph cuts, resizes,
+    the host (``pipeline.engine.crops``, inside each tile's picture box); the graph cuts, resizes,
     flips and normalises. Evaluation of a store whose tiles are whole pictures uses fixed ops
     instead: torchvision's framing (resize to ``size / crop_pct``, centre-crop ``size``).
     """

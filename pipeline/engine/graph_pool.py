@@ -6,7 +6,7 @@ so a process that creates a Loader per epoch, per evaluation or per trial grows 
 A graph is therefore never dropped while it can serve again: its feed stops (what it prepared
 for a stream nobody will take is recognised by its tag and dropped when it comes out) and the
 graph goes back to a small pool keyed by everything that shapes it. The output size is not
-among them: it reaches the graph per sample (``pipeline.sizes``), so one graph serves every size
+among them: it reaches the graph per sample (``pipeline.planning.sizes``), so one graph serves every size
 a progressive-resizing schedule asks for. A few idle graphs (``MAX_IDLE``) bound the
 threads and memory the pool holds.
 

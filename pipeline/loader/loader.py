@@ -96,7 +96,7 @@ class Loader:
     size : int or callable, optional
         Output side. Default: the tile side. In evaluation, a ``size`` other than the tile side
         resizes the tile to ``size / crop_pct`` and centre-crops ``size``, as torchvision's presets.
-        A callable ``epoch -> int`` is a schedule (progressive resizing; ``pipeline.sizes.ramp``
+        A callable ``epoch -> int`` is a schedule (progressive resizing; ``pipeline.planning.sizes.ramp``
         is FFCV's), asked once per epoch: the size is fixed for a whole epoch and reaches the
         graph per sample, so changing it never rebuilds the graph. ``set_size`` overrides it.
     crop_pct : float, default 0.875
@@ -124,7 +124,7 @@ class Loader:
         Only these samples of the store; order, exactly-once, resume and ``len()`` hold over them.
     ledger : str or Path, optional
         A folder where each rank records which samples it handed over, per epoch, for
-        ``tilefeed audit`` (see ``pipeline.ledger``). Call ``state_dict()`` on every rank.
+        ``tilefeed audit`` (see ``pipeline.audit.ledger``). Call ``state_dict()`` on every rank.
     scale, ratio : tuple of float
         Random-resized-crop area fraction and aspect range (torchvision's defaults).
     mean, std : tuple of float
@@ -452,7 +452,7 @@ class Loader:
     # -- lifetime -------------------------------------------------------------------------------
     def _release(self, keep: bool = True) -> None:
         """Hand the DALI graph back to the pool (``keep``) or close it; its threads go either way
-        but DALI's own, which stay parked with an idle graph (see ``pipeline.pool``)."""
+        but DALI's own, which stay parked with an idle graph (see ``pipeline.engine.graph_pool``)."""
         graph, self._graph = self._graph, None
         if graph is not None and keep:
             pool.give(self._graph_key, graph)
