@@ -85,7 +85,7 @@ class Graph:
 
 
 @dataclass(frozen=True)
-class Settings:
+class GraphSettings:
     """Everything beside the augmentation and the tile that shapes a graph."""
 
     batch_size: int
@@ -94,7 +94,7 @@ class Settings:
     device_id: int | None
 
 
-def key(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = False) -> Hashable:
+def key(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Hashable:
     return (augment, reader.codec.shape, reader.is_image_coded, settings, direct)
 
 
@@ -113,7 +113,7 @@ def _adopt() -> None:
         give(graph_key, graph)
 
 
-def take(reader: AnyReader, augment: Augment, settings: Settings, direct: bool = False) -> Graph:
+def take(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Graph:
     """An idle graph with these settings, or a new one. ``direct``: the output is the stored
     tiles at their size, always (no DALI pipeline; on the CPU only)."""
     _adopt()

@@ -348,9 +348,11 @@ class Loader:
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is
         made, so a bad configuration fails here and the first step does not pay for it."""
-        cuda, index = self.device.type == "cuda", self.device.index
-        device_id = (torch.cuda.current_device() if index is None else index) if cuda else None
-        settings = pool.Settings(self.batch_size, self.workers, self.prefetch, device_id)
+        device_id: int | None = None  # DALI's CPU-only graph
+        if self.device.type == "cuda":  # "cuda" alone means the current device, as torch reads it
+            index = self.device.index
+            device_id = torch.cuda.current_device() if index is None else index
+        settings = pool.GraphSettings(self.batch_size, self.workers, self.prefetch, device_id)
         self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
         self._graph = pool.take(self.reader, self.augment, settings, self._direct)
         self._graph.source.reserve = self.epochs.largest
