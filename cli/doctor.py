@@ -1,12 +1,15 @@
 """``tilefeed doctor``: what this installation can do, on one screen to paste into a bug report.
 
-Reports the PIL build (pillow-simd or not, AVX2, every codec and plugin, each checked by a real
-round trip where a flag could lie), DALI and whether it sees a GPU, torch and CUDA, zarr and
-numcodecs, and the cores. Every problem comes with a one-line fix. A machine without a GPU is
-information, not a failure; anything the README promises that is missing is.
+Reports the PIL build (pillow-simd or plain Pillow, AVX2, every codec and plugin, each checked by a
+real round trip where a flag could lie), DALI and whether it sees a GPU, torch and CUDA, zarr and
+numcodecs, and the cores. Every problem comes with a one-line fix in the words of the install it
+finds: pip commands for a pip install, ``make setup`` in a checkout. A missing PIL, DALI or torch
+is a line, never a traceback. A machine without a GPU is information, not a failure; plain Pillow
+is a speed note (pillow-simd resizes faster), not a failure; anything tilefeed needs that is
+missing or broken is.
 
 ``python -m tilefeed.cli.doctor --pil`` checks the PIL part only: ``make setup`` runs it after
-compiling pillow-simd, so a PIL built without a codec never passes setup silently.
+installing PIL, so a pillow-simd built without a codec never passes setup silently.
 """
 
 from __future__ import annotations
@@ -18,10 +21,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
-
-SETUP_FIX = "run `make setup` again (it installs the -dev packages and rebuilds pillow-simd)"
-
 
 @dataclass
 class Check:
@@ -83,35 +84,86 @@ PIL_CODECS: dict[str, tuple[Callable[[], str], str]] = {
     "avif": (_round_trip("AVIF"), "AVIF (pillow-avif-plugin)"),
     "heif": (_round_trip("HEIF"), "HEIC/HEIF (pillow-heif)"),
 }
+PLUGIN_CODECS = ("avif", "heif")  # read through plugins (tilefeed[formats]): optional
 
 
-def _pil(report: Report, offline: bool) -> None:
-    """``offline``: a node installed from a wheelhouse, where pillow-simd may not compile; its PIL
-    then serves preprocessing (the GPU loader needs no PIL) and gaps are warnings."""
-    import PIL
-    from PIL import features
+def checkout() -> Path | None:
+    """The source checkout this tilefeed runs from (an editable install), or None for a pip install."""
+    import tilefeed
 
-    from tilefeed.preprocess.plugins import register_plugins
+    root = Path(tilefeed.__file__).resolve().parents[2]  # src/tilefeed/__init__.py -> the checkout
+    return root if (root / "Makefile").is_file() and (root / "pyproject.toml").is_file() else None
 
-    register_plugins()
-    simd = "post" in PIL.__version__
-    report.add("PIL", simd, f"{PIL.__version__} ({'pillow-simd' if simd else 'not pillow-simd'})",
-               "pillow-simd could not be built offline: preprocessing uses this PIL (slower resize); "
-               "the GPU loader needs no PIL" if offline else
-               "`make setup` installs pillow-simd last; something installed plain pillow over it",
-               required=not offline)
+
+@dataclass(frozen=True)
+class Fixes:
+    """The one-line fixes, in the words of the install found: pip commands, or ``make setup``."""
+
+    from_checkout: bool
+
+    def package(self, name: str) -> str:
+        return "run `make setup` again" if self.from_checkout else f"pip install '{name}'"
+
+    @property
+    def pil_codecs(self) -> str:
+        return ("run `make setup` again (it installs the -dev packages and rebuilds pillow-simd, or keeps "
+                "plain Pillow where it cannot)" if self.from_checkout else
+                "pip install --force-reinstall pillow (its wheel has every codec)")
+
+    @property
+    def simd(self) -> str:
+        return ("`make setup` installs pillow-simd where it can (root or the -dev packages present)"
+                if self.from_checkout else
+                "optional, for faster resizing: pip uninstall -y pillow && pip install pillow-simd "
+                "(needs a compiler and the image libraries' headers)")
+
+
+def _pil(report: Report, offline: bool, fixes: Fixes) -> None:
+    """The PIL build. Plain Pillow is fine (a speed note); a broken pillow-simd, a missing PIL or
+    a codec that does not round-trip is a problem. ``offline``: a node installed from a
+    wheelhouse, where only the GPU loader runs (it needs no PIL): every PIL gap is a warning."""
+    simd_dist = _version("pillow-simd")
+    try:
+        import PIL
+        from PIL import features
+    except Exception as e:  # noqa: BLE001 - no PIL at all: one line, then the rest of the report
+        fix = (f"pillow-simd {simd_dist} is installed but does not import: pip install --force-reinstall "
+               "pillow-simd, or pip uninstall -y pillow-simd && pip install pillow") if simd_dist else \
+            fixes.package("pillow")
+        report.add("PIL", False, f"cannot import: {type(e).__name__}: {e}", fix, required=not offline)
+        return
+    simd = "post" in PIL.__version__  # pillow-simd's versions are upstream's plus .postN
+    if simd_dist and not simd:
+        report.add("PIL", False, f"{PIL.__version__}: plain Pillow shadows pillow-simd {simd_dist} (both "
+                   "provide PIL; the one installed last wins)",
+                   "pip uninstall -y pillow pillow-simd && " + (
+                       "run `make setup` again" if fixes.from_checkout else "pip install pillow-simd"),
+                   required=not offline)
+    else:
+        report.add("PIL", True, f"{PIL.__version__} ({'pillow-simd' if simd else 'plain Pillow'})")
+    if not simd:
+        report.add("pillow-simd", False, "not installed: resizing runs at plain Pillow's speed", fixes.simd,
+                   required=False)
     avx2 = _cpu_has("avx2")
     report.add("AVX2", avx2, "the CPU has AVX2" if avx2 else "this CPU has no AVX2 (slower resize)",
                required=False)
+    try:
+        from tilefeed.preprocess.plugins import register_plugins
+
+        register_plugins()
+    except Exception as e:  # noqa: BLE001 - the plugins' own lines below say what is missing
+        report.add("plugins", False, f"cannot register: {type(e).__name__}: {e}", required=False)
     for name, (prove, what) in PIL_CODECS.items():
+        optional = name in PLUGIN_CODECS
         try:
             report.add(f"codec {name}", True, f"{what}: {prove()}")
         except Exception as e:  # noqa: BLE001 - any failure means the codec is not usable
-            report.add(f"codec {name}", False, f"{what}: {type(e).__name__}: {e}", SETUP_FIX,
-                       required=not offline)
+            fix = fixes.package("tilefeed[formats]") if optional else fixes.pil_codecs
+            report.add(f"codec {name}", False, f"{what}: {type(e).__name__}: {e}", fix,
+                       required=not offline and not optional)
     for feature in ("littlecms2", "libimagequant"):
         ok = bool(features.check(feature))
-        report.add(feature, ok, "available" if ok else "missing", SETUP_FIX, required=not offline)
+        report.add(feature, ok, "available" if ok else "missing", fixes.pil_codecs, required=not offline)
 
 
 def _cpu_has(flag: str) -> bool:
@@ -130,7 +182,7 @@ def _dali_distribution() -> tuple[str, str] | None:
     return None
 
 
-def _stack(report: Report) -> None:
+def _stack(report: Report, fixes: Fixes) -> None:
     try:
         import torch
 
@@ -141,7 +193,8 @@ def _stack(report: Report) -> None:
         report.add("GPU", gpus > 0, f"{gpus} visible: {names}" if gpus else "none visible (CPU only)",
                    required=False)
     except Exception as e:  # noqa: BLE001
-        report.add("torch", False, f"cannot import: {e}", "pip install torch")
+        report.add("torch", False, f"cannot import: {type(e).__name__}: {e}",
+                   "pip install torch (the build for your CUDA: see pytorch.org's selector)")
     dali = _dali_distribution()
     torch_cuda = _torch_cuda_major()
     if dali is not None and torch_cuda is not None:
@@ -150,22 +203,26 @@ def _stack(report: Report) -> None:
                    f"torch CUDA {torch_cuda}, DALI built for CUDA {dali_cuda}",
                    f"pip uninstall {dali[0]} && pip install 'tilefeed[cuda{torch_cuda}]'")
     if dali is None:
-        report.add("DALI", False, "not installed", "pip install 'tilefeed[cuda12]' (or [cuda13])")
+        report.add("DALI", False, "not installed (the Loader needs it; TileDataset and preprocess do not)",
+                   "make setup (CUDA=13 for a CUDA 13 torch)" if fixes.from_checkout else
+                   "pip install 'tilefeed[cuda12]' (or [cuda13], as your torch's CUDA)")
     else:
         try:
             import nvidia.dali  # noqa: F401
 
             report.add("DALI", True, f"{dali[0]} {dali[1]}")
         except Exception as e:  # noqa: BLE001
-            report.add("DALI", False, f"{dali[0]} {dali[1]} does not import: {e}",
+            report.add("DALI", False, f"{dali[0]} {dali[1]} does not import: {type(e).__name__}: {e}",
                        f"pip install --force-reinstall {dali[0]}")
     for dist in ("zarr", "numcodecs", "crc32c"):
         version = _version(dist)
-        report.add(dist, version is not None, version or "not installed", f"pip install {dist}")
-    from tilefeed.store.host import usable_cores
+        report.add(dist, version is not None, version or "not installed", fixes.package(dist))
+    try:
+        from tilefeed.store.host import usable_cores
 
-    cores = usable_cores()
-    report.add("cores", True, f"{cores} usable by this process", required=False)
+        report.add("cores", True, f"{usable_cores()} usable by this process", required=False)
+    except Exception as e:  # noqa: BLE001 - a report, not a crash
+        report.add("cores", False, f"cannot count: {type(e).__name__}: {e}", required=False)
 
 
 def _torch_cuda_major() -> int | None:
@@ -179,10 +236,12 @@ def _torch_cuda_major() -> int | None:
 
 
 def diagnose(pil_only: bool = False, offline: bool = False) -> Report:
+    """Every check; ``pil_only``: the PIL build's alone; ``offline``: PIL gaps are warnings."""
     report = Report()
-    _pil(report, offline)
+    fixes = Fixes(from_checkout=checkout() is not None)
+    _pil(report, offline, fixes)
     if not pil_only:
-        _stack(report)
+        _stack(report, fixes)
     return report
 
 

@@ -1,0 +1,55 @@
+"""``tilefeed doctor`` never tracebacks, and speaks the words of the install it finds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+BLOCKED_RUN = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError(f"No module named {{name!r}}")
+        return None
+
+sys.meta_path.insert(0, Block())
+import tilefeed.cli.doctor as doctor
+if {pip!r}:
+    doctor.checkout = lambda: None  # as a pip install: no source checkout behind it
+from tilefeed.cli.main import main
+sys.exit(main(["doctor", "--json"]))
+"""
+
+
+def doctor_without(blocked: list[str], pip: bool = True) -> tuple[int, dict[str, dict[str, object]], str]:
+    done = subprocess.run([sys.executable, "-c", BLOCKED_RUN.format(blocked=blocked, pip=pip)],
+                          capture_output=True, text=True, timeout=300)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]} if done.stdout.strip() else {}
+    return done.returncode, checks, done.stderr
+
+
+@pytest.mark.parametrize("blocked", [["PIL"], ["torch"], ["nvidia.dali"], ["PIL", "torch", "nvidia.dali"]])
+def test_a_missing_pil_dali_or_torch_is_a_line_never_a_traceback(blocked: list[str]) -> None:
+    code, checks, err = doctor_without(blocked)
+    assert "Traceback" not in err and checks, err
+    assert code == 1  # something tilefeed needs is missing: a problem, said in a line
+    names = {"PIL": "PIL", "torch": "torch", "nvidia.dali": "DALI"}
+    for module in blocked:  # each missing one is its own line, with a pip user's fix
+        check = checks[names[module]]
+        assert not check["ok"] and check["required"] and "cannot import" in str(check["detail"]) + str(
+            check["fix"]) or "does not import" in str(check["detail"]), check
+        assert "pip install" in str(check["fix"]) and "make setup" not in str(check["fix"]), check
+
+
+def test_nothing_missing_is_no_problem_and_the_fixes_name_the_checkout() -> None:
+    code, checks, err = doctor_without([], pip=False)
+    assert code == 0 and "Traceback" not in err, err
+    assert checks["PIL"]["ok"] and not checks["GPU"]["required"]  # no GPU: information
+    simd = checks.get("pillow-simd")
+    assert simd is None or (not simd["required"] and "make setup" in str(simd["fix"]))
