@@ -22,12 +22,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) "$(TORCH_SPEC)"
 	$(PIP) -e '.[dev,cuda$(CUDA)]'
-	# pillow-simd last: it provides the same PIL package as pillow, which matplotlib pulls in.
-	# It compiles only the codecs whose headers are present: install them first (apt-get as
-	# root on Debian/Ubuntu; elsewhere it stops naming the packages).
-	bash tools/pillow-deps.sh
-	$(PY) -m pip uninstall --quiet -y pillow pillow-simd
-	CC="$(SIMD_CC)" $(PIP) --no-cache-dir pillow-simd==12.1.1.post0
+	# pillow-simd last: it provides the same PIL package as the plain Pillow tilefeed depends on.
+	# It compiles only the codecs whose headers are present: those are installed first (apt-get
+	# as root on Debian/Ubuntu); without root or headers plain Pillow stays, said in one line.
+	bash tools/install-pil.sh $(PY) "$(SIMD_CC)"
 	# AVIF and HEIC through plugin wheels that bundle their libraries; --no-deps, or they
 	# would pull plain pillow back over pillow-simd.
 	$(PIP) --no-deps $(PIL_PLUGINS)
