@@ -1,6 +1,14 @@
 """Whole shards of a bucket store in its mirror folder, fetched ahead of need in the order an
 epoch reads them, on a few download threads, under a byte limit with least-recently-used
-eviction. Several processes (ranks, DataLoader workers) may share one cache folder: a shard is
+eviction.
+
+The limit holds at every moment: the shards this process reads and fetches ahead (``pinned``)
+are as many as the limit holds (the read-ahead shrinks to fit), room is made before a download
+starts, and again, under the cache folder's lock, as the download is put in place; should the
+pinned shards alone leave no room (a limit below what the reader holds at once), they are
+evicted too, least recently used first, and a reader that loses a shard fetches it again.
+
+Several processes (ranks, DataLoader workers) may share one cache folder: a shard is
 downloaded under a per-shard file lock to a temporary name and renamed, so it is fetched once and
 seen whole or not at all.
 
@@ -53,7 +61,11 @@ class ShardCache:
         self.shard_bytes, self.tiles_per_shard = shard_bytes, tiles_per_shard
         self.shard_sha256 = shard_sha256
         self.limit = limit
-        self.pinned: set[int] = set()  # shards this process is about to read: never evicted by it
+        # shards this process reads or fetched ahead for reading: evicted last (and only to keep the
+        # limit); at most as many as the limit holds
+        self.pinned: set[int] = set()
+        self._recent: list[int] = []  # the last shards handed out, oldest first: those read now
+        self._reserved: dict[int, int] = {}  # downloads under way here: the bytes room was made for
         # what this process found in the cache and what it downloaded (Loader.stats())
         self.counts = {"hits": 0, "downloads": 0, "downloaded_bytes": 0}
         self._pool: ThreadPoolExecutor | None = None
@@ -63,12 +75,14 @@ class ShardCache:
         self._seq: list[int] = []
         self._pos: dict[int, int] = {}
         self._cursor = 0
+        self._started = False  # a shard of the current plan was handed out
+        self._tail: set[int] = set()  # the last plan's shards still to come when this one was made
         self.depth = 0
         self.window = 1
 
     def __getstate__(self) -> dict[str, Any]:
         # threads and locks stay in their process; each process downloads on its own pool
-        return {**self.__dict__, "_pool": None, "_inflight": {}, "_lock": None}
+        return {**self.__dict__, "_pool": None, "_inflight": {}, "_lock": None, "_reserved": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.RLock())
@@ -83,34 +97,63 @@ class ShardCache:
     def fits(self, shards: int) -> bool:
         return self.limit is None or shards * self.largest <= self.limit
 
+    @property
+    def slots(self) -> int | None:
+        """Shards of the largest size the limit holds; None without a limit."""
+        return None if self.limit is None else self.limit // max(1, self.largest)
+
+    def _held(self) -> int:
+        """Shards handed out that stay pinned: the ``window`` read at once and the one after
+        (a reader finishing one while the next begins), never more than the limit holds."""
+        slots = self.slots
+        return self.window + 1 if slots is None else max(1, min(self.window + 1, slots))
+
     # -- prefetch -------------------------------------------------------------------------------
     def plan(self, indices: np.ndarray, window: int, depth: int) -> None:
-        """Shards in the order ``indices`` first need them; keep ``depth`` downloads ahead."""
-        if self.limit is not None:
-            depth = min(depth, self.limit // max(1, self.largest) - window - 1)
+        """Shards in the order ``indices`` first need them; keep ``depth`` downloads ahead of
+        the ``window`` + 1 shards being read, fewer where the limit holds fewer."""
         shards = np.asarray(indices, dtype=np.int64) // self.tiles_per_shard
         _, first = np.unique(shards, return_index=True)
         with self._lock:
+            self.window = window
+            slots = self.slots
+            if slots is not None:
+                depth = min(depth, slots - self._held())
+            # a plan made while the last one's final shards are still read (the next epoch's):
+            # those reads must not move this plan on
+            self._tail = set(self._seq[self._cursor :]) if self._started else set()
             self._seq = shards[np.sort(first)].tolist()
             self._pos = {s: i for i, s in enumerate(self._seq)}
-            self._cursor, self.window, self.depth = 0, window, max(0, depth)
-        self._fill()
+            self._cursor, self.depth, self._started = 0, max(0, depth), False
+            self._fill()
 
     def used(self, shard: int) -> None:
-        """The reader reached ``shard``: the download window moves on."""
-        i = self._pos.get(shard)
-        if i is not None and i > self._cursor:
-            with self._lock:
-                self._cursor = max(self._cursor, i)
+        """The reader takes ``shard``: it counts among those read now, and the download window
+        moves on to its place in the plan (never back: threads reading several batches take
+        shards a little out of order). Until the plan's first shard comes, a shard the last
+        plan had still to read is that plan's, and moves nothing."""
+        with self._lock:
+            if shard in self._recent:
+                self._recent.remove(shard)
+            elif self._started or shard not in self._tail:
+                self._started, self._tail = True, set()
+                self._cursor = max(self._cursor, self._pos.get(shard, self._cursor))
+            self._recent.append(shard)
+            del self._recent[: -self._held()]
             self._fill()
 
     def _fill(self) -> None:
-        with self._lock:
-            lo = max(0, self._cursor - self.window)
-            ahead = self._seq[self._cursor : self._cursor + self.depth + 1]
-            self.pinned = set(self._seq[lo : self._cursor + 1]) | set(ahead)
-            for shard in ahead:
-                self._submit(shard)
+        """Pin the shards read now and the next ``depth`` of the plan, and fetch the latter;
+        the caller holds the lock."""
+        ahead: list[int] = []
+        at = self._cursor
+        while len(ahead) < self.depth and at < len(self._seq):
+            if self._seq[at] not in self._recent:
+                ahead.append(self._seq[at])
+            at += 1
+        self.pinned = set(self._recent) | set(ahead)
+        for shard in ahead:
+            self._submit(shard)
 
     def _submit(self, shard: int) -> Future[Path]:
         fut = self._inflight.get(shard)
@@ -130,14 +173,13 @@ class ShardCache:
         """The shard's local path, downloading it first if needed (waiting for one in flight).
         A copy already in the cache folder is used once it is known to match the store's digest
         (checked by ``_fetch``, once per process and file)."""
-        self.used(shard)
+        self.used(shard)  # pinned from here on, while it is among those read now
         path = self.path(shard)
         if self._cached(shard, hash_it=False):
             with self._lock:
                 self.counts["hits"] += 1
             return path
         with self._lock:
-            self.pinned.add(shard)
             fut = self._submit(shard)
         return fut.result()
 
@@ -161,6 +203,12 @@ class ShardCache:
                         unlink_at(dfd, stale)
                 tmp = temporary_name(Path(name)).name
                 try:
+                    if self.limit is not None:  # room first: the download itself takes disk
+                        with exclusive_lock(self.cache_dir / ".lock"):
+                            if not self._make_room(shard, expected, placing=False) and not self._wanted(shard):
+                                return path  # fetched ahead, no longer wanted, and no room: not fetched
+                            with self._lock:
+                                self._reserved[shard] = expected
                     with os.fdopen(create_new(tmp, 0o600, dir_fd=dfd), "w+b") as f:
                         digest = self._download_shard(key, f, expected, shard)
                         f.flush()
@@ -169,11 +217,14 @@ class ShardCache:
                     if self.limit is None:
                         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                     else:
-                        with exclusive_lock(self.cache_dir / ".lock"):  # room made and taken in one step
-                            self._make_room(expected)
-                            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                        # others may have filled the folder meanwhile: room made and taken in one step
+                        with exclusive_lock(self.cache_dir / ".lock"):
+                            if self._make_room(shard, expected, placing=True):
+                                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 finally:
                     unlink_at(dfd, tmp)
+                    with self._lock:
+                        self._reserved.pop(shard, None)
             finally:
                 os.close(dfd)
         return path
@@ -238,23 +289,40 @@ class ShardCache:
         finally:
             os.close(dfd)
 
-    def _make_room(self, need: int) -> None:
+    def _wanted(self, shard: int) -> bool:
+        with self._lock:
+            return shard in self.pinned
+
+    def _make_room(self, shard: int, need: int, *, placing: bool) -> bool:
         """Evict least recently used shards (of any store in the cache folder) until ``need``
-        fits; the caller holds the cache folder's lock. Only real folders and files count: a
-        link in the cache folder is neither followed nor removed."""
+        bytes of ``shard`` fit beside them; the caller holds the cache folder's lock. True when
+        they fit. Shards this process has pinned go only as a pinned shard is put in place
+        (``placing``), after all others (those read before those fetched ahead, each least
+        recently used first): the limit is kept whatever it takes, and a shard no longer pinned
+        (fetched ahead of a plan since replaced) is not put in place at their cost. Before a
+        download (not ``placing``) the other downloads under way here count too. Only real
+        folders and files count: a link in the cache folder is neither followed nor removed."""
         assert self.limit is not None
         if need > self.limit:
-            raise ConfigError(f"cache_limit {self.limit} bytes is smaller than one shard ({need} bytes)")
-        files = cached_shards(self.cache_dir)
-        total = sum(size for _, size, _ in files)
-        mine = {f"{self.mirror.name}/{fmt.shard_relpath(s)}" for s in self.pinned}
-        for _, size, rel in sorted(files, key=lambda f: f[0]):
+            raise ConfigError(f"cache_limit {self.limit} bytes is smaller than one shard ({need} bytes): "
+                              f"raise it to at least {self.largest}")
+        mine = f"{self.mirror.name}/"
+        own = mine + fmt.shard_relpath(shard)
+        with self._lock:
+            read = {mine + fmt.shard_relpath(s) for s in self._recent}
+            ahead = {mine + fmt.shard_relpath(s) for s in self.pinned} - read
+            reserved = 0 if placing else sum(b for s, b in self._reserved.items() if s != shard)
+            forced = placing and shard in self.pinned
+        files = [f for f in cached_shards(self.cache_dir) if f[2] != own]  # its own stale copy: replaced
+        total = reserved + sum(size for _, size, _ in files)
+        for _, size, rel in sorted(files, key=lambda f: (f[2] in read or f[2] in ahead, f[2] in ahead, f[0])):
             if total + need <= self.limit:
                 break
-            if rel in mine:
-                continue
+            if not forced and (rel in read or rel in ahead):
+                break  # only pinned shards are left
             unlink_entry(self.cache_dir, rel)
             total -= size
+        return total + need <= self.limit
 
     def close(self) -> None:
         if self._pool is not None:

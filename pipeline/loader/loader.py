@@ -139,9 +139,11 @@ class Loader:
         Local folder the bucket's shards are fetched into, ahead of the epoch, in the order it
         reads them; shared by a node's ranks. Default ``$TILEFEED_CACHE`` or ``~/.cache/tilefeed``.
     cache_limit : int, optional
-        Bytes of shards the cache folder may hold (least recently used go first); default no
-        limit. Under ``shuffle="global"`` a limit below the store's size reads tiles by ranged
-        requests instead of whole shards; otherwise it must hold ``shuffle_window + 2`` shards.
+        Bytes of shards the cache folder may hold at any moment (least recently used go first);
+        default no limit. Under ``shuffle="global"`` a limit below the store's size reads tiles by
+        ranged requests instead of whole shards; otherwise it must hold ``shuffle_window + 1``
+        shards (one shard read and the next under ``shuffle=False``; a smaller one is refused,
+        naming the least that works), and the read-ahead shrinks to the shards it holds beyond.
     fast_idct : bool, default False
         JPEG stores decoded on the CPU: libjpeg-turbo's fast integer IDCT (as FFCV), faster
         (``tilefeed bench parts``), pixels a few levels off; nvJPEG on a GPU is not affected.

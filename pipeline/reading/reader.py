@@ -98,18 +98,20 @@ class StoreReader:
 
     def stream(self, *, random_order: bool, window: int = 1, ahead: int = 4) -> None:
         """How a bucket store will be read: whole shards through the cache, ``ahead`` of the
-        ``window`` being read, or (random order, a cache smaller than the store) ranged reads."""
+        ``window`` being read, or (random order, a cache smaller than the store) ranged reads.
+        A ``cache_limit`` must hold the ``window`` shards read at once and the next one (the
+        smallest shard cache that works); the read-ahead shrinks to what it holds beyond them."""
         if self.remote is None:
             return
         cache = self.remote.cache
         self.ranged = random_order and not cache.fits(len(cache.shard_bytes))
         if self.ranged:
             return
-        if not cache.fits(window + 2):
+        if not cache.fits(window + 1):
             raise ConfigError(
-                f"cache_limit {cache.limit} bytes holds fewer than {window + 2} shards of "
-                f"{cache.largest} bytes (the shuffle window plus two): raise it to at least "
-                f"{(window + 2) * cache.largest}")
+                f"cache_limit {cache.limit} bytes holds fewer than {window + 1} shards of "
+                f"{cache.largest} bytes (the shuffle window plus the next shard): raise it to at least "
+                f"{(window + 1) * cache.largest}")
         cache.window, cache.depth = window, ahead
         self._keep = self._maps_to_keep(window)
 

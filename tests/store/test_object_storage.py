@@ -168,6 +168,45 @@ def test_a_cache_far_smaller_than_the_store_is_never_exceeded(
         loader(url, shuffle="shard", shuffle_window=4, cache_dir=tmp_path, cache_limit=limit)
 
 
+def shard_files_bytes(cache: Path) -> int:
+    """The bytes of the shard files in a cache folder, found by walking all of it (lock files,
+    metadata, small arrays and unfinished downloads are no shards), under the folder's lock as
+    ``cache_bytes`` counts."""
+    total = 0
+    with exclusive_lock(cache / ".lock"):
+        for folder, _, names in os.walk(cache):
+            for name in names:
+                parts = Path(folder, name).relative_to(cache).parts
+                number = parts[3] if len(parts) == 7 else ""
+                if number.isdigit() and "/".join(parts[1:]) == fmt.shard_relpath(int(number)):
+                    total += os.lstat(Path(folder, name)).st_size
+    return total
+
+
+@pytest.mark.parametrize("shards", [3, 2])
+@pytest.mark.parametrize("shuffle", [False, "shard"])
+def test_the_cache_limit_holds_after_every_batch_and_every_sample_comes_once(
+        stores: tuple[Path, str, Path], tmp_path: Path, shuffle: bool | str, shards: int) -> None:
+    """A limit of two or three shards (the store holds six) is kept with less read-ahead, not
+    refused, and not overrun by the shards being read: in order and shard by shard, over epochs
+    (the next epoch's plan comes while the last one's shards are still read)."""
+    _, url, _ = stores
+    largest = max(ObjectStorage(url).sizes(f"{fmt.IMAGES}/c").values())
+    limit = shards * largest
+    bucket = loader(url, shuffle=shuffle, shuffle_window=1, cache_dir=tmp_path, cache_limit=limit)
+    peak = 0
+    with bucket:
+        for _ in range(3):
+            seen: list[int] = []
+            for _, _, i in bucket:
+                held = shard_files_bytes(tmp_path)
+                assert held <= limit, f"{held} bytes of shards in the cache, the limit is {limit}"
+                peak = max(peak, held)
+                seen += i.tolist()
+            assert sorted(seen) == list(range(len(bucket.reader)))  # each sample once an epoch
+    assert peak > 0  # the shards came through the cache folder
+
+
 SHARED_READ = """
 import sys, torch
 from tilefeed import Loader
