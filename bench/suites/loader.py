@@ -14,7 +14,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,10 @@ class LoaderBenchResult:
     def mixture_ratio(self) -> tuple[float, float, float] | None:
         """The rounds' mixture / single store: median, least, most (None without the row)."""
         return (statistics.median(r), min(r), max(r)) if (r := self.mixture_ratios) else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
 
     def table(self) -> str:
         wide = max(map(len, ["loader", *self.rates]))
@@ -269,6 +273,10 @@ class SizesBenchResult:
     decode: dict[int, float] = field(default_factory=dict)  # DCT scale 1/f -> tiles/s, one thread
     reduced: dict[int, float] = field(default_factory=dict)  # size -> share of tiles decoded below full
     builds: int = 0  # DALI pipelines built over every size change of the run
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
 
     def table(self) -> str:
         names = list(self.rates)
