@@ -1,32 +1,47 @@
 """``tilefeed bench``: the loaders side by side (the default form), the sweep and the diagnosis
-built on it, and the dispatch to the other forms (``tilefeed.cli.bench_forms``). Each form
-parses its options before it loads its bench, so ``--help`` loads none."""
+built on it, and the dispatch to the other forms (``FORMS``: records run alike by
+``tilefeed.cli.bench_forms.run_form``). Each form parses its options before it loads its bench,
+so ``--help`` loads none."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tilefeed.cli import bench_forms
+from tilefeed.cli.bench_forms import BenchResult, Form, run_form
 from tilefeed.cli.bench_options import form_parser, harness_args
 from tilefeed.cli.demo_data import demo_images, demo_store
 
 
 def bench_main(argv: Sequence[str]) -> int:
+    """``tilefeed bench ARGS``: the form named first, else the main form (options only)."""
     argv = list(argv)
     if argv and argv[0] in FORMS:
-        return FORMS[argv[0]](argv[1:])
+        return run_form(FORMS[argv[0]], argv[1:])
+    if argv and not argv[0].startswith("-"):  # the main form takes no word: a form's name mistyped
+        from tilefeed.store.errors import ConfigError
+
+        raise ConfigError(f"unknown bench form {argv[0]!r}; the forms: {', '.join(FORMS)}")
+    args = main_parser().parse_args(argv)
+    run_compare(args)
+    return 0
+
+
+def main_parser() -> argparse.ArgumentParser:
+    """The main form's parser; its help lists the other forms."""
+    wide = max(map(len, FORMS))
+    listing = "\n".join(f"  {name:<{wide}}  {form.summary}" for name, form in FORMS.items())
     parser = form_parser(
         "tilefeed bench",
         "Measure how long each training step waits for its batch, for several loaders side by "
-        "side on equal terms (same samples, batch, output and augmentation). Other forms: "
-        f"tilefeed bench {{{','.join(FORMS)}}} --help.")
+        "side on equal terms (same samples, batch, output and augmentation). Other forms are "
+        "listed below.",
+        epilog=f"forms (tilefeed bench FORM --help for each one's options):\n{listing}")
     harness_args(parser)
-    args = parser.parse_args(argv)
-    run_compare(args)
-    return 0
+    return parser
 
 
 def run_compare(args: argparse.Namespace) -> list[Any]:
@@ -79,13 +94,15 @@ def _names(args: argparse.Namespace) -> list[str]:
     return [n.strip() for n in args.loaders.split(",") if n.strip()]
 
 
-def _sweep(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench sweep", "Stall against step time (or worker count), per loader.")
+def _sweep_options(p: argparse.ArgumentParser) -> None:
     harness_args(p)
-    p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms")
+    p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms",
+                   help="the setting swept: the emulated step's length or the workers of every loader")
     p.add_argument("--values", default="0,10,20,40,80", help="comma list of values to sweep")
-    args = p.parse_args(argv)
-    from tilefeed.bench.suites.compare import compare, settings_dict, write_json
+
+
+def _sweep(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.compare import SweepResult, compare, settings_dict
     from tilefeed.bench.harness.watch import format_table
     from tilefeed.bench.harness.plots import plot_sweep
 
@@ -106,32 +123,29 @@ def _sweep(argv: list[str]) -> int:
         all_runs += runs
     plots = args.plots or Path(".")
     path = plot_sweep(values, curves, args.over, plots / "sweep.png")
-    print(f"plot: {path}")
-    if args.json:
-        write_json(args.json, all_runs, True, settings_dict(settings, step, args.steps, args.warmup))
-    return 0
+    return SweepResult(over=args.over, values=values, runs=all_runs, plot=str(path),
+                       settings=settings_dict(settings, step, args.steps, args.warmup))
 
 
-def _diagnose(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench diagnose",
-                    "Measure the loader alone and the step alone, say whether training is input-bound "
-                    "and which lever helps, with the numbers behind it.")
-    harness_args(p, loaders="baseline")
-    args = p.parse_args(argv)
+SWEEP = Form("sweep", "stall against step time (or worker count), per loader",
+             "Stall against step time (or worker count), per loader.", _sweep_options, _sweep)
+
+
+def _diagnose(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.diagnose import diagnose
 
     settings, step = _resolve(args)
-    print(diagnose(_names(args)[0], settings, step, steps=args.steps, warmup=args.warmup))
-    return 0
+    return diagnose(_names(args)[0], settings, step, steps=args.steps, warmup=args.warmup)
 
+
+DIAGNOSE = Form(
+    "diagnose", "is training input-bound, and which lever helps",
+    "Measure the loader alone and the step alone, say whether training is input-bound "
+    "and which lever helps, with the numbers behind it.", lambda p: harness_args(p, loaders="baseline"),
+    _diagnose)
 
 # the forms in the order the help lists them
-FORMS: dict[str, Callable[[list[str]], int]] = {
-    "preprocess": bench_forms.preprocess_form, "loader": bench_forms.loader_form,
-    "sweep": _sweep, "diagnose": _diagnose, "soak": bench_forms.soak_form,
-    "aspect": bench_forms.aspect_form, "schedule": bench_forms.schedule_form,
-    "gpu-report": bench_forms.gpu_report_form,
-    "cloud": bench_forms.cloud_form, "clients": bench_forms.clients_form,
-    "parts": bench_forms.parts_form, "stats": bench_forms.stats_form,
-    "scale": bench_forms.scale_form,
-}
+FORMS: dict[str, Form] = {form.name: form for form in (
+    bench_forms.PREPROCESS, bench_forms.LOADER, SWEEP, DIAGNOSE, bench_forms.SOAK, bench_forms.ASPECT,
+    bench_forms.SCHEDULE, bench_forms.GPU_REPORT, bench_forms.CLOUD, bench_forms.CLIENTS,
+    bench_forms.PARTS, bench_forms.STATS, bench_forms.SCALE)}

@@ -1,42 +1,103 @@
-"""The ``tilefeed bench`` forms that measure one part each: preprocessing, the loader alone,
-a bucket store, the object-store clients, the CPU path's parts, ``Loader.stats()``, growth with
-the store's size, long jobs (soak), the tile fit (aspect), progressive resizing's effect on
-training (schedule) and the GPU report."""
+"""The ``tilefeed bench`` forms that measure one part each, as records: preprocessing, the loader
+alone, a bucket store, the object-store clients, the CPU path's parts, ``Loader.stats()``, growth
+with the store's size, long jobs (soak), the tile fit (aspect), progressive resizing's effect on
+training (schedule) and the GPU report. Each record adds its own options and runs its bench from
+the parsed options; ``run_form`` does the rest alike for every form. A form's run imports its
+bench, so ``--help`` loads none."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tilefeed.cli.bench_options import data_args, form_parser, loop_args
 from tilefeed.cli.demo_data import cache_dir, demo_images, demo_store
 
 
-def preprocess_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench preprocess",
-                    "Preprocessing throughput against bare PIL decode+resize.")
+class BenchResult(Protocol):
+    """What every form's run returns: a text table and its JSON-ready data."""
+
+    def table(self) -> str:
+        """The result as text, for the terminal."""
+        ...  # pragma: no cover - a protocol's method has no body of its own
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data, what ``--json`` writes."""
+        ...  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Form:
+    """One ``tilefeed bench`` form.
+
+    Parameters
+    ----------
+    name
+        The word after ``tilefeed bench``.
+    summary
+        One line, for the listing in ``tilefeed bench --help``.
+    description
+        The form's own ``--help`` paragraph.
+    options
+        Adds the form's options to its parser.
+    run
+        Runs the bench from the parsed options and returns its result.
+    """
+
+    name: str
+    summary: str
+    description: str
+    options: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], BenchResult]
+
+    def parser(self) -> argparse.ArgumentParser:
+        """The form's parser, with its options."""
+        p = form_parser(f"tilefeed bench {self.name}", self.description)
+        self.options(p)
+        return p
+
+
+def run_form(form: Form, argv: list[str]) -> int:
+    """Parse ``argv`` with ``form``'s parser, run it, print its table and, with ``--json``, write
+    its data there. Exit status 1 when the result says it failed (``ok`` false), else 0."""
+    args = form.parser().parse_args(argv)
+    result = form.run(args)
+    print(result.table())
+    json_path: Path | None = getattr(args, "json", None)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.as_dict(), indent=2))
+        print(f"json: {json_path}")
+    return 0 if getattr(result, "ok", True) else 1
+
+
+def _preprocess_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=2400, store=False)
     p.add_argument("--size", type=int, default=224, help="tile side")
     p.add_argument("--codec", default="lz4", help="tile codec")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
-    args = p.parse_args(argv)
+
+
+def _preprocess(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.preprocess import bench_preprocess
 
-    result = bench_preprocess(args.images or demo_images(args.count), size=args.size,
-                              codec=args.codec, rounds=args.rounds)
-    return _report(result, args.json)
+    return bench_preprocess(args.images or demo_images(args.count), size=args.size, codec=args.codec,
+                            rounds=args.rounds)
 
 
-def loader_form(argv: list[str]) -> int:
+PREPROCESS = Form(
+    "preprocess", "preprocessing throughput against bare PIL decode + resize",
+    "Preprocessing throughput against bare PIL decode+resize.", _preprocess_options, _preprocess)
+
+
+def _loader_options(p: argparse.ArgumentParser) -> None:
     from tilefeed.store.format import CODECS
 
-    p = form_parser("tilefeed bench loader",
-                    "Loader-alone throughput: tilefeed against a memcpy of the decoded tiles and a PIL "
-                    "DataLoader. The default image count makes epochs long enough that the pipeline "
-                    "refill at each epoch's start (a few ms) does not dominate.")
     data_args(p, count=4800)
     loop_args(p, rounds=5)
     p.add_argument("--peer", choices=("ffcv",), default=None,
@@ -57,7 +118,9 @@ def loader_form(argv: list[str]) -> int:
                    help="add a row: the uint8 Loader over a 50/50 Mix of two halves of the store "
                    "(made once in the cache from its source paths, with its settings), the same "
                    "samples, and the mixture / single store ratio")
-    args = p.parse_args(argv)
+
+
+def _loader(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.loader import bench_loaders, bench_sizes
     from tilefeed.store.errors import ConfigError
 
@@ -68,14 +131,20 @@ def loader_form(argv: list[str]) -> int:
         sizes = [int(v) for v in args.sizes.split(",") if v.strip()]
         lossless = demo_store(images, size=args.tile, codec=args.codec, fit="crop")
         jpeg = demo_store(images, size=args.tile, codec="jpeg", fit="crop")
-        return _report(bench_sizes(lossless, jpeg, sizes, batch_size=args.batch_size,
-                                   workers=args.workers, rounds=args.rounds), args.json)
+        return bench_sizes(lossless, jpeg, sizes, batch_size=args.batch_size, workers=args.workers,
+                           rounds=args.rounds)
     store = args.store or demo_store(images, codec=args.codec, fit="crop")  # the read path alone
     jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
-    result = bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
-                           rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
-                           jpeg_store=jpeg_store, halves=_halves(store) if args.mixture else None)
-    return _report(result, args.json)
+    return bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
+                         rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
+                         jpeg_store=jpeg_store, halves=_halves(store) if args.mixture else None)
+
+
+LOADER = Form(
+    "loader", "the Loader alone against a tile copy and a PIL DataLoader (and FFCV)",
+    "Loader-alone throughput: tilefeed against a memcpy of the decoded tiles and a PIL "
+    "DataLoader. The default image count makes epochs long enough that the pipeline "
+    "refill at each epoch's start (a few ms) does not dominate.", _loader_options, _loader)
 
 
 def _halves(store: str | Path) -> tuple[Path, Path] | None:
@@ -85,7 +154,6 @@ def _halves(store: str | Path) -> tuple[Path, Path] | None:
         print("no mixture row: the store is in a bucket", flush=True)
         return None
     import hashlib
-    import sys
 
     from tilefeed.bench.fixtures.halves import check_halves, split_store
     from tilefeed.cli.progress import progress_bar
@@ -104,12 +172,7 @@ def _halves(store: str | Path) -> tuple[Path, Path] | None:
         return None
 
 
-def cloud_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench cloud",
-                    "A JPEG store read from a bucket (a local S3 server behind a proxy that adds latency "
-                    "to every request and caps each connection's rate) against the same store on local "
-                    "disk: stall and images/s of a cold-cache epoch and a warm one, shuffle='shard', "
-                    "train augmentation, an emulated step; rounds interleaved, medians and ranges.")
+def _cloud_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=9600)
     loop_args(p, rounds=3)
     p.add_argument("--step-ms", type=float, default=50.0, help="emulated step time")
@@ -118,84 +181,96 @@ def cloud_form(argv: list[str]) -> int:
     p.add_argument("--shard-size", type=int, default=256,
                    help="tiles per shard of the store made without --store (about 5 MB at 224 px "
                    "JPEG: a small first fetch, many concurrent ones)")
-    args = p.parse_args(argv)
-    from tilefeed.bench.suites.cloud import bench_cloud, format_cloud
+
+
+def _cloud(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.cloud import bench_cloud
 
     store = args.store or demo_store(args.images or demo_images(args.count), codec="jpeg",
                                      shard_size=args.shard_size)
-    result = bench_cloud(store, batch_size=args.batch_size, step_ms=args.step_ms,
-                         latency_ms=args.latency_ms, rate_mb=args.rate_mb, workers=args.workers,
-                         rounds=args.rounds)
-    return _print(format_cloud(result), result, args.json)
+    return bench_cloud(store, batch_size=args.batch_size, step_ms=args.step_ms, latency_ms=args.latency_ms,
+                       rate_mb=args.rate_mb, workers=args.workers, rounds=args.rounds)
 
 
-def clients_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench clients",
-                    "obstore (what tilefeed uses) against fsspec's s3fs, when installed, on one local S3 "
-                    "server: whole-shard GETs and a batch of tile-sized ranges of one shard, in MB/s.")
-    p.add_argument("--rounds", type=int, default=5)
+CLOUD = Form(
+    "cloud", "a store in a bucket (local S3, 20 ms, 100 MB/s) against local disk",
+    "A JPEG store read from a bucket (a local S3 server behind a proxy that adds latency "
+    "to every request and caps each connection's rate) against the same store on local "
+    "disk: stall and images/s of a cold-cache epoch and a warm one, shuffle='shard', "
+    "train augmentation, an emulated step; rounds interleaved, medians and ranges.", _cloud_options, _cloud)
+
+
+def _clients_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians and ranges reported")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
-    from tilefeed.bench.suites.clients import bench_clients, format_clients
-
-    result = bench_clients(rounds=args.rounds)
-    return _print(format_clients(result), result, args.json)
 
 
-def parts_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench parts",
-                    "The measurements behind the Loader's CPU path, each pair side by side in one run: "
-                    "decoding into fresh or reused batch memory, resizing training windows with "
-                    "pillow-simd or DALI, JPEG decoding by DALI or simplejpeg with the accurate or the "
-                    "fast IDCT, an epoch's first batch against the others.")
+def _clients(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.clients import bench_clients
+
+    return bench_clients(rounds=args.rounds)
+
+
+CLIENTS = Form(
+    "clients", "obstore against s3fs: whole shards and tile ranges, in MB/s",
+    "obstore (what tilefeed uses) against fsspec's s3fs, when installed, on one local S3 "
+    "server: whole-shard GETs and a batch of tile-sized ranges of one shard, in MB/s.",
+    _clients_options, _clients)
+
+
+def _parts_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=1600)
     loop_args(p, rounds=5)
-    args = p.parse_args(argv)
-    from tilefeed.bench.suites.parts import bench_parts, format_parts
+
+
+def _parts(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.parts import bench_parts
 
     store = args.store or demo_store(args.images or demo_images(args.count), fit="crop")
-    result = bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
-    return _print(format_parts(result), result, args.json)
+    return bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
 
 
-def stats_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench stats",
-                    "What Loader.stats() costs (samples/s with its clocks on and off, interleaved "
-                    "rounds) and whether its advice helps (a Loader made decode-bound on purpose: a "
-                    "JPEG store, one worker, training on the CPU; its stats name the stage and the "
-                    "change, which is then applied and the two stalls compared).")
+PARTS = Form(
+    "parts", "the CPU path's design choices, each pair measured side by side",
+    "The measurements behind the Loader's CPU path, each pair side by side in one run: "
+    "decoding into fresh or reused batch memory, resizing training windows with "
+    "pillow-simd or DALI, JPEG decoding by DALI or simplejpeg with the accurate or the "
+    "fast IDCT, an epoch's first batch against the others.", _parts_options, _parts)
+
+
+def _stats_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=1600)
     loop_args(p, rounds=7)
     p.add_argument("--step-ms", type=float, default=10.0,
                    help="emulated step of the advice runs (shorter than one worker's batch)")
     p.add_argument("--steps", type=int, default=40, help="measured steps of each advice run")
-    args = p.parse_args(argv)
-    from tilefeed.bench.suites.stats import advice, format_stats, overhead
+
+
+def _stats(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.stats import bench_stats
 
     images = args.images or demo_images(args.count)
     store = args.store or demo_store(images)
     jpeg = demo_store(images, codec="jpeg")
-    result = {"overhead": overhead(store, batch_size=args.batch_size, workers=args.workers,
-                                   rounds=args.rounds),
-              "advice": advice(jpeg, batch_size=args.batch_size, step_ms=args.step_ms,
-                               steps=args.steps)}
-    return _print(format_stats(result), result, args.json)
+    return bench_stats(store, jpeg, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds,
+                       step_ms=args.step_ms, steps=args.steps)
 
 
-def scale_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench scale",
-                    "What the writer, the reader and the order cost as a store grows: ImageNet-shaped "
-                    "sets of tiny JPEGs (hard links, so a million sources take seconds and megabytes) "
-                    "preprocessed at each size; per size the writer driver's peak memory and CPU per "
-                    "source, a fresh process's store open, the random-order uint8 rate (each "
-                    "store's Loader in turn in one process, round by round), and tilefeed info / "
-                    "verify; then one rank's epoch order at --order-samples.")
+STATS = Form(
+    "stats", "what Loader.stats() costs, and whether its advice helps",
+    "What Loader.stats() costs (samples/s with its clocks on and off, interleaved "
+    "rounds) and whether its advice helps (a Loader made decode-bound on purpose: a "
+    "JPEG store, one worker, training on the CPU; its stats name the stage and the "
+    "change, which is then applied and the two stalls compared).", _stats_options, _stats)
+
+
+def _scale_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--classes", default="100,1000",
                    help="comma list: class folders of each set (x --per-class sources)")
-    p.add_argument("--per-class", type=int, default=1281)
+    p.add_argument("--per-class", type=int, default=1281, help="sources per class folder")
     p.add_argument("--size", type=int, default=8, help="tile side")
     p.add_argument("--workers", type=int, default=2, help="preprocess worker processes")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=256, help="samples per batch of the rate runs")
     p.add_argument("--warm", type=int, default=50, help="batches before the rate is timed")
     p.add_argument("--timed", type=int, default=400, help="batches timed per rate run")
     p.add_argument("--rounds", type=int, default=3, help="timed runs per store; medians reported")
@@ -203,30 +278,36 @@ def scale_form(argv: list[str]) -> int:
                    help="folder for the sets and stores (default: the cache folder's 'scale')")
     p.add_argument("--order-samples", type=int, default=400_000_000,
                    help="samples of the epoch whose order is measured (no store is made)")
-    p.add_argument("--order-world-size", type=int, default=64)
+    p.add_argument("--order-world-size", type=int, default=64,
+                   help="ranks sharing the epoch whose order is measured")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
-    args = p.parse_args(argv)
-    from tilefeed.bench.suites.order_cost import format_order_cost, order_cost
-    from tilefeed.bench.suites.scale import format_scale, run_scale
+
+
+def _scale(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.order_cost import order_cost
+    from tilefeed.bench.suites.scale import run_scale
 
     classes = [int(c) for c in args.classes.split(",") if c.strip()]
     result = run_scale(args.root or cache_dir() / "scale", classes, per_class=args.per_class,
                        size=args.size, workers=args.workers, batch_size=args.batch_size,
                        warm=args.warm, timed=args.timed, rounds=args.rounds)
-    result["order"] = [order_cost(args.order_samples, args.order_world_size, shuffle=shuffle)
-                       for shuffle in ("global", "shard")]
-    table = "\n\n".join([format_scale(result), *map(format_order_cost, result["order"])])
-    return _print(table, result, args.json)
+    result.order = [order_cost(args.order_samples, args.order_world_size, shuffle=shuffle)
+                    for shuffle in ("global", "shard")]
+    return result
 
 
-def soak_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench soak",
-                    "Memory, threads, open files and shared memory over the loader patterns of long "
-                    "jobs (one loader over many epochs, a loader per epoch, leaving an epoch early, an "
-                    "exception in the loop, train and validation loaders at once, one loader whose "
-                    "output size changes every epoch for at least 50 epochs); exit 1 when any grows "
-                    "after warm-up.")
-    p.add_argument("store", type=Path, metavar="STORE")
+SCALE = Form(
+    "scale", "writer, reader and epoch order as the store grows",
+    "What the writer, the reader and the order cost as a store grows: ImageNet-shaped "
+    "sets of tiny JPEGs (hard links, so a million sources take seconds and megabytes) "
+    "preprocessed at each size; per size the writer driver's peak memory and CPU per "
+    "source, a fresh process's store open, the random-order uint8 rate (each "
+    "store's Loader in turn in one process, round by round), and tilefeed info / "
+    "verify; then one rank's epoch order at --order-samples.", _scale_options, _scale)
+
+
+def _soak_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store", type=Path, metavar="STORE", help="the store every pattern's loaders read")
     p.add_argument("--seconds", type=float, default=60.0, help="total run time, shared by the patterns")
     loop_args(p, batch_size=16)
     p.add_argument("--limit-kb", type=float, default=10.0,
@@ -234,20 +315,27 @@ def soak_form(argv: list[str]) -> int:
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--only", default=None,
                    help="comma list of the patterns to run (by name, as the table shows them)")
-    args = p.parse_args(argv)
-    from tilefeed.bench.suites.soak import header, format_row, soak, to_json
+
+
+def _soak(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.soak import SoakResult, format_row, soak
 
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    print(header(), flush=True)
-    results = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
-                   limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), flush=True),
-                   only=only)
-    failed = [r.pattern for r in results if not r.ok]
-    print(f"\nsoak: {'FAIL: ' + ', '.join(failed) if failed else 'pass'}: RSS growth per unit under "
-          f"{args.limit_kb:g} KB and threads, open files and shared memory flat after warm-up")
-    if args.json:
-        args.json.write_text(json.dumps(to_json(results), indent=2))
-    return 1 if failed else 0
+    # each pattern's row as it ends, on stderr: the table on stdout comes whole at the end
+    patterns = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
+                    limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), file=sys.stderr,
+                                                                      flush=True),
+                    only=only)
+    return SoakResult(patterns, limit_kb=args.limit_kb)
+
+
+SOAK = Form(
+    "soak", "memory, threads and files over the loader patterns of long jobs",
+    "Memory, threads, open files and shared memory over the loader patterns of long "
+    "jobs (one loader over many epochs, a loader per epoch, leaving an epoch early, an "
+    "exception in the loop, train and validation loaders at once, one loader whose "
+    "output size changes every epoch for at least 50 epochs); exit 1 when any grows "
+    "after warm-up.", _soak_options, _soak)
 
 
 def training_args(p: argparse.ArgumentParser, runs_per: str, epochs_help: str) -> None:
@@ -257,41 +345,42 @@ def training_args(p: argparse.ArgumentParser, runs_per: str, epochs_help: str) -
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
 
 
-def aspect_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench aspect",
-                    "Train one small network three ways on a task whose label lies near the picture's "
-                    "border: torchvision's crop rule on the original pictures, tilefeed with aspect-true "
-                    "tiles (--fit pad) and with centre-square tiles (--fit crop); validation accuracy "
-                    "on the same whole pictures.")
-    training_args(p, "view", "epochs of each training")
-    args = p.parse_args(argv)
+def _aspect(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.aspect import bench_aspect
 
-    return _report(bench_aspect(seeds=args.seeds, epochs=args.epochs), args.json)
+    return bench_aspect(seeds=args.seeds, epochs=args.epochs)
 
 
-def schedule_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench schedule",
-                    "Progressive resizing's effect on training at equal wall-clock: aspect's task, one "
-                    "network trained at the full size every epoch and with FFCV's ramp from --low up "
-                    "to it (as many epochs as take the same time, by the training loop timed at each "
-                    "size); validation accuracy at the full size, per seed.")
+ASPECT = Form(
+    "aspect", "training crops: aspect-true vs centre-square tiles vs torchvision",
+    "Train one small network three ways on a task whose label lies near the picture's "
+    "border: torchvision's crop rule on the original pictures, tilefeed with aspect-true "
+    "tiles (--fit pad) and with centre-square tiles (--fit crop); validation accuracy "
+    "on the same whole pictures.", lambda p: training_args(p, "view", "epochs of each training"), _aspect)
+
+
+def _schedule_options(p: argparse.ArgumentParser) -> None:
     training_args(p, "schedule", "epochs of the fixed-size run")
     p.add_argument("--low", type=int, default=32, help="the ramp's first size (the full size is 64)")
-    args = p.parse_args(argv)
+
+
+def _schedule(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.resize_schedule import bench_schedule
 
-    return _report(bench_schedule(seeds=args.seeds, epochs=args.epochs, low=args.low), args.json)
+    return bench_schedule(seeds=args.seeds, epochs=args.epochs, low=args.low)
 
 
-def gpu_report_form(argv: list[str]) -> int:
-    p = form_parser("tilefeed bench gpu-report",
-                    "On a CUDA device: JPEG decode and augmentation on the GPU (tilefeed's nvJPEG tiles, "
-                    "DALI's file reader, torchvision's decode_jpeg) at each tile side, which JPEG decoder "
-                    "ran (the hardware engine or CUDA), peak and growing device memory, and the stall "
-                    "at a bf16 ResNet-50 step against synthetic data; one JSON report, failures "
-                    "recorded in it.")
+SCHEDULE = Form(
+    "schedule", "progressive resizing against a fixed size, at equal wall-clock",
+    "Progressive resizing's effect on training at equal wall-clock: aspect's task, one "
+    "network trained at the full size every epoch and with FFCV's ramp from --low up "
+    "to it (as many epochs as take the same time, by the training loop timed at each "
+    "size); validation accuracy at the full size, per seed.", _schedule_options, _schedule)
+
+
+def _gpu_report_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=2048, store=False)
+    p.set_defaults(json=Path("bench-out/gpu-report.json"))  # the report is always written
     p.add_argument("--tiles", default="224,256",
                    help="tile sides of the JPEG stores made from --images (comma list)")
     p.add_argument("--batch-size", type=int, default=256, help="samples per batch, every loader")
@@ -300,10 +389,12 @@ def gpu_report_form(argv: list[str]) -> int:
     p.add_argument("--model-steps", type=int, default=20, help="measured steps per feed at the model")
     p.add_argument("--tests-xml", type=Path, default=None,
                    help="JUnit XML of the gpu tests (pytest --junitxml) to include in the report")
-    args = p.parse_args(argv)
+
+
+def _gpu_report(args: argparse.Namespace) -> BenchResult:
     import torch
 
-    from tilefeed.bench.suites.gpu_report import gpu_report, junit_summary, write_report
+    from tilefeed.bench.suites.gpu_report import gpu_report, junit_summary
     from tilefeed.store.errors import ConfigError
 
     tiles = _sides(args.tiles)
@@ -315,11 +406,16 @@ def gpu_report_form(argv: list[str]) -> int:
                         batches=args.batches, workers=args.workers, model_steps=args.model_steps)
     if args.tests_xml:
         report.tests = junit_summary(args.tests_xml)
-    print(report.table())
-    json_path = args.json or Path("bench-out/gpu-report.json")
-    write_report(report, json_path)
-    print(f"json: {json_path}")
-    return 0
+    return report
+
+
+GPU_REPORT = Form(
+    "gpu-report", "on a CUDA device: decode, device memory, stall at a ResNet-50 step",
+    "On a CUDA device: JPEG decode and augmentation on the GPU (tilefeed's nvJPEG tiles, "
+    "DALI's file reader, torchvision's decode_jpeg) at each tile side, which JPEG decoder "
+    "ran (the hardware engine or CUDA), peak and growing device memory, and the stall "
+    "at a bf16 ResNet-50 step against synthetic data; one JSON report, failures "
+    "recorded in it.", _gpu_report_options, _gpu_report)
 
 
 def _sides(text: str) -> list[int]:
@@ -333,15 +429,3 @@ def _sides(text: str) -> list[int]:
     if not sides or min(sides) < 1:
         raise ConfigError(f"--tiles takes a comma list of positive sides in pixels, got {text!r}")
     return sides
-
-
-def _report(result: Any, json_path: Path | None) -> int:
-    return _print(result.table(), asdict(result), json_path)
-
-
-def _print(table: str, result: dict[str, Any], json_path: Path | None) -> int:
-    """The table on stdout, the result as JSON at ``json_path`` when given."""
-    print(table)
-    if json_path:
-        json_path.write_text(json.dumps(result, indent=2))
-    return 0

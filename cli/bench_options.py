@@ -6,12 +6,24 @@ import argparse
 from pathlib import Path
 
 
-def form_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=prog, description=description,
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, but a paragraph of indented lines (a listing) is kept as
+    written rather than wrapped into one."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        fill = super()._fill_text
+        return "\n\n".join(part if "\n  " in part else fill(part, width, indent)
+                            for part in text.split("\n\n"))
+
+
+def form_parser(prog: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """The parser a ``tilefeed bench`` form starts from: every option's default in its help."""
+    return argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                   formatter_class=_Formatter)
 
 
 def location(text: str) -> str | Path:
+    """A bucket URL as it is, anything else a local path."""
     from tilefeed.store.storage import is_url
 
     return text if is_url(text) else Path(text)
@@ -31,19 +43,20 @@ def data_args(p: argparse.ArgumentParser, *, count: int, store: bool = True) -> 
 
 def loop_args(p: argparse.ArgumentParser, *, batch_size: int = 64, rounds: int | None = None) -> None:
     """--batch-size, --workers and (for forms that repeat their runs) --rounds."""
-    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--batch-size", type=int, default=batch_size, help="samples per batch, every loader")
     p.add_argument("--workers", type=int, default=2, help="workers (Loader threads) for every loader")
     if rounds is not None:
         p.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds; medians reported")
 
 
 def harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
+    """The options of the forms that run loaders against a step: the main form, sweep, diagnose."""
     data_args(p, count=1600)
     p.add_argument("--codec", default="lz4", help="codec of the store made without --store "
                    "(jpeg: decoded by nvJPEG on a GPU)")
     p.add_argument("--loaders", default=loaders,
                    help="comma list of baseline, dali-files, tiles-dataloader, tilefeed")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="samples per batch, every loader")
     p.add_argument("--steps", type=int, default=40, help="measured steps per loader")
     p.add_argument("--warmup", type=int, default=3, help="steps run first and left out")
     p.add_argument("--step", choices=("emulated", "model"), default="emulated",

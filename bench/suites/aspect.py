@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,10 @@ COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220)}
 class AspectResult:
     seeds: int
     accuracy: dict[str, list[float]]  # variant -> per-seed validation accuracy
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
 
     def table(self) -> str:
         lines = ["| training view | val accuracy, median | range |", "| --- | ---: | ---: |"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,34 @@ from tilefeed.bench.fixtures.netem import CREDENTIALS, local_s3, s3_options
 from tilefeed.store.object_storage import ObjectStorage
 
 Reader = Callable[[str, list[int], list[int]], int]  # key, starts, ends -> bytes read
+
+
+@dataclass
+class ClientsResult:
+    """Each client's MB/s on each read pattern, over interleaved rounds.
+
+    ``mb_per_s`` maps client -> pattern (``whole``, ``ranged``) -> ``median``, ``min``, ``max``.
+    """
+
+    shard_mb: float
+    tiles: int
+    tile_kb: float
+    rounds: int
+    mb_per_s: dict[str, dict[str, dict[str, float]]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """The figures as a Markdown table, one row per client."""
+        lines = ["| client | whole shard MB/s (median, range) | tile ranges MB/s (median, range) |",
+                 "|---|---|---|"]
+        for client, f in self.mb_per_s.items():
+            w, r = f["whole"], f["ranged"]
+            lines.append(f"| {client} | {w['median']:.0f} ({w['min']:.0f}-{w['max']:.0f}) | "
+                         f"{r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) |")
+        return "\n".join(lines)
 
 
 def _obstore(url: str, endpoint: str) -> tuple[Callable[[str], int], Reader]:
@@ -47,7 +76,7 @@ def _s3fs(url: str, endpoint: str) -> tuple[Callable[[str], int], Reader]:
 
 
 def bench_clients(shard_mb: float = 16, tiles: int = 64, tile_kb: float = 20,
-                  rounds: int = 5) -> dict[str, Any]:
+                  rounds: int = 5) -> ClientsResult:
     clients = {"obstore": _obstore}
     try:
         import s3fs  # noqa: F401
@@ -72,17 +101,7 @@ def bench_clients(shard_mb: float = 16, tiles: int = 64, tile_kb: float = 20,
                 t = time.perf_counter()
                 n = ranged("shard", [int(s) for s in starts], [int(s) + tile for s in starts])
                 found[name]["ranged"].append(n / 2**20 / (time.perf_counter() - t))
-    return {"shard_mb": shard_mb, "tiles": tiles, "tile_kb": tile_kb, "rounds": rounds,
-            "mb_per_s": {c: {p: {"median": statistics.median(v), "min": min(v), "max": max(v)}
-                             for p, v in patterns.items()} for c, patterns in found.items()}}
-
-
-def format_clients(result: dict[str, Any]) -> str:
-    lines = ["| client | whole shard MB/s (median, range) | tile ranges MB/s (median, range) |",
-             "|---|---|---|"]
-    for client, f in result["mb_per_s"].items():
-        w, r = f["whole"], f["ranged"]
-        lines.append(f"| {client} | {w['median']:.0f} ({w['min']:.0f}-{w['max']:.0f}) | "
-                     f"{r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) |")
-    return "\n".join(lines)
+    return ClientsResult(shard_mb=shard_mb, tiles=tiles, tile_kb=tile_kb, rounds=rounds,
+                         mb_per_s={c: {p: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+                                       for p, v in patterns.items()} for c, patterns in found.items()})
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,46 @@ from tilefeed.pipeline.loader.loader import Loader
 from tilefeed.store.object_storage import ObjectStorage
 
 FIGURES = ("local, epoch 1", "local, epoch 2", "bucket, cold cache", "bucket, warm cache")
+
+
+@dataclass
+class CloudResult:
+    """The settings of a cloud run and, per epoch kind (``FIGURES``), the spread over rounds of
+    each figure: ``figures`` maps the epoch to ``stall_percent``, ``open_ms`` (None but for an
+    epoch 1), ``images_per_s``, ``wait_p95_ms``, ``first_wait_ms``, ``epoch_s``, ``server_cpu_s``
+    and, for the bucket's epochs, ``stall_minus_local_pp``; each a ``median``, ``min``, ``max``."""
+
+    store: str
+    batch_size: int
+    step_ms: float
+    latency_ms: float
+    rate_mb_per_s_per_connection: float
+    shuffle: str
+    shuffle_window: int
+    rounds: int
+    samples: int
+    figures: dict[str, dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """The figures as a Markdown table, one row per epoch kind."""
+        lines = ["| epoch | stall % (median, range) | stall - local, pp | img/s | Loader() ms | "
+                 "first wait ms | wait p95 ms | server+proxy CPU s / epoch s |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for name, f in self.figures.items():
+            stall, rate = f["stall_percent"], f["images_per_s"]
+            diff = f.get("stall_minus_local_pp")
+            lines.append(
+                f"| {name} | {stall['median']:.1f} ({stall['min']:.1f}-{stall['max']:.1f}) | "
+                + (f"{diff['median']:+.1f} ({diff['min']:+.1f} to {diff['max']:+.1f})" if diff else "-")
+                + f" | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
+                + (f"{f['open_ms']['median']:.0f}" if f["open_ms"] else "-")
+                + f" | {f['first_wait_ms']['median']:.0f} | {f['wait_p95_ms']['median']:.1f} | "
+                f"{f['server_cpu_s']['median']:.2f} / {f['epoch_s']['median']:.1f} |")
+        return "\n".join(lines)
 
 
 def _server_cpu_s() -> float:
@@ -60,7 +101,7 @@ def _epochs(loader: Loader, opened_s: float, step: EmulatedStep, names: tuple[st
 
 def bench_cloud(store: Path, *, batch_size: int = 64, step_ms: float = 50.0, latency_ms: float = 20.0,
                 rate_mb: float = 100.0, workers: int = 2, rounds: int = 3,
-                shuffle_window: int = 4) -> dict[str, Any]:
+                shuffle_window: int = 4) -> CloudResult:
     step = EmulatedStep(step_ms, torch.device("cpu"))
     settings = dict(batch_size=batch_size, shuffle="shard", shuffle_window=shuffle_window, train=True,
                     workers=workers, device="cpu")
@@ -90,9 +131,9 @@ def bench_cloud(store: Path, *, batch_size: int = 64, step_ms: float = 50.0, lat
         pairs = zip(results[cache_state], results[local_name], strict=True)
         diffs = [100 * (a.stall_fraction - b.stall_fraction) for a, b in pairs]
         table[cache_state]["stall_minus_local_pp"] = _spread(diffs)
-    return {"store": str(store), "batch_size": batch_size, "step_ms": step_ms, "latency_ms": latency_ms,
-            "rate_mb_per_s_per_connection": rate_mb, "shuffle": "shard",
-            "shuffle_window": shuffle_window, "rounds": rounds, "samples": len(local.reader), "figures": table}
+    return CloudResult(store=str(store), batch_size=batch_size, step_ms=step_ms, latency_ms=latency_ms,
+                       rate_mb_per_s_per_connection=rate_mb, shuffle="shard", shuffle_window=shuffle_window,
+                       rounds=rounds, samples=len(local.reader), figures=table)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -109,19 +150,3 @@ def _summary(runs: list[RunResult]) -> dict[str, Any]:
             "epoch_s": _spread([r.wall_s for r in runs]),
             "server_cpu_s": _spread([r.extra["server_cpu_s"] for r in runs])}
 
-
-def format_cloud(result: dict[str, Any]) -> str:
-    lines = ["| epoch | stall % (median, range) | stall - local, pp | img/s | Loader() ms | "
-             "first wait ms | wait p95 ms | server+proxy CPU s / epoch s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name, f in result["figures"].items():
-        stall, rate = f["stall_percent"], f["images_per_s"]
-        diff = f.get("stall_minus_local_pp")
-        lines.append(
-            f"| {name} | {stall['median']:.1f} ({stall['min']:.1f}-{stall['max']:.1f}) | "
-            + (f"{diff['median']:+.1f} ({diff['min']:+.1f} to {diff['max']:+.1f})" if diff else "-")
-            + f" | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
-            + (f"{f['open_ms']['median']:.0f}" if f["open_ms"] else "-")
-            + f" | {f['first_wait_ms']['median']:.0f} | {f['wait_p95_ms']['median']:.1f} | "
-            f"{f['server_cpu_s']['median']:.2f} / {f['epoch_s']['median']:.1f} |")
-    return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,32 @@ from tilefeed.bench.harness.watch import RunResult, Step, format_table, measure
 from tilefeed.bench.peers.loaders import RowSettings, build_loader
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.host import usable_cores
+
+
+@dataclass
+class SweepResult:
+    """Every run of a sweep (each noting the value it ran at in ``extra``), the settings of the
+    last value, and the stall plot's path."""
+
+    over: str  # the setting swept: "step-ms" or "workers"
+    values: list[float]
+    runs: list[RunResult]
+    settings: dict[str, Any]
+    plot: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """What the main form's ``--json`` writes, over every value's runs."""
+        return {"runs": [r.as_dict() for r in self.runs], "fair": True, "settings": self.settings}
+
+    def table(self) -> str:
+        """Each loader's stall at each value, and where the plot is."""
+        loaders = list(dict.fromkeys(r.loader for r in self.runs))
+        lines = [f"| stall at {self.over} | " + " | ".join(f"{v:g}" for v in self.values) + " |",
+                 "| --- |" + " ---: |" * len(self.values)]
+        for name in loaders:
+            stalls = [f"{r.stall_fraction:.1%}" for r in self.runs if r.loader == name]
+            lines.append(f"| {name} | " + " | ".join(stalls) + " |")
+        return "\n".join([*lines, f"plot: {self.plot}"])
 
 
 class UnfairComparison(ConfigError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -11,6 +11,25 @@ import torch
 from tilefeed.bench.harness.watch import measure
 from tilefeed.bench.peers.loaders import RowSettings, build_loader
 from tilefeed.bench.harness.steps import EmulatedStep
+
+
+@dataclass
+class Diagnosis:
+    """The loader's rate alone, the step's, the verdict, and each lever tried or named."""
+
+    loader: str
+    loader_img_per_s: float
+    step_img_per_s: float
+    input_bound: bool
+    lines: list[str] = field(default_factory=list)  # the report, line by line
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """The report: both rates, the verdict and the levers."""
+        return "\n".join(self.lines)
 
 
 def _loader_alone(name: str, s: RowSettings, steps: int, warmup: int) -> float:
@@ -27,15 +46,17 @@ def _step_alone(step: Any, s: RowSettings, steps: int, warmup: int) -> float:
     return s.batch_size / (run.step_median_ms / 1000) if run.step_median_ms else float("inf")
 
 
-def diagnose(name: str, s: RowSettings, step: Any, *, steps: int, warmup: int) -> str:
+def diagnose(name: str, s: RowSettings, step: Any, *, steps: int, warmup: int) -> Diagnosis:
+    """Loader ``name`` alone and ``step`` alone; when the loader cannot keep up, the levers."""
     feed = _loader_alone(name, s, steps, warmup)
     need = _step_alone(step, s, steps, warmup)
     lines = [f"loader '{name}' alone: {feed:.0f} img/s",
              f"step alone ({step.describe()}): {need:.0f} img/s"]
+    found = Diagnosis(name, feed, need, input_bound=feed < need, lines=lines)
     if feed >= need:
         lines.append(f"verdict: not input-bound: the loader supplies {feed / need:.1f}x what the "
                      "step consumes; look at the step, not the data.")
-        return "\n".join(lines)
+        return found
     lines.append(f"verdict: input-bound: the step could take {need:.0f} img/s but gets {feed:.0f}; "
                  f"expected stall about {1 - feed / need:.0%} of each step's time.")
     levers = []
@@ -53,4 +74,4 @@ def diagnose(name: str, s: RowSettings, step: Any, *, steps: int, warmup: int) -
         lines.append("lever: GPU decoding and augmentation (not measurable here: no CUDA device)")
     lines.append("lever: deeper prefetch (Loader(prefetch=...)) only smooths bursts: it cannot lift "
                  "a loader whose average rate is below the step's")
-    return "\n".join(lines)
+    return found

@@ -10,15 +10,11 @@ and the decode alone at each scale."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +22,7 @@ import numpy as np
 import torch
 
 from tilefeed.bench.peers.baseline import jpeg_dataloader
+from tilefeed.bench.peers.ffcv import FfcvPeer
 from tilefeed.bench.fixtures.halves import HALVES, check_halves
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.mixing.mix import Mix
@@ -56,6 +53,10 @@ class LoaderBenchResult:
     def mixture_ratio(self) -> tuple[float, float, float] | None:
         """The rounds' mixture / single store: median, least, most (None without the row)."""
         return (statistics.median(r), min(r), max(r)) if (r := self.mixture_ratios) else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
 
     def table(self) -> str:
         wide = max(map(len, ["loader", *self.rates]))
@@ -258,66 +259,6 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
     return result
 
 
-def _check_same_pictures(tiles: np.ndarray, raw: StoreReader, jpeg: StoreReader) -> None:
-    """The JPEG store must hold the raw store's pictures, in the same order, as whole tiles."""
-    if jpeg.codec.name != "jpeg" or jpeg.codec.shape != raw.codec.shape or len(jpeg) != len(raw) \
-            or not np.array_equal(jpeg.labels, raw.labels):
-        raise ValueError(f"{jpeg.location} is not a JPEG store of {raw.location}'s tiles")
-    for i in range(len(raw)):
-        error = np.abs(jpeg.read(i).astype(np.int16) - tiles[i]).mean()
-        if error > 8:  # a q90 JPEG of the same tile is a level or two off on average
-            raise ValueError(f"sample {i} of {jpeg.location} is not the picture of sample {i} "
-                             f"of {raw.location} (mean difference {error:.1f} levels)")
-
-
-class FfcvPeer:
-    """FFCV's loaders in their own Python (``bench/peers/ffcv.py``), on this store's tiles: one
-    measured round of every figure per ``round()``, interleaved with tilefeed's rounds."""
-
-    def __init__(self, python: str, reader: StoreReader, jpeg: StoreReader, *, batch_size: int,
-                 workers: int, min_seconds: float, log: bool) -> None:
-        tiles = np.stack([reader.read(i) for i in range(len(reader))])
-        _check_same_pictures(tiles, reader, jpeg)
-        self.folder = Path(tempfile.mkdtemp(prefix="tilefeed-ffcv-"))
-        np.save(self.folder / "tiles.npy", tiles)
-        np.save(self.folder / "labels.npy", reader.labels)
-        files = [np.frombuffer(p, np.uint8) for p in jpeg.payloads(range(len(jpeg)))]
-        np.save(self.folder / "jpeg.npy", np.concatenate(files))  # FFCV stores these very files
-        np.save(self.folder / "jpeg_ends.npy", np.cumsum([len(f) for f in files]))
-        if log:
-            print("FFCV: writing its datasets and compiling its pipelines...", flush=True)
-        self.proc = subprocess.Popen(
-            [python, str(Path(__file__).with_name("ffcv_peer.py")), str(self.folder),
-             "--batch-size", str(batch_size), "--workers", str(workers),
-             "--min-seconds", str(min_seconds)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._read()  # {"ready": [...]}
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the FFCV peer exited (status {self.proc.wait()}); run "
-                               f"bench/peers/ffcv.py with that Python to see why")
-        return json.loads(line)  # type: ignore[no-any-return]
-
-    def round(self) -> dict[str, float]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("round\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # its measurements are in; a hung exit is not ours to wait on
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
 @dataclass
 class SizesBenchResult:
     """Training throughput at several output sizes from one store, and JPEG decode speed at
@@ -332,6 +273,10 @@ class SizesBenchResult:
     decode: dict[int, float] = field(default_factory=dict)  # DCT scale 1/f -> tiles/s, one thread
     reduced: dict[int, float] = field(default_factory=dict)  # size -> share of tiles decoded below full
     builds: int = 0  # DALI pipelines built over every size change of the run
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
 
     def table(self) -> str:
         names = list(self.rates)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from typing import Any
 
 SHARD_SIZE = 1024  # tiles per shard: the preprocess default
@@ -28,8 +29,44 @@ STAGES = {
 }
 
 
+@dataclass
+class OrderCost:
+    """One rank's order costs: the run's settings, and per stage (``STAGES``) its ``seconds``,
+    ``peak_mib`` (peak resident growth) and ``items`` (samples, or bytes of the ledger record)."""
+
+    samples: int
+    world_size: int
+    resumed_world_size: int
+    rank: int
+    shuffle: str
+    batch_size: int
+    seed: int
+    saved_batches: int
+    peak_reset: bool  # False: the kernel kept the peak, so each stage's includes the ones before
+    baseline_mib: float
+    stages: dict[str, dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """The figures as a table, one row per stage."""
+        lines = [f"order cost: {self.samples:,} samples, world size {self.world_size} "
+                 f"(resumed at {self.resumed_world_size} after {self.saved_batches:,} batches), "
+                 f"rank {self.rank}, shuffle={self.shuffle}, batch {self.batch_size}"]
+        row = "{:<36}  {:>13}  {:>8}  {:>9}"
+        lines.append(row.format("stage", "samples/bytes", "seconds", "peak MiB"))
+        for name, title in STAGES.items():
+            s = self.stages[name]
+            lines.append(row.format(title, f"{s['items']:,}", f"{s['seconds']:.2f}", f"{s['peak_mib']:.1f}"))
+        if not self.peak_reset:
+            lines.append("(the kernel refused to reset the peak: each stage's figure includes the ones before)")
+        return "\n".join(lines)
+
+
 def order_cost(samples: int, world_size: int, *, shuffle: str = "global", rank: int = 0,
-               batch_size: int = 256, seed: int = 0) -> dict[str, Any]:
+               batch_size: int = 256, seed: int = 0) -> OrderCost:
     """Seconds and peak memory growth (MiB) of each stage, measured in a fresh subprocess."""
     args = dict(samples=samples, world_size=world_size, shuffle=shuffle, rank=rank,
                 batch_size=batch_size, seed=seed)
@@ -38,8 +75,7 @@ def order_cost(samples: int, world_size: int, *, shuffle: str = "global", rank: 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"order_cost child failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return OrderCost(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def _status_kib(field: str) -> int:
@@ -104,21 +140,6 @@ def _measure(samples: int, world_size: int, shuffle: str, rank: int, batch_size:
             "stages": stages}
 
 
-def format_order_cost(result: dict[str, Any]) -> str:
-    """``order_cost``'s figures as a table."""
-    lines = [f"order cost: {result['samples']:,} samples, world size {result['world_size']} "
-             f"(resumed at {result['resumed_world_size']} after {result['saved_batches']:,} batches), "
-             f"rank {result['rank']}, shuffle={result['shuffle']}, batch {result['batch_size']}"]
-    row = "{:<36}  {:>13}  {:>8}  {:>9}"
-    lines.append(row.format("stage", "samples/bytes", "seconds", "peak MiB"))
-    for name, title in STAGES.items():
-        s = result["stages"][name]
-        lines.append(row.format(title, f"{s['items']:,}", f"{s['seconds']:.2f}", f"{s['peak_mib']:.1f}"))
-    if not result["peak_reset"]:
-        lines.append("(the kernel refused to reset the peak: each stage's figure includes the ones before)")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":  # python -m tilefeed.bench.suites.order_cost SAMPLES WORLD [SHUFFLE]
-    print(format_order_cost(order_cost(int(sys.argv[1]), int(sys.argv[2]),
-                                       shuffle=sys.argv[3] if len(sys.argv) > 3 else "global")))
+    print(order_cost(int(sys.argv[1]), int(sys.argv[2]),
+                     shuffle=sys.argv[3] if len(sys.argv) > 3 else "global").table())

@@ -17,10 +17,37 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+@dataclass
+class PartsResult:
+    """Each pair's figures (name -> value, the unit in the name), on ``batch_size`` tiles of
+    ``store`` with ``threads`` threads."""
+
+    store: str
+    batch_size: int
+    threads: int
+    batch_memory: dict[str, float]
+    window_resize: dict[str, float]
+    jpeg_decode: dict[str, float]
+    epoch_starts: dict[str, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """One line per part, its figures side by side."""
+        lines = [f"{self.store}: batches of {self.batch_size} tiles, {self.threads} threads"]
+        for part, figures in self.as_dict().items():
+            if isinstance(figures, dict):
+                lines.append(f"{part}: " + ", ".join(f"{k} {v:,.1f}" for k, v in figures.items()))
+        return "\n".join(lines)
 
 
 def _best_per_s(work: Callable[[], int], rounds: int) -> float:
@@ -167,22 +194,15 @@ def _epoch_starts(store: Path, batch_size: int, workers: int, epochs: int) -> di
             "other_batches_ms": 1000 * statistics.median(rest)}
 
 
-def bench_parts(store: Path, *, batch_size: int = 64, workers: int = 2, rounds: int = 5) -> dict[str, Any]:
+def bench_parts(store: Path, *, batch_size: int = 64, workers: int = 2, rounds: int = 5) -> PartsResult:
     """Every measurement above on ``store`` (a lossless store of whole tiles)."""
     from tilefeed.pipeline import StoreReader
 
     with StoreReader(store) as reader:
         tiles = np.stack([reader.read(i) for i in range(min(batch_size, len(reader)))])
-    return {"store": str(store), "batch_size": len(tiles), "threads": workers,
-            "batch_memory": _batch_memory(tiles, rounds),
-            "window_resize": _resize(tiles, rounds, workers),
-            "jpeg_decode": _jpeg_decode(tiles, rounds, workers),
-            "epoch_starts": _epoch_starts(store, batch_size, workers, epochs=rounds)}
+    return PartsResult(store=str(store), batch_size=len(tiles), threads=workers,
+                       batch_memory=_batch_memory(tiles, rounds),
+                       window_resize=_resize(tiles, rounds, workers),
+                       jpeg_decode=_jpeg_decode(tiles, rounds, workers),
+                       epoch_starts=_epoch_starts(store, batch_size, workers, epochs=rounds))
 
-
-def format_parts(r: dict[str, Any]) -> str:
-    lines = [f"{r['store']}: batches of {r['batch_size']} tiles, {r['threads']} threads"]
-    for part, figures in r.items():
-        if isinstance(figures, dict):
-            lines.append(f"{part}: " + ", ".join(f"{k} {v:,.1f}" for k, v in figures.items()))
-    return "\n".join(lines)

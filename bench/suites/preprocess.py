@@ -13,8 +13,9 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess.images import Rejected, load_tiles
@@ -35,6 +36,10 @@ class PreprocessBenchResult:
     overhead: float  # median over rounds of (bare rate / 1-worker rate - 1), from the same round
     scaling: float  # median over rounds of 2-worker rate / 1-worker rate
     phases: dict[str, float]  # 1 worker: median share of the run's time per phase, and "other"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
 
     def table(self) -> str:
         rows = [

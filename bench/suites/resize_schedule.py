@@ -19,9 +19,10 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,6 +44,10 @@ class ScheduleResult:
     sizes: dict[str, list[int]] = field(default_factory=dict)  # each epoch's size
     accuracy: dict[str, list[float]] = field(default_factory=dict)  # per seed
     seconds: dict[str, list[float]] = field(default_factory=dict)  # measured wall-clock per seed
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
 
     def table(self) -> str:
         lines = ["one epoch's training at each size (s): " + ", ".join(

@@ -20,12 +20,87 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tilefeed.bench.suites.order_cost import OrderCost
+
 JPEG_SIDE = 16  # tiny: decoding must not be what is timed
+
+
+@dataclass
+class ScaleRow:
+    """One size's figures, each taken in a fresh process but the rates."""
+
+    writer: dict[str, Any]  # sources, peak_bytes, cpu_s, wall_s, us_per_source
+    open: dict[str, Any]  # seconds, growth_bytes, samples
+    read: dict[str, float]  # cpu_us, faults: per sample, random batches, every page mapped
+    info_s: float
+    verify_s: float
+    store: str
+    rates: list[float] = field(default_factory=list)  # samples/s per round, the stores in turn
+
+
+@dataclass
+class ScaleResult:
+    """Every size's row, the settings they share and, when measured, one rank's epoch order at
+    scale (``order_cost``), one per shuffle."""
+
+    rows: list[ScaleRow]
+    batch_size: int
+    size: int
+    workers: int
+    order: list[OrderCost] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """A Markdown table, one column per size and one for the growth per added source; then
+        each order's table."""
+        return "\n\n".join([self._sizes_table(), *(order.table() for order in self.order)])
+
+    def _sizes_table(self) -> str:
+        rows = self.rows
+        first = rows[0]
+        heads = " | ".join(f"{r.writer['sources']:,} sources" for r in rows)
+        lines = [f"| | {heads} | per added source |",
+                 "|---|" + "---|" * (len(rows) + 1)]
+
+        def line(name: str, cells: list[str], per: str = "") -> None:
+            lines.append(f"| {name} | {' | '.join(cells)} | {per} |")
+
+        def per_source(key: Any, unit: str = "bytes", scale: float = 1.0) -> str:
+            last = rows[-1]
+            added = last.writer["sources"] - first.writer["sources"]
+            return f"{(key(last) - key(first)) * scale / added:.1f} {unit}" if added else ""
+
+        line("writer driver peak RSS", [f"{r.writer['peak_bytes'] / 1e6:.0f} MB" for r in rows],
+             per_source(lambda r: r.writer["peak_bytes"]))
+        line("writer driver CPU per source", [f"{r.writer['us_per_source']:.1f} µs" for r in rows],
+             per_source(lambda r: r.writer["cpu_s"], "µs", 1e6))
+        line("writer wall time", [f"{r.writer['wall_s']:.0f} s" for r in rows])
+        line("`StoreReader` open: time, resident growth",
+             [f"{r.open['seconds'] * 1e3:.0f} ms, +{r.open['growth_bytes'] / 1e6:.1f} MB" for r in rows],
+             per_source(lambda r: r.open["growth_bytes"]))
+
+        def against_first(runs: list[float]) -> str:
+            ratios = [mine / base for mine, base in zip(runs, first.rates, strict=True)]
+            return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+        line(f"Loader uint8, batch {self.batch_size}, random order, {self.size} px tiles, "
+             "in turn in one process: samples/s, median (range); against the first store, median of "
+             "the rounds' ratios (range)",
+             [f"{statistics.median(r.rates):,.0f} ({min(r.rates):,.0f}-{max(r.rates):,.0f}), "
+              f"{against_first(r.rates)}" for r in rows])
+        line("read path alone, random batches once every page is mapped: CPU per sample, page faults",
+             [f"{r.read['cpu_us']:.2f} µs, {r.read['faults']:.3f}" for r in rows])
+        line("`tilefeed info` / `tilefeed verify`", [f"{r.info_s:.1f} s / {r.verify_s:.1f} s" for r in rows])
+        return "\n".join(lines)
 
 
 def linked_image_folder(root: Path, *, classes: int, per_class: int) -> Path:
@@ -186,61 +261,23 @@ def rates(stores: list[Path], *, batch_size: int, warm: int, timed: int, rounds:
 
 
 def run_scale(root: Path, classes: list[int], *, per_class: int, size: int, workers: int,
-              batch_size: int, warm: int, timed: int, rounds: int) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = []
+              batch_size: int, warm: int, timed: int, rounds: int) -> ScaleResult:
+    """Each of ``classes`` (class folders of ``per_class`` sources) made under ``root`` and
+    preprocessed at ``size`` px; every size's figures, the rates last, in one process."""
+    rows: list[ScaleRow] = []
     for count in classes:
         sources = linked_image_folder(root / f"sources-{count}x{per_class}", classes=count,
                                       per_class=per_class)
         store = root / f"store-{count}x{per_class}-{size}"
         print(f"{count * per_class:,} sources: preprocessing into {store}", file=sys.stderr, flush=True)
-        row: dict[str, Any] = {"writer": build(sources, store, size=size, workers=workers)}
-        row["open"] = open_cost(store)
-        row["read"] = _child(_READ, str(store))
-        row["info_s"] = _timed([sys.executable, "-m", "tilefeed", "info", str(store)])
-        row["verify_s"] = _timed([sys.executable, "-m", "tilefeed", "verify", str(store)])
-        row["store"] = str(store)
-        rows.append(row)
+        writer = build(sources, store, size=size, workers=workers)
+        rows.append(ScaleRow(writer=writer, open=open_cost(store), read=_child(_READ, str(store)),
+                             info_s=_timed([sys.executable, "-m", "tilefeed", "info", str(store)]),
+                             verify_s=_timed([sys.executable, "-m", "tilefeed", "verify", str(store)]),
+                             store=str(store)))
     print("random-order rates, the stores in turn", file=sys.stderr, flush=True)
-    for row, runs in zip(rows, rates([Path(r["store"]) for r in rows], batch_size=batch_size,
+    for row, runs in zip(rows, rates([Path(r.store) for r in rows], batch_size=batch_size,
                                      warm=warm, timed=timed, rounds=rounds), strict=True):
-        row["rates"] = runs
-    return {"rows": rows, "batch_size": batch_size, "size": size, "workers": workers}
+        row.rates = runs
+    return ScaleResult(rows=rows, batch_size=batch_size, size=size, workers=workers)
 
-
-def format_scale(result: dict[str, Any]) -> str:
-    rows = result["rows"]
-    first = rows[0]
-    heads = " | ".join(f"{r['writer']['sources']:,} sources" for r in rows)
-    lines = [f"| | {heads} | per added source |",
-             "|---|" + "---|" * (len(rows) + 1)]
-
-    def line(name: str, cells: list[str], per: str = "") -> None:
-        lines.append(f"| {name} | {' | '.join(cells)} | {per} |")
-
-    def per_source(key: Any, unit: str = "bytes", scale: float = 1.0) -> str:
-        last = rows[-1]
-        added = last["writer"]["sources"] - first["writer"]["sources"]
-        return f"{(key(last) - key(first)) * scale / added:.1f} {unit}" if added else ""
-
-    line("writer driver peak RSS", [f"{r['writer']['peak_bytes'] / 1e6:.0f} MB" for r in rows],
-         per_source(lambda r: r["writer"]["peak_bytes"]))
-    line("writer driver CPU per source", [f"{r['writer']['us_per_source']:.1f} µs" for r in rows],
-         per_source(lambda r: r["writer"]["cpu_s"], "µs", 1e6))
-    line("writer wall time", [f"{r['writer']['wall_s']:.0f} s" for r in rows])
-    line("`StoreReader` open: time, resident growth",
-         [f"{r['open']['seconds'] * 1e3:.0f} ms, +{r['open']['growth_bytes'] / 1e6:.1f} MB" for r in rows],
-         per_source(lambda r: r["open"]["growth_bytes"]))
-
-    def against_first(runs: list[float]) -> str:
-        ratios = [mine / base for mine, base in zip(runs, first["rates"], strict=True)]
-        return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-
-    line(f"Loader uint8, batch {result['batch_size']}, random order, {result['size']} px tiles, "
-         "in turn in one process: samples/s, median (range); against the first store, median of "
-         "the rounds' ratios (range)",
-         [f"{statistics.median(r['rates']):,.0f} ({min(r['rates']):,.0f}-{max(r['rates']):,.0f}), "
-          f"{against_first(r['rates'])}" for r in rows])
-    line("read path alone, random batches once every page is mapped: CPU per sample, page faults",
-         [f"{r['read']['cpu_us']:.2f} µs, {r['read']['faults']:.3f}" for r in rows])
-    line("`tilefeed info` / `tilefeed verify`", [f"{r['info_s']:.1f} s / {r['verify_s']:.1f} s" for r in rows])
-    return "\n".join(lines)

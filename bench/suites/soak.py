@@ -207,7 +207,34 @@ def soak(store: str | Path, *, seconds: float = 60.0, batch_size: int = 16, work
     return results
 
 
+@dataclass
+class SoakResult:
+    """Every pattern's result, and the RSS growth per unit they were held to."""
+
+    patterns: list[PatternResult]
+    limit_kb: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether every pattern passed."""
+        return all(r.ok for r in self.patterns)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data: each pattern's figures, the limit and the verdict."""
+        return {"patterns": [asdict(r) for r in self.patterns], "limit_kb": self.limit_kb, "ok": self.ok}
+
+    def table(self) -> str:
+        """A Markdown table, one row per pattern, and the verdict."""
+        failed = [r.pattern for r in self.patterns if not r.ok]
+        gpu = any(r.gpu_slope_kb is not None for r in self.patterns)
+        return "\n".join([header(gpu), *map(format_row, self.patterns), "",
+                          f"soak: {'FAIL: ' + ', '.join(failed) if failed else 'pass'}: RSS growth per unit "
+                          f"under {self.limit_kb:g} KB and threads, open files and shared memory flat after "
+                          "warm-up"])
+
+
 def format_row(r: PatternResult) -> str:
+    """One pattern's row of the table."""
     def span(v: tuple[int, int]) -> str:
         return str(v[0]) if v[0] == v[1] else f"{v[0]}-{v[1]}"
 
@@ -218,14 +245,11 @@ def format_row(r: PatternResult) -> str:
             f"{span(r.shm_segments)}{gpu} | {'pass' if r.ok else 'FAIL'} |")
 
 
-def header() -> str:
-    gpu = torch.cuda.is_available()
+def header(gpu: bool) -> str:
+    """The table's head; ``gpu``: with a column for device memory."""
     cols = ["pattern", "units", "RSS MB", "RSS KB/unit after warm-up", "RSS KB, median last third "
             "- first", "threads", "open files", "shm segments", *(["GPU KB/unit"] if gpu else []), "verdict"]
     align = ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", *(["---:"] if gpu else []),
              "---"]
     return "| " + " | ".join(cols) + " |\n| " + " | ".join(align) + " |"
 
-
-def to_json(results: list[PatternResult]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in results]

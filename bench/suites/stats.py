@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,57 @@ from tilefeed.bench.harness.steps import EmulatedStep
 from tilefeed.pipeline import Loader
 
 EPOCHS = 3  # timed per round, after a warm-up epoch: long enough to rise above the timer noise
+
+
+@dataclass
+class StatsOverhead:
+    """samples/s and CPU microseconds per sample per round, with the stats clocks on and off."""
+
+    on: list[float]
+    off: list[float]
+    cpu_us_on: list[float]
+    cpu_us_off: list[float]
+    cost: float  # 1 - median samples/s on / off
+    cpu_cost: float  # median CPU per sample on / off - 1
+    paired: list[float]  # each round's 1 - on / off
+
+
+@dataclass
+class StatsResult:
+    """Both measurements: ``overhead``, and ``advice``'s runs (``before`` and, when the advice
+    named a worker count, ``after``: each its ``workers``, ``stall``, ``bottleneck``, ``advice``
+    and the stats' text)."""
+
+    overhead: StatsOverhead
+    advice: dict[str, dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """The overhead's table, the decode-bound Loader's stats and the runs before and after."""
+        o = self.overhead
+        lines = ["stats overhead (training Loader, medians of "
+                 f"{len(o.on)} interleaved rounds):",
+                 "| stats | samples/s | range | CPU us/sample | range |",
+                 "| --- | ---: | ---: | ---: | ---: |"]
+        for name, v, c in (("on", o.on, o.cpu_us_on), ("off", o.off, o.cpu_us_off)):
+            lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} | "
+                         f"{statistics.median(c):.1f} | {min(c):.1f}-{max(c):.1f} |")
+        lines.append(f"cost: {o.cost:+.2%} of samples/s (paired rounds {min(o.paired):+.1%} to "
+                     f"{max(o.paired):+.1%}), {o.cpu_cost:+.2%} of CPU per sample")
+        a = self.advice
+        lines += ["", "decode-bound on purpose (JPEG store, one worker, train, CPU):",
+                  a["before"]["stats"], "", "| run | workers | stall | bottleneck |",
+                  "| --- | ---: | ---: | --- |"]
+        for name in ("before", "after"):
+            if name in a:
+                r = a[name]
+                lines.append(f"| {name} | {r['workers']} | {r['stall']:.1%} | {r['bottleneck']} |")
+        if "after" not in a:
+            lines.append("the advice names no worker count to apply: " + a["before"]["advice"])
+        return "\n".join(lines)
 
 
 def _rates(store: Path, batch_size: int, workers: int, stats: bool) -> tuple[float, float]:
@@ -39,7 +91,7 @@ def _rates(store: Path, batch_size: int, workers: int, stats: bool) -> tuple[flo
                 1e6 * (time.process_time() - cpu) / samples)
 
 
-def overhead(store: Path, *, batch_size: int, workers: int, rounds: int) -> dict[str, Any]:
+def overhead(store: Path, *, batch_size: int, workers: int, rounds: int) -> StatsOverhead:
     """samples/s and CPU per sample with stats on and off, alternating round by round; the
     CPU time is the steadier figure on a shared machine (other tenants slow the wall clock)."""
     on: list[tuple[float, float]] = []
@@ -51,17 +103,17 @@ def overhead(store: Path, *, batch_size: int, workers: int, rounds: int) -> dict
     def median(runs: list[tuple[float, float]], k: int) -> float:
         return statistics.median(r[k] for r in runs)
 
-    return {"on": [r[0] for r in on], "off": [r[0] for r in off],
-            "cpu_us_on": [r[1] for r in on], "cpu_us_off": [r[1] for r in off],
-            "cost": 1 - median(on, 0) / median(off, 0),
-            "cpu_cost": median(on, 1) / median(off, 1) - 1,
-            "paired": [1 - a[0] / b[0] for a, b in zip(on, off, strict=True)]}
+    return StatsOverhead(on=[r[0] for r in on], off=[r[0] for r in off],
+                         cpu_us_on=[r[1] for r in on], cpu_us_off=[r[1] for r in off],
+                         cost=1 - median(on, 0) / median(off, 0),
+                         cpu_cost=median(on, 1) / median(off, 1) - 1,
+                         paired=[1 - a[0] / b[0] for a, b in zip(on, off, strict=True)])
 
 
-def advice(jpeg_store: Path, *, batch_size: int, step_ms: float, steps: int) -> dict[str, Any]:
+def advice(jpeg_store: Path, *, batch_size: int, step_ms: float, steps: int) -> dict[str, dict[str, Any]]:
     """A decode-bound Loader's stats, and the stall before and after its advice is applied."""
     step = EmulatedStep(step_ms, torch.device("cpu"))
-    runs: dict[str, Any] = {}
+    runs: dict[str, dict[str, Any]] = {}
     workers = 1
     with Loader(jpeg_store, batch_size, train=True, num_workers=workers, device="cpu") as loader:
         before = measure(loader, step, steps=steps, name="one worker", device="cpu")
@@ -79,26 +131,10 @@ def advice(jpeg_store: Path, *, batch_size: int, step_ms: float, steps: int) -> 
     return runs
 
 
-def format_stats(result: dict[str, Any]) -> str:
-    o = result["overhead"]
-    lines = ["stats overhead (training Loader, medians of "
-             f"{len(o['on'])} interleaved rounds):",
-             "| stats | samples/s | range | CPU us/sample | range |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    for name in ("on", "off"):
-        v, c = o[name], o[f"cpu_us_{name}"]
-        lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} | "
-                     f"{statistics.median(c):.1f} | {min(c):.1f}-{max(c):.1f} |")
-    lines.append(f"cost: {o['cost']:+.2%} of samples/s (paired rounds {min(o['paired']):+.1%} to "
-                 f"{max(o['paired']):+.1%}), {o['cpu_cost']:+.2%} of CPU per sample")
-    a = result["advice"]
-    lines += ["", "decode-bound on purpose (JPEG store, one worker, train, CPU):",
-              a["before"]["stats"], "", "| run | workers | stall | bottleneck |",
-              "| --- | ---: | ---: | --- |"]
-    for name in ("before", "after"):
-        if name in a:
-            r = a[name]
-            lines.append(f"| {name} | {r['workers']} | {r['stall']:.1%} | {r['bottleneck']} |")
-    if "after" not in a:
-        lines.append("the advice names no worker count to apply: " + a["before"]["advice"])
-    return "\n".join(lines)
+
+def bench_stats(store: Path, jpeg_store: Path, *, batch_size: int, workers: int, rounds: int,
+                step_ms: float, steps: int) -> StatsResult:
+    """Both measurements: the overhead on ``store``, the advice on ``jpeg_store`` (the same
+    pictures as JPEG tiles)."""
+    return StatsResult(overhead=overhead(store, batch_size=batch_size, workers=workers, rounds=rounds),
+                       advice=advice(jpeg_store, batch_size=batch_size, step_ms=step_ms, steps=steps))

@@ -78,6 +78,33 @@ def test_sweep_and_diagnose(tmp_path: Path, data: tuple[Path, Path]) -> None:
     assert "verdict: input-bound" in r.stdout and "preprocess to tiles" in r.stdout
 
 
+def test_every_bench_form_has_a_summary_and_every_option_help() -> None:
+    import argparse
+
+    from tilefeed.cli.bench import FORMS, main_parser
+
+    assert {"preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "schedule", "gpu-report",
+            "cloud", "clients", "parts", "stats", "scale"} == set(FORMS)
+    parsers = {"": main_parser()}
+    for name, form in FORMS.items():
+        assert form.name == name and form.summary.strip() and "\n" not in form.summary, name
+        parsers[name] = form.parser()
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
+    listing = main_parser().format_help()
+    assert all(f"  {name:<10}  {form.summary}" in listing for name, form in FORMS.items()), listing
+
+
+def test_bench_names_an_unknown_form_and_lists_the_forms() -> None:
+    r = tilefeed("bench", "nonsense", "--count", "2")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("tilefeed: error: unknown bench form 'nonsense'; the forms: preprocess, "
+                                "loader, sweep, diagnose, soak, aspect, schedule, gpu-report, cloud, "
+                                "clients, parts, stats, scale")
+
+
 def test_bench_rejects_unknown_loader(data: tuple[Path, Path]) -> None:
     images, store = data
     r = tilefeed("bench", "--images", str(images), "--store", str(store), "--loaders", "magic")

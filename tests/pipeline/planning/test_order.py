@@ -246,13 +246,13 @@ def test_an_imagenet_share_takes_well_under_a_second(shuffle: str) -> None:
 
 
 def test_order_cost_measures_each_stage_in_a_fresh_process() -> None:
-    from tilefeed.bench.suites.order_cost import STAGES, format_order_cost, order_cost
+    from tilefeed.bench.suites.order_cost import STAGES, order_cost
 
     result = order_cost(100_000, 4, shuffle="shard", rank=3, batch_size=64)
-    assert set(result["stages"]) == set(STAGES)
-    assert result["stages"]["order"]["items"] == 25_000
+    assert set(result.stages) == set(STAGES)
+    assert result.stages["order"]["items"] == 25_000
     # saved at 4 ranks after 195 of 391 batches, resumed on 2: the rest split in two
-    assert result["stages"]["resume"]["items"] == (100_000 - 4 * 195 * 64) // 2
-    assert all(s["seconds"] > 0 and s["peak_mib"] >= 0 for s in result["stages"].values())
-    table = format_order_cost(result)
+    assert result.stages["resume"]["items"] == (100_000 - 4 * 195 * 64) // 2
+    assert all(s["seconds"] > 0 and s["peak_mib"] >= 0 for s in result.stages.values())
+    table = result.table()
     assert "100,000 samples, world size 4" in table and all(title in table for title in STAGES.values())
