@@ -4,8 +4,10 @@ import contextlib
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -433,20 +435,47 @@ def test_a_loader_dropped_mid_epoch_inside_a_reference_cycle_spoils_no_later_loa
             assert len(indices_of(fresh)) == 50
 
 
-def test_a_finalised_loader_waits_for_nothing_and_its_graph_is_given_back_later(
-        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The collector may finalise a Loader inside ``threading`` holding its locks (seen: a
-    thread starting, in ``_maintain_shutdown_locks``): joining a thread there deadlocked."""
+# What a finaliser must not call: each waits for a thread or stops one. The collector may finalise
+# a Loader inside ``threading`` holding its locks (seen: a thread starting, in
+# ``_maintain_shutdown_locks``): joining a thread there deadlocked.
+WAITS = [(threading.Thread, "join"), (ThreadPoolExecutor, "shutdown"), (pool.Graph, "park"),
+         (pool.Graph, "close"), (Feed, "park"), (BatchSource, "close"), (BatchSource, "stop")]
+
+
+def check_finaliser_waits_for_nothing(loader: Loader) -> None:
+    """``loader.__del__()`` on an armed Loader calls nothing of ``WAITS`` (recorded, on this
+    thread, not refused: a finaliser swallows every exception) and leaves its graph running, noted
+    for the pool to take back later."""
+    graph = loader._graph
+    assert graph is not None and graph.feed._thread is not None and graph.source._pool is not None
+    me = threading.get_ident()
+    called: list[str] = []
+
+    def recording(real: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me:  # the finaliser's calls, not those of the graph's threads
+                called.append(name)
+            return real(self, *args, **kwargs)
+        return recorded
+
+    with pytest.MonkeyPatch.context() as m:
+        for owner, name in WAITS:
+            m.setattr(owner, name, recording(getattr(owner, name), f"{owner.__name__}.{name}"))
+        loader.__del__()
+    assert not called, f"the finaliser called {called}"
+    assert loader._graph is None and any(g is graph for _, g in pool._orphans)
+    assert graph.feed._thread.is_alive() and graph.source._pool is not None  # nothing stopped yet
+
+
+def test_a_finalised_loader_waits_for_nothing_and_its_graph_is_given_back_later(store: Path) -> None:
+    """The collector may finalise a Loader inside ``threading`` holding its locks: the finaliser
+    only notes the graph, and the next Loader's take gives it back (which ends its threads)."""
     pool.clear()
     loader = Loader(store, 4, workers=2)
     it = iter(loader)
     next(it)
     graph = loader._graph
-    with monkeypatch.context() as m:
-        def no_join(*args: object, **kwargs: object) -> None:
-            raise AssertionError("a finaliser joined a thread")
-        m.setattr(threading.Thread, "join", no_join)
-        loader.__del__()
+    check_finaliser_waits_for_nothing(loader)
     assert loader._graph is None and pool._orphans
     with Loader(store, 4, with_index=True) as fresh:  # the orphan is given back first
         assert not pool._orphans
@@ -454,6 +483,45 @@ def test_a_finalised_loader_waits_for_nothing_and_its_graph_is_given_back_later(
     assert graph is not None and graph.source._pool is None  # its reader threads ended
     del it
     pool.clear()
+
+
+# Finalisers that wait, for the check above to fail on.
+
+@pytest.fixture
+def finaliser_gives_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph given back to the pool from the finaliser itself: parking it joins its threads."""
+    def __del__(self: Loader) -> None:
+        graph, self._graph = getattr(self, "_graph", None), None
+        with contextlib.suppress(Exception):
+            if graph is not None:
+                pool.give(self._graph_key, graph)
+
+    monkeypatch.setattr(Loader, "__del__", __del__)
+
+
+@pytest.fixture
+def finaliser_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finaliser that closes the Loader, as ``__exit__`` does."""
+    def __del__(self: Loader) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    monkeypatch.setattr(Loader, "__del__", __del__)
+
+
+@pytest.mark.parametrize("breakage", ["finaliser_gives_back", "finaliser_closes"])
+def test_the_finaliser_check_fails_on_a_finaliser_that_waits(
+        store: Path, breakage: str, request: pytest.FixtureRequest) -> None:
+    pool.clear()
+    loader = Loader(store, 4, workers=2)
+    it = iter(loader)
+    next(it)
+    request.getfixturevalue(breakage)
+    with pytest.raises(AssertionError):
+        check_finaliser_waits_for_nothing(loader)
+    del it
+    pool.clear()
+
 
 @pytest.mark.parametrize("train", [False, True])
 def test_channels_last_is_nchw_shaped_in_channels_last_memory(store: Path, train: bool) -> None:
