@@ -21,9 +21,9 @@ def stand_ins(folder: Path, *, uid: int, headers: bool, simd_compiles: bool = Tr
         "apt-get": f"echo apt-get \"$@\" >> {calls}",
         "apt-cache": "exit 0",
         "dpkg": "exit 0",
-        "python": f'echo "$@" >> {calls}\n'
-                  + ("" if simd_compiles else 'case "$*" in *"install --no-cache-dir pillow-simd"*) exit 1;; esac\n')
-                  + "exit 0",
+        "python": f'echo "$@" >> {calls}\n' + (
+            "" if simd_compiles else 'case "$*" in *"install --no-cache-dir pillow-simd"*) exit 1;; esac\n'
+        ) + "exit 0",
     }
     for name, body in scripts.items():
         (folder / name).write_text(f"#!/bin/sh\n{body}\n")

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -10,6 +15,8 @@ import pytest
 import torch
 
 from tilefeed.pipeline.engine import graph_pool as pool
+from tilefeed.pipeline.engine.batch_source import BatchSource
+from tilefeed.pipeline.engine.feed import Feed
 from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline import ConfigError, CorruptChunkError, Loader, StoreFormatError, StoreReader
 from tilefeed.store import format as fmt
@@ -196,28 +203,162 @@ def test_resume_yields_exactly_the_samples_left(store: Path, stop_after: int) ->
         other.load_state_dict(state)
 
 
-def test_break_and_close_leave_no_thread_or_process(store: Path) -> None:
+def dali_threads() -> set[int]:
+    """This process's DALI threads (DALI names its threads ``[DALI]...``), by native id; none
+    where ``/proc`` does not show a process's threads."""
+    found = set()
+    for task in Path("/proc/self/task").glob("*"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            if (task / "comm").read_text().startswith("[DALI]"):
+                found.add(int(task.name))
+    return found
+
+
+DALI_VISIBLE = Path("/proc/self/task").is_dir()
+
+
+def idle_in_pool(graph: pool.Graph) -> bool:
+    return any(g is graph for idle in pool._idle.values() for g in idle)
+
+
+def check_break_and_close_leave_no_thread_or_process(store: Path) -> None:
+    """Epochs left early, one ended by an exception, then ``close()``: the Loader's own threads
+    (the feeding thread, the reader threads) end, its graph is given back to the pool (where
+    DALI's threads stay parked), and those go with the pool."""
     me = psutil.Process()
     pool.clear()
     before_children = set(me.children(recursive=True))  # e.g. multiprocessing's resource tracker
     before_threads = {t.ident for t in threading.enumerate()}
+    before_dali = dali_threads()
     threads_before = me.num_threads()
     loader = Loader(store, 4, workers=2, with_index=True)
     for _ in range(3):
         for n, _batch in enumerate(loader):
             if n == 2:
                 break  # what was prepared for the rest is dropped; the next epoch reuses the graph
+    # what the checks below look for is there while the Loader runs, so they can see it leak
+    started = {t.name.rstrip("_0123456789") for t in threading.enumerate() if t.ident not in before_threads}
+    assert {"tilefeed-feed", "tilefeed-read"} <= started, started
+    assert dali_threads() - before_dali or not DALI_VISIBLE
+    graph = weakref.ref(loader._graph)  # weakly: a graph held here would keep DALI's threads
     assert len(indices_of(loader)) == 50  # a whole epoch after three abandoned ones
     assert set(me.children(recursive=True)) <= before_children
     with pytest.raises(RuntimeError, match="boom"):
         for _batch in loader:
             raise RuntimeError("boom")
     loader.close()
+    given = graph()
+    assert loader._graph is None and given is not None and idle_in_pool(given), "the graph was not given back"
+    assert given.feed._thread is None and given.source._pool is None  # parked: its threads ended
+    del given
     assert {t.ident for t in threading.enumerate()} <= before_threads  # reader threads ended
     assert set(me.children(recursive=True)) <= before_children
     assert len(indices_of(Loader(store, 4, with_index=True))) == 50  # still usable afterwards
     pool.clear()
     assert me.num_threads() <= threads_before  # DALI's parked threads go with the pool
+    assert not dali_threads() - before_dali
+
+
+def test_break_and_close_leave_no_thread_or_process(store: Path) -> None:
+    check_break_and_close_leave_no_thread_or_process(store)
+
+
+# Loaders that leak, for the check above to fail on. Each keeps what it leaked, and ends it after
+# the test, so that no later test finds its threads.
+
+@pytest.fixture
+def close_drops_the_graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``close()`` lets go of the graph without stopping it: its feeding thread, reader threads
+    and DALI's run on."""
+    dropped: list[pool.Graph] = []
+
+    def release(self: Loader, keep: bool = True) -> None:
+        if self._graph is not None:
+            dropped.append(self._graph)
+        self._graph = None
+
+    monkeypatch.setattr(Loader, "_release", release)
+    yield
+    for graph in dropped:
+        graph.close()
+    pool.clear()
+
+
+@pytest.fixture
+def reader_threads_kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A graph given back with its reader threads running: the batch source's ``close()`` ends
+    the stream but not its threads."""
+    real = BatchSource.close
+    kept: list[BatchSource] = []
+
+    def close(self: BatchSource) -> None:
+        kept.append(self)
+        self.stop()
+
+    monkeypatch.setattr(BatchSource, "close", close)
+    yield
+    pool.clear()
+    for source in kept:
+        real(source)
+
+
+@pytest.fixture
+def feed_thread_left_running(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Parking a feed forgets its thread without ending it: the graph looks parked (no thread,
+    no reader threads) while its feeding thread waits on for work."""
+    left: list[tuple[Feed, threading.Thread]] = []
+
+    def park(self: Feed) -> bool:
+        self.source.stop()
+        if self._thread is not None:
+            left.append((self, self._thread))
+        self._thread, self._position, self._epochs, self._later = None, None, {}, None
+        self._clear()
+        return not self.broken
+
+    monkeypatch.setattr(Feed, "park", park)
+    yield
+    for feed, thread in left:
+        with feed.source.lock:
+            feed._closing = True
+            feed.source.lock.notify_all()
+        thread.join(timeout=60)
+    pool.clear()
+
+
+@pytest.fixture
+def pool_keeps_closed_graphs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Closed graphs held on to: DALI's threads live as long as its pipeline does."""
+    real = pool.Graph.close
+    kept: list[pool.Graph] = []
+
+    def close(self: pool.Graph) -> None:
+        kept.append(self)
+        real(self)
+
+    monkeypatch.setattr(pool.Graph, "close", close)
+    yield
+    kept.clear()  # the pipelines go, and DALI joins their threads
+
+
+@pytest.fixture
+def graph_closed_not_given_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``close()`` closes the graph instead of giving it back: nothing leaks, but the next Loader
+    builds a graph again (and DALI leaves memory behind for each: see ``graph_pool``)."""
+    real = Loader._release
+    monkeypatch.setattr(Loader, "_release", lambda self, keep=True: real(self, keep=False))
+
+
+LEAKS = ["close_drops_the_graph", "reader_threads_kept", "feed_thread_left_running", "pool_keeps_closed_graphs",
+         "graph_closed_not_given_back"]
+
+
+@pytest.mark.parametrize("breakage", LEAKS)
+def test_the_no_thread_check_fails_on_a_loader_that_leaks(
+        store: Path, breakage: str, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue(breakage)
+    with pytest.raises(AssertionError):
+        check_break_and_close_leave_no_thread_or_process(store)
 
 
 def test_corrupt_chunk_is_named_not_yielded(tmp_path: Path) -> None:
@@ -294,20 +435,47 @@ def test_a_loader_dropped_mid_epoch_inside_a_reference_cycle_spoils_no_later_loa
             assert len(indices_of(fresh)) == 50
 
 
-def test_a_finalised_loader_waits_for_nothing_and_its_graph_is_given_back_later(
-        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The collector may finalise a Loader inside ``threading`` holding its locks (seen: a
-    thread starting, in ``_maintain_shutdown_locks``): joining a thread there deadlocked."""
+# What a finaliser must not call: each waits for a thread or stops one. The collector may finalise
+# a Loader inside ``threading`` holding its locks (seen: a thread starting, in
+# ``_maintain_shutdown_locks``): joining a thread there deadlocked.
+WAITS = [(threading.Thread, "join"), (ThreadPoolExecutor, "shutdown"), (pool.Graph, "park"),
+         (pool.Graph, "close"), (Feed, "park"), (BatchSource, "close"), (BatchSource, "stop")]
+
+
+def check_finaliser_waits_for_nothing(loader: Loader) -> None:
+    """``loader.__del__()`` on an armed Loader calls nothing of ``WAITS`` (recorded, on this
+    thread, not refused: a finaliser swallows every exception) and leaves its graph running, noted
+    for the pool to take back later."""
+    graph = loader._graph
+    assert graph is not None and graph.feed._thread is not None and graph.source._pool is not None
+    me = threading.get_ident()
+    called: list[str] = []
+
+    def recording(real: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me:  # the finaliser's calls, not those of the graph's threads
+                called.append(name)
+            return real(self, *args, **kwargs)
+        return recorded
+
+    with pytest.MonkeyPatch.context() as m:
+        for owner, name in WAITS:
+            m.setattr(owner, name, recording(getattr(owner, name), f"{owner.__name__}.{name}"))
+        loader.__del__()
+    assert not called, f"the finaliser called {called}"
+    assert loader._graph is None and any(g is graph for _, g in pool._orphans)
+    assert graph.feed._thread.is_alive() and graph.source._pool is not None  # nothing stopped yet
+
+
+def test_a_finalised_loader_waits_for_nothing_and_its_graph_is_given_back_later(store: Path) -> None:
+    """The collector may finalise a Loader inside ``threading`` holding its locks: the finaliser
+    only notes the graph, and the next Loader's take gives it back (which ends its threads)."""
     pool.clear()
     loader = Loader(store, 4, workers=2)
     it = iter(loader)
     next(it)
     graph = loader._graph
-    with monkeypatch.context() as m:
-        def no_join(*args: object, **kwargs: object) -> None:
-            raise AssertionError("a finaliser joined a thread")
-        m.setattr(threading.Thread, "join", no_join)
-        loader.__del__()
+    check_finaliser_waits_for_nothing(loader)
     assert loader._graph is None and pool._orphans
     with Loader(store, 4, with_index=True) as fresh:  # the orphan is given back first
         assert not pool._orphans
@@ -315,6 +483,45 @@ def test_a_finalised_loader_waits_for_nothing_and_its_graph_is_given_back_later(
     assert graph is not None and graph.source._pool is None  # its reader threads ended
     del it
     pool.clear()
+
+
+# Finalisers that wait, for the check above to fail on.
+
+@pytest.fixture
+def finaliser_gives_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph given back to the pool from the finaliser itself: parking it joins its threads."""
+    def __del__(self: Loader) -> None:
+        graph, self._graph = getattr(self, "_graph", None), None
+        with contextlib.suppress(Exception):
+            if graph is not None:
+                pool.give(self._graph_key, graph)
+
+    monkeypatch.setattr(Loader, "__del__", __del__)
+
+
+@pytest.fixture
+def finaliser_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finaliser that closes the Loader, as ``__exit__`` does."""
+    def __del__(self: Loader) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    monkeypatch.setattr(Loader, "__del__", __del__)
+
+
+@pytest.mark.parametrize("breakage", ["finaliser_gives_back", "finaliser_closes"])
+def test_the_finaliser_check_fails_on_a_finaliser_that_waits(
+        store: Path, breakage: str, request: pytest.FixtureRequest) -> None:
+    pool.clear()
+    loader = Loader(store, 4, workers=2)
+    it = iter(loader)
+    next(it)
+    request.getfixturevalue(breakage)
+    with pytest.raises(AssertionError):
+        check_finaliser_waits_for_nothing(loader)
+    del it
+    pool.clear()
+
 
 @pytest.mark.parametrize("train", [False, True])
 def test_channels_last_is_nchw_shaped_in_channels_last_memory(store: Path, train: bool) -> None:
