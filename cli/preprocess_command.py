@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
 from tilefeed.preprocess.sources.scanning import LABEL_RULES
 from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS, parse_size
+from tilefeed.store.arguments import positive
 from tilefeed.store.format import CODECS
 
 if TYPE_CHECKING:
@@ -30,16 +31,6 @@ def _colour(text: str) -> tuple[int, int, int]:
     if len(parts) != 3 or not all(0 <= p <= 255 for p in parts):
         raise argparse.ArgumentTypeError(f"expected R,G,B (0..255 each) or #rrggbb, got {text!r}")
     return parts  # type: ignore[return-value]
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
 
 
 def _size(text: str) -> int:
@@ -75,14 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _tile_args(p: argparse.ArgumentParser) -> None:
     """How each image becomes tiles (``TileSettings``)."""
-    p.add_argument("--size", type=_positive, default=256, help="tile side T in pixels")
+    p.add_argument("--size", type=positive, default=256, help="tile side T in pixels")
     p.add_argument("--mode", choices=MODES, default="resize",
                    help="resize: one tile per image; grid: cut each image into TxT tiles")
     p.add_argument("--fit", choices=FITS, default="pad",
                    help="resize mode: pad keeps the whole picture (longer side T, its box recorded, "
                    "so training crops and evaluation framing see what torchvision's do); crop keeps "
                    "the centre square (the borders never reach training); stretch distorts")
-    p.add_argument("--stride", type=_positive, default=None,
+    p.add_argument("--stride", type=positive, default=None,
                    help="grid mode: pixels between tile origins (default: T, no overlap)")
     p.add_argument("--resample", choices=sorted(RESAMPLERS), default="bicubic",
                    help="antialiased resampling filter")
@@ -92,7 +83,7 @@ def _tile_args(p: argparse.ArgumentParser) -> None:
                    help="embedded ICC profiles (CMYK and colour-managed photos): ignore gives what "
                    "PIL's Image.convert('RGB') gives, as a torchvision PIL pipeline sees it; srgb "
                    "converts the pixels to sRGB through littlecms")
-    p.add_argument("--max-pixels", type=_positive, default=DEFAULT_MAX_PIXELS,
+    p.add_argument("--max-pixels", type=positive, default=DEFAULT_MAX_PIXELS,
                    help="reject larger images (decompression-bomb limit; Pillow's own limit follows it)")
     p.add_argument("--worker-memory", type=_size, default="2G", metavar="SIZE",
                    help="the most memory one worker may use to decode and convert one image (e.g. "
@@ -107,8 +98,8 @@ def _store_args(p: argparse.ArgumentParser) -> None:
                    help="tile codec: lz4 (blosc) or zstd are lossless and fast to read on the CPU; "
                    "none stores raw pixels; jpeg is lossy and decodes on the GPU (nvJPEG)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for --codec jpeg")
-    p.add_argument("--shard-size", type=_positive, default=1024, help="tiles per shard file")
-    p.add_argument("--workers", type=_positive, default=None,
+    p.add_argument("--shard-size", type=positive, default=1024, help="tiles per shard file")
+    p.add_argument("--workers", type=positive, default=None,
                    help="worker processes (default: all available cores, fewer where the available "
                    "memory holds fewer --worker-memory shares)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",

@@ -28,6 +28,7 @@ from PIL import Image, ImageDraw, ImageFile, ImageFont
 
 from tilefeed.pipeline.planning.order import epoch_order
 from tilefeed.store import format as fmt
+from tilefeed.store.arguments import positive
 from tilefeed.store.arrays import read_small_array
 from tilefeed.store.attrs import store_attrs
 from tilefeed.store.errors import ConfigError, StoreFormatError, TilefeedError
@@ -283,13 +284,6 @@ def _count(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
 def _sample_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -315,10 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="evaluation framing, in store order (the default)")
     p.add_argument("--epoch", type=_count, default=0, help="epoch whose order and crops are shown")
     p.add_argument("--seed", type=_count, default=0, help="the Loader's seed")
-    p.add_argument("--size", type=_positive, default=None,
+    p.add_argument("--size", type=positive, default=None,
                    help="output side (default: the tile side); small sides are enlarged on the sheet")
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--count", type=_positive, default=None,
+    what.add_argument("--count", type=positive, default=None,
                       help=f"show the first N samples of the epoch's order (default {DEFAULT_COUNT})")
     what.add_argument("--samples", type=_sample_list, default=None, metavar="I,J,K",
                       help="show these samples, in this order")

@@ -79,7 +79,7 @@ class _Domains:
     @classmethod
     def of(cls, sizes: np.ndarray, tweaks: np.ndarray) -> _Domains:
         """Domains for each of ``sizes`` (>= 1): bit lengths taken exactly, per distinct size."""
-        distinct = _distinct(sizes)
+        distinct = sorted_distinct(sizes)
         which = np.searchsorted(distinct, sizes)
         bits = np.array([int(s - 1).bit_length() for s in distinct.tolist()], dtype=_U64)[which]
         return cls(n=sizes.astype(_U64), mask=(_U64(1) << bits) - _U64(1), shift=(bits + _U64(1)) >> _U64(1),
@@ -253,9 +253,24 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return starts[first], np.maximum.reduceat(ends, first)
 
 
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """Sorted, each once (np.unique hashes large integers, several times slower than sorting)."""
-    values = np.sort(values)
+def sorted_distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct ``values``, ascending.
+
+    np.unique and np.union1d hash large integers, several times slower than sorting; a stable
+    sort also merges the sorted runs of concatenated sorted arrays in one pass each (the
+    ledger's tallies, ``Remainder``'s cuts).
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        A 1-D array, in any order, repeats allowed; it is not changed.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new array of the same dtype holding each value once, in ascending order.
+    """
+    values = np.sort(values, kind="stable")
     return values[np.concatenate([[True], values[1:] != values[:-1]])] if values.size else values
 
 
@@ -316,7 +331,7 @@ class Remainder:
         if not len(starts):
             return Remainder.whole(0)
         offsets = self._offsets()
-        cuts = _distinct(np.concatenate([offsets, starts, ends]))
+        cuts = sorted_distinct(np.concatenate([offsets, starts, ends]))
         lo, hi = cuts[:-1], cuts[1:]  # item runs that lie in one interval of each list
         inside = np.searchsorted(starts, lo, side="right") - 1
         keep = (inside >= 0) & (lo < ends[np.maximum(inside, 0)])

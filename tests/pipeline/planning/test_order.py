@@ -16,6 +16,7 @@ from tilefeed.pipeline.planning.order import (
     rank_indices,
     remaining,
     samples_per_rank,
+    sorted_distinct,
 )
 
 SIZES = [0, 1, 2, 3, 5, 7, 13, 31, 97, 101, 127, 128, 129, 255, 256, 257, 1023, 1024, 1025,
@@ -256,3 +257,17 @@ def test_order_cost_measures_each_stage_in_a_fresh_process() -> None:
     assert all(s["seconds"] > 0 and s["peak_mib"] >= 0 for s in result["stages"].values())
     table = format_order_cost(result)
     assert "100,000 samples, world size 4" in table and all(title in table for title in STAGES.values())
+
+
+# -- the shared helper ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("values", [[], [5], [3, 3, 3], [9, 1, 5, 1, 9, 2**62, 0], list(range(50, 0, -1)) * 2])
+def test_sorted_distinct_is_np_unique_and_leaves_its_input(values: list[int]) -> None:
+    given = np.array(values, dtype=np.int64)
+    kept = given.copy()
+    out = sorted_distinct(given)
+    np.testing.assert_array_equal(out, np.unique(given))
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(given, kept)
+    # sorted runs laid end to end, as the ledger's tallies merge them
+    runs = np.concatenate([np.unique(given), np.unique(given[::2]), np.arange(3, dtype=np.int64)])
+    np.testing.assert_array_equal(sorted_distinct(runs), np.unique(runs))
