@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -185,7 +185,7 @@ def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Poo
     hashed in order block by block from the list. The sizes are stat()s, taken by the workers
     (a stat costs more than the rest of a source's hashing); the driver hashes."""
     h = hashlib.sha256()
-    h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), asdict(store), listing.classes]).encode())
+    h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), store.identity(), listing.classes]).encode())
     blocks: deque[tuple[int, bytes, Future[bytes]]] = deque()
     firsts = iter(range(0, len(listing), PLAN_BLOCK))
     while True:

@@ -13,6 +13,7 @@ import pytest
 import zarr
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess.settings import describe
 from tilefeed.store import format as fmt
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.documents import load_attrs
@@ -20,7 +21,7 @@ from tilefeed.store.shard import ShardFile
 from tilefeed.store.errors import SourceError, StoreExistsError, StoreFormatError
 from tilefeed.store.inspection import info, verify
 from tilefeed.pipeline import StoreReader
-from tests.helpers import photo, run_cli, tree_bytes, write_folder
+from tests.helpers import assert_plain, photo, run_cli, tree_bytes, write_folder
 
 SMALL = TileSettings(tile=32)
 
@@ -47,6 +48,23 @@ def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec
         shard.close()
     assert not (out / fmt.WORK_DIR).exists()
     assert verify(out, deep=True) == []
+
+
+def test_the_settings_record_plain_strings_as_they_always_did() -> None:
+    """What the fingerprint hashes and ``made`` records: these strings are what tilefeed wrote
+    before the codec was a ``Codec``, and a store's identity must not change with the type."""
+    tiles = TileSettings(tile=32, fit="crop")
+    jpeg, lz4 = StoreSettings(codec="jpeg", shard_size=4), StoreSettings(codec=fmt.Codec.LZ4, shard_size=4)
+    assert jpeg.codec is fmt.Codec.JPEG and lz4.codec is fmt.Codec.LZ4
+    assert StoreSettings().codec is fmt.Codec.LZ4
+    assert json.dumps(jpeg.identity()) == '{"codec": "jpeg", "quality": 90, "shard_size": 4}'
+    assert json.dumps(describe(tiles, lz4)) == (
+        '{"tile": 32, "mode": "resize", "fit": "crop", "resample": "bicubic", "background": [255, 255, 255], '
+        '"max_pixels": 178956970, "icc": "ignore", "codec": "lz4", "shard_size": 4}')
+    for record in (jpeg.identity(), describe(tiles, jpeg), describe(tiles, lz4)):
+        assert_plain(record)
+    with pytest.raises(ValueError, match=r"^--codec must be one of lz4, zstd, none, jpeg, got 'png'$"):
+        StoreSettings(codec="png")
 
 
 def test_bad_inputs_are_listed_and_nothing_is_lost(tmp_path: Path, bad_folder: Path) -> None:
