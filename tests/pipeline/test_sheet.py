@@ -147,7 +147,7 @@ def test_evaluation_sheet_of_a_lossless_store_is_its_pixels(store: Path) -> None
 def test_rejects_are_listed_with_their_reasons(pad_store: tuple[Path, Path], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     src, store = pad_store
-    rejects = {r["path"]: r["reason"] for r in info(store)["rejects"]}
+    rejects = {r["path"]: r["reason"] for r in info(store).rejects}
     cut, words = str(src / "wide" / "cut.jpg"), str(src / "tall" / "words.jpg")
     assert set(rejects) == {cut, words}
     out = tmp_path / "rejects.png"

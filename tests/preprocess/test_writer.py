@@ -19,7 +19,7 @@ from tilefeed.store.codec import TileCodec
 from tilefeed.store.documents import load_attrs
 from tilefeed.store.shard import ShardFile
 from tilefeed.store.errors import SourceError, StoreExistsError, StoreFormatError
-from tilefeed.store.inspection import info, verify
+from tilefeed.store.inspection import StoreInfo, format_info, info, verify
 from tilefeed.pipeline import StoreReader
 from tests.helpers import assert_plain, photo, run_cli, tree_bytes, write_folder
 
@@ -50,6 +50,10 @@ def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec
     assert verify(out, deep=True) == []
 
 
+INFO_KEYS = ["path", "format", "samples", "sources", "accepted", "rejected", "classes", "tile", "codec",
+             "quality", "shard_size", "shards", "bytes", "made", "rejects"]
+
+
 def test_the_settings_record_plain_strings_as_they_always_did() -> None:
     """What the fingerprint hashes and ``made`` records: these strings are what tilefeed wrote
     before the codec was a ``Codec``, and a store's identity must not change with the type."""
@@ -67,15 +71,29 @@ def test_the_settings_record_plain_strings_as_they_always_did() -> None:
         StoreSettings(codec="png")
 
 
+def test_info_is_a_record_whose_dict_is_what_info_json_prints(tmp_path: Path, image_folder: Path) -> None:
+    out = tmp_path / "store"
+    preprocess(image_folder, out, SMALL, StoreSettings(codec="jpeg", shard_size=4), workers=1)
+    d = info(out)
+    assert isinstance(d, StoreInfo) and list(d.as_dict()) == INFO_KEYS
+    assert (d.format, d.samples, d.codec, d.quality) == ("tilefeed v2", 15, "jpeg", 90)
+    assert (d.tile, d.shards) == ([32, 32, 3], 4)
+    assert_plain(d.as_dict())
+    r = run_cli("info", str(out), "--json")
+    assert r.returncode == 0 and r.stdout == json.dumps(d.as_dict(), indent=2) + "\n"
+    text = run_cli("info", str(out))
+    assert text.stdout == format_info(d) + "\n" and "codec jpeg q90" in text.stdout
+
+
 def test_bad_inputs_are_listed_and_nothing_is_lost(tmp_path: Path, bad_folder: Path) -> None:
     (bad_folder / "stray.jpg").write_bytes(b"outside any class")
     out = tmp_path / "store"
     s = preprocess(bad_folder, out, TileSettings(tile=32, max_pixels=100_000), workers=2)
     d = info(out)
-    assert d["sources"] == 2 + 2 + 5 + 1
-    assert d["accepted"] + d["rejected"] == d["sources"]
-    assert (s.accepted, s.rejected, s.tiles) == (4, 6, 4) and d["samples"] == 4
-    reasons = {Path(r["path"]).name: r["reason"] for r in d["rejects"]}
+    assert d.sources == 2 + 2 + 5 + 1
+    assert d.accepted + d.rejected == d.sources
+    assert (s.accepted, s.rejected, s.tiles) == (4, 6, 4) and d.samples == 4
+    reasons = {Path(r["path"]).name: r["reason"] for r in d.rejects}
     assert reasons.keys() == {"zero.jpg", "truncated.jpg", "text.jpg", "garbled.png", "huge.png",
                               "stray.jpg"}
     assert reasons["huge.png"].startswith("too large")
@@ -135,7 +153,7 @@ def test_output_folder_rules(tmp_path: Path, image_folder: Path) -> None:
     with pytest.raises(StoreExistsError, match="--overwrite"):
         preprocess(image_folder, out, TileSettings(tile=48), workers=1)
     preprocess(image_folder, out, TileSettings(tile=48), workers=1, overwrite=True)
-    assert info(out)["tile"] == [48, 48, 3]
+    assert info(out).tile == [48, 48, 3]
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("mine")
