@@ -13,6 +13,7 @@ import pytest
 import zarr
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess.output import RunPlan
 from tilefeed.preprocess.settings import describe
 from tilefeed.store import format as fmt
 from tilefeed.store.codec import TileCodec
@@ -69,6 +70,12 @@ def test_the_settings_record_plain_strings_as_they_always_did() -> None:
         assert_plain(record)
     with pytest.raises(ValueError, match=r"^--codec must be one of lz4, zstd, none, jpeg, got 'png'$"):
         StoreSettings(codec="png")
+
+
+def test_the_run_plan_is_written_as_the_same_json_object() -> None:
+    plan = RunPlan(fingerprint="ab" * 32, sources=3, settings={"codec": "lz4", "shard_size": 4})
+    assert json.dumps(plan.as_dict()) == ('{"fingerprint": "' + "ab" * 32 + '", "sources": 3, '
+                                          '"settings": {"codec": "lz4", "shard_size": 4}}')
 
 
 def test_info_is_a_record_whose_dict_is_what_info_json_prints(tmp_path: Path, image_folder: Path) -> None:
