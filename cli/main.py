@@ -145,7 +145,7 @@ def _info(args: argparse.Namespace) -> int:
 
     options = storage_options(args)
     d = info(args.store, options)
-    print(redact(json.dumps(d, indent=2) if args.json else format_info(d), options))
+    print(redact(json.dumps(d.as_dict(), indent=2) if args.json else format_info(d), options))
     return 0
 
 

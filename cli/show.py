@@ -95,7 +95,7 @@ def _show_samples(args: argparse.Namespace, out: Path, options: dict[str, str]) 
 def _show_rejects(args: argparse.Namespace, out: Path, options: dict[str, str]) -> int:
     from tilefeed.store.inspection import info
 
-    rejects = [(r["path"], r["reason"]) for r in info(args.store, options or None)["rejects"]]
+    rejects = [(r["path"], r["reason"]) for r in info(args.store, options or None).rejects]
     if not rejects:
         print(f"{printable(args.store)}: no input was rejected")
         return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import warnings
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.device import default_device
 from tilefeed.pipeline.reading.mixed import AnyReader
-from tilefeed.pipeline.planning.order import SHUFFLES
+from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.planning.sizes import Schedule, check_size
 from tilefeed.pipeline.stats import Advice
@@ -28,7 +29,21 @@ from tilefeed.store.errors import ConfigError, DaliMissingError
 from tilefeed.store.host import usable_cores
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
-LAYOUTS = ("NCHW", "NHWC", "channels_last")
+
+
+class Layout(StrEnum):
+    """How a batch's images are laid out (the Loader's ``layout``); a member equals its string.
+
+    ``NCHW``: channels first, transposed in the graph. ``NHWC``: channels last, as decoded.
+    ``CHANNELS_LAST``: NCHW shape over NHWC memory (torch.channels_last), with no transpose.
+    """
+
+    NCHW = "NCHW"
+    NHWC = "NHWC"
+    CHANNELS_LAST = "channels_last"
+
+
+LAYOUTS = tuple(layout.value for layout in Layout)  # plain strings, for messages and choices
 DEVICE_KINDS = ("cpu", "cuda")
 # DataLoader options that mean nothing here: accepted so a swap runs, warned about once.
 NO_EFFECT = ("collate_fn", "sampler", "batch_sampler", "worker_init_fn", "generator", "timeout",
@@ -147,7 +162,7 @@ class LoaderSettings:
     """
 
     batch_size: int
-    shuffle: str  # one of order.SHUFFLES
+    shuffle: Shuffle
     seed: int
     drop_last: bool
     rank: int
@@ -157,7 +172,7 @@ class LoaderSettings:
     size: int | Schedule | None  # None: the tile side, known once the store is open
     crop_pct: float
     dtype: torch.dtype
-    layout: str
+    layout: Layout
     with_index: bool
     workers: int
     prefetch: int
@@ -191,17 +206,19 @@ class LoaderSettings:
         **dataloader_options: Any,
     ) -> LoaderSettings:
         """The Loader's keyword arguments (its signature holds the defaults), checked one after
-        another: the first bad one is the one named."""
+        another: the first bad one is the one named. Strings become enum members here, once."""
         _no_effect(dataloader_options)
         batch_size = check_int("batch_size", batch_size, 1)
         if isinstance(shuffle, bool):
-            shuffle = "global" if shuffle else "none"
+            shuffle = Shuffle.GLOBAL if shuffle else Shuffle.NONE
         if shuffle not in SHUFFLES:
             raise ConfigError(f"shuffle must be True, False or one of {', '.join(SHUFFLES)}, got {shuffle!r}")
+        order = Shuffle(shuffle)
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
         if layout not in LAYOUTS:
             raise ConfigError(f"layout must be 'NCHW', 'NHWC' or 'channels_last', got {layout!r}")
+        arrangement = Layout(layout)
         threads = _alias("num_workers", num_workers, "workers", workers)
         threads = min(4, usable_cores()) if threads is None else check_int("num_workers", threads, 1)
         depth = _alias("prefetch_factor", prefetch_factor, "prefetch", prefetch)
@@ -218,8 +235,8 @@ class LoaderSettings:
         limit = None if cache_limit is None else check_int("cache_limit", cache_limit, 1)
         schedule, subset = _schedule(size), _indices(indices)
         return cls(
-            batch_size, shuffle, check_int("seed", seed, 0), bool(drop_last), rank, world_size,
-            chosen, bool(train), schedule, float(crop_pct), dtype, layout, with_index, threads,
+            batch_size, order, check_int("seed", seed, 0), bool(drop_last), rank, world_size,
+            chosen, bool(train), schedule, float(crop_pct), dtype, arrangement, with_index, threads,
             depth, pin_memory, persistent_workers, subset, ledger,
             tuple(scale), tuple(ratio), tuple(mean), tuple(std),  # type: ignore[arg-type]
             shuffle_window, storage_options, cache_dir, limit, bool(fast_idct), bool(scaled_decode),
@@ -234,7 +251,7 @@ class LoaderSettings:
         tile holds padding around its picture, so even evaluation cuts per-sample windows)."""
         return Augment(
             train=self.train, tile=tile, normalize=self.dtype != torch.uint8,
-            half=self.dtype == torch.float16, channels_first=self.layout == "NCHW",
+            half=self.dtype == torch.float16, channels_first=self.layout is Layout.NCHW,
             crop_pct=self.crop_pct, scale=self.scale, ratio=self.ratio, mean=self.mean,
             std=self.std, windows=self.train or padded, fast_idct=self.fast_idct,
             scaled_decode=self.scaled_decode)
@@ -245,12 +262,12 @@ class LoaderSettings:
         ``shuffle_window`` shards under a shard shuffle."""
         reader = store if isinstance(store, StoreReader) else StoreReader(
             store, storage_options=self.storage_options, cache_dir=self.cache_dir, cache_limit=self.cache_limit)
-        reader.stream(random_order=self.shuffle == "global",
-                      window=self.shuffle_window if self.shuffle == "shard" else 1)
+        reader.stream(random_order=self.shuffle is Shuffle.GLOBAL,
+                      window=self.shuffle_window if self.shuffle is Shuffle.SHARD else 1)
         return reader
 
     def advice(self, reader: AnyReader) -> Advice:
         """What ``stats()`` weighs its advice against: threads and cores, the store, these settings."""
         return Advice(workers=self.workers, cores=usable_cores(), jpeg=reader.is_image_coded,
-                      bucket=reader.remote is not None, shuffle=self.shuffle, layout=self.layout,
-                      gpu=self.device.type == "cuda")
+                      bucket=reader.remote is not None, global_shuffle=self.shuffle is Shuffle.GLOBAL,
+                      transposes=self.layout is Layout.NCHW, gpu=self.device.type == "cuda")

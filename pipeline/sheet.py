@@ -27,7 +27,6 @@ from PIL import Image, ImageDraw, ImageFile, ImageFont
 from tilefeed.pipeline.planning.order import epoch_order
 from tilefeed.store import format as fmt
 from tilefeed.store.arrays import read_small_array
-from tilefeed.store.attrs import store_attrs
 from tilefeed.store.errors import ConfigError, StoreFormatError
 from tilefeed.store.inspection import printable
 from tilefeed.store.storage import is_url
@@ -124,10 +123,10 @@ def enlargement(side: int) -> int:
 def source_paths(reader: StoreReader, indices: np.ndarray) -> list[str]:
     """The source file of each sample, where the store keeps ``source_paths``; else empty
     strings."""
-    arrays = store_attrs(reader.attrs, reader.root).arrays
+    arrays = reader.meta.arrays
     if fmt.SOURCE_PATHS not in arrays or fmt.SOURCES not in arrays:
         return [""] * len(indices)
-    owners = read_small_array(reader.root, reader.attrs, fmt.SOURCES)
+    owners = read_small_array(reader.root, reader.meta, fmt.SOURCES)
     try:  # strings: zarr reads them (the reader checked the chunks' digests when it opened)
         import zarr
 

@@ -166,12 +166,17 @@ def name_bottleneck(f: Figures) -> str:
 
 
 class Advice:
-    """The one change most likely to help, given the Loader's settings."""
+    """The one change most likely to help, given the Loader's settings.
 
-    def __init__(self, *, workers: int, cores: int, jpeg: bool, bucket: bool, shuffle: str,
-                 layout: str, gpu: bool) -> None:
+    The settings come as facts (``global_shuffle``: the order is a global shuffle;
+    ``transposes``: the layout is NCHW, transposed in the graph), not as the ``Shuffle`` and
+    ``Layout`` members: this module sits below the modules that define them.
+    """
+
+    def __init__(self, *, workers: int, cores: int, jpeg: bool, bucket: bool, global_shuffle: bool,
+                 transposes: bool, gpu: bool) -> None:
         self.workers, self.cores, self.jpeg, self.bucket = workers, cores, jpeg, bucket
-        self.shuffle, self.layout, self.gpu = shuffle, layout, gpu
+        self.global_shuffle, self.transposes, self.gpu = global_shuffle, transposes, gpu
 
     def __call__(self, bottleneck: str, f: Figures) -> str:
         more = (f"more workers: num_workers={min(self.cores, 2 * self.workers)} (now "
@@ -180,7 +185,7 @@ class Advice:
             return (f"not input-bound: the consumer waited {f.wait:.1%} of its time; the step "
                     "itself is what to speed up")
         if bottleneck == "download":
-            return ('shuffle="shard" (whole shards, read in order)' if self.shuffle == "global"
+            return ('shuffle="shard" (whole shards, read in order)' if self.global_shuffle
                     else "a larger cache (cache_limit) or a faster link to the bucket")
         if bottleneck in ("read", "decode", "resize"):
             if more:
@@ -190,7 +195,7 @@ class Advice:
             return ("a JPEG store (less to read)" if bottleneck == "read" and not self.jpeg
                     else "a smaller output size, or a machine with more cores")
         if bottleneck in ("graph", "copy"):
-            if self.layout == "NCHW" and not self.gpu:
+            if self.transposes and not self.gpu:
                 return 'layout="channels_last" (no transpose in the graph)'
             return more or "a GPU for the graph's work"
         return more or "nothing measured binds"

@@ -131,8 +131,8 @@ def write_attrs(
 
     attrs = StoreAttrs(
         samples=samples, sources=len(listing) + len(listing.skipped), accepted=accepted,
-        rejected=len(rejects), tile=tiles.tile, codec=store.codec,
-        quality=store.quality if store.codec == "jpeg" else None, shard_size=store.shard_size,
+        rejected=len(rejects), tile=tiles.tile, codec=store.codec_name,
+        quality=store.quality if store.codec_name is fmt.Codec.JPEG else None, shard_size=store.shard_size,
         shards=len(shard_bytes), shard_bytes=tuple(shard_bytes),
         images_metadata_sha256=sha256_files([root / fmt.IMAGES / "zarr.json"]),
         classes=tuple(listing.classes), made=describe(tiles, store), rejects=tuple(rejects),

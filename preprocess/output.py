@@ -11,6 +11,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,30 @@ from tilefeed.store.storage import Storage
 
 PLAN_FILE = "plan.json"
 PID_FIELD = 24  # bytes of the lock file that hold the writer's pid
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's identity (``writer._plan``), as the work folder's plan.json records it.
+
+    Attributes
+    ----------
+    fingerprint : str
+        sha256 in hex of the settings, the classes and every source's path, label and size: a
+        store or a partial run with another fingerprint is another store.
+    sources : int
+        The sources the scan listed.
+    settings : dict
+        The settings as the attributes' ``made`` records them (``settings.describe``).
+    """
+
+    fingerprint: str
+    sources: int
+    settings: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object plan.json holds, its keys in this order."""
+        return {"fingerprint": self.fingerprint, "sources": self.sources, "settings": self.settings}
 
 
 def out_inside(src: Path, out: Path) -> Path | None:
@@ -108,7 +133,7 @@ def _remove_entry(path: Path) -> None:
         path.unlink()
 
 
-def prepare_output(out: Storage, plan: dict[str, Any], overwrite: bool, notes: list[str]) -> bool:
+def prepare_output(out: Storage, plan: RunPlan, overwrite: bool, notes: list[str]) -> bool:
     """Make ``out`` ready for this plan; True when it already holds this very store, complete."""
     root = out.name
     if out.local is not None and out.local.exists() and not out.local.is_dir():
@@ -122,7 +147,7 @@ def prepare_output(out: Storage, plan: dict[str, Any], overwrite: bool, notes: l
                 f"OUT {root!r} is not empty and holds no tilefeed store; choose a new or "
                 "empty folder (--overwrite only replaces tilefeed stores)"
             )
-        ours = (attrs or pending or {}).get("fingerprint") == plan["fingerprint"]
+        ours = (attrs or pending or {}).get("fingerprint") == plan.fingerprint
         if ours and attrs is not None:
             out.remove(fmt.WORK_DIR)  # a crash after the last write left it
             return True
@@ -137,7 +162,7 @@ def prepare_output(out: Storage, plan: dict[str, Any], overwrite: bool, notes: l
                 notes.append(f"--overwrite removed the old store and left {len(left)} entries it did "
                              f"not write: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}")
     try:
-        out.write(plan_key, json.dumps(plan).encode())
+        out.write(plan_key, json.dumps(plan.as_dict()).encode())
     except OSError as e:
         raise StoreWriteError(f"cannot write to OUT {root!r}: {e.strerror or e}") from None
     return False

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from tilefeed.store.errors import ConfigError
-from tilefeed.store.format import CODECS, MAX_SHARD_SIZE, TILE_SIDES
+from tilefeed.store.format import CODECS, MAX_SHARD_SIZE, TILE_SIDES, Codec
 from tilefeed.store.host import available_memory, usable_cores
 
 MODES: Final = ("resize", "grid")
@@ -74,19 +74,32 @@ class TileSettings:
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """How tiles are stored."""
+    """How tiles are stored. ``codec`` may be given as a string; it is a ``Codec`` once made."""
 
-    codec: str = "lz4"
+    codec: Codec | str = Codec.LZ4
     quality: int = 90
     shard_size: int = 1024  # tiles per shard
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise ConfigError(f"--codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
+        object.__setattr__(self, "codec", Codec(self.codec))
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"--quality must be in 1..100, got {self.quality}")
         if not 1 <= self.shard_size <= MAX_SHARD_SIZE:
             raise ConfigError(f"--shard-size must be in 1..{MAX_SHARD_SIZE} tiles, got {self.shard_size}")
+
+    @property
+    def codec_name(self) -> Codec:
+        """``codec`` typed as the ``Codec`` it is once made."""
+        return Codec(self.codec)
+
+    def identity(self) -> dict[str, Any]:
+        """The fields as plain JSON values (the codec's name a str, never the enum member): what
+        the run's fingerprint hashes and the attributes' ``made`` records."""
+        d = asdict(self)
+        d["codec"] = self.codec_name.value
+        return d
 
 
 def default_workers(worker_memory: int) -> int:
@@ -115,12 +128,12 @@ def size_text(nbytes: int) -> str:
 
 
 def describe(tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:
-    d = {**tiles.identity(), **asdict(store)}
+    d = {**tiles.identity(), **store.identity()}
     d["background"] = list(tiles.background)
     if tiles.mode == "resize":
         del d["stride"]
     else:
         del d["fit"]
-    if store.codec != "jpeg":
+    if store.codec_name is not Codec.JPEG:
         del d["quality"]
     return d

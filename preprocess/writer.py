@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,7 +49,7 @@ from tilefeed.store import format as fmt
 from tilefeed.preprocess import tasks
 from tilefeed.store.documents import parse_attrs
 from tilefeed.store.errors import StoreWriteError, TilefeedError
-from tilefeed.preprocess.output import out_inside, prepare_output, scan_folder, writer_lock
+from tilefeed.preprocess.output import RunPlan, out_inside, prepare_output, scan_folder, writer_lock
 from tilefeed.preprocess.worker_pool import Pool
 from tilefeed.preprocess.publish import publish, reason_counts
 from tilefeed.preprocess.task_scheduler import ProgressFn, Scheduler
@@ -149,12 +149,12 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
 
 
 def _build(out: Storage, listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Pool,
-           plan: dict[str, Any], progress: Callable[[int], ProgressFn] | None) -> Summary:
+           plan: RunPlan, progress: Callable[[int], ProgressFn] | None) -> Summary:
     tick = progress(len(listing)) if progress else None
     build = Scheduler(out, listing, tiles, store, tick, pool, part_sources(len(listing)))
     try:
         build.run()
-        done = publish(build, plan["fingerprint"])
+        done = publish(build, plan.fingerprint)
     except OSError as e:
         raise StoreWriteError(
             f"writing the store {out.name!r} failed: {e.strerror or e}; free space or fix "
@@ -181,12 +181,12 @@ def part_sources(count: int) -> int:
     return size
 
 
-def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Pool) -> dict[str, Any]:
+def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Pool) -> RunPlan:
     """The run's identity: the settings, the classes and every source's path, label and size,
     hashed in order block by block from the list. The sizes are stat()s, taken by the workers
     (a stat costs more than the rest of a source's hashing); the driver hashes."""
     h = hashlib.sha256()
-    h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), asdict(store), listing.classes]).encode())
+    h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), store.identity(), listing.classes]).encode())
     blocks: deque[tuple[int, bytes, Future[bytes]]] = deque()
     firsts = iter(range(0, len(listing), PLAN_BLOCK))
     while True:
@@ -200,7 +200,7 @@ def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Poo
         labels = listing.files.labels(first, len(paths)).tolist()
         h.update(b"".join([b"%s\0%d\0%d\n" % line for line in zip(
             paths, labels, np.frombuffer(sizes.result(), dtype="<i8").tolist(), strict=True)]))
-    return {"fingerprint": h.hexdigest(), "sources": len(listing), "settings": describe(tiles, store)}
+    return RunPlan(fingerprint=h.hexdigest(), sources=len(listing), settings=describe(tiles, store))
 
 
 def _summary_from_attrs(attrs: dict[str, Any] | None, out: Storage) -> Summary:

@@ -35,6 +35,7 @@ from tilefeed.store.format import (
     SMALL_DTYPES,
     SOURCE_PATHS,
     TILE_SIDES,
+    Codec,
     ceil_div,
     index_nbytes,
     shard_count,
@@ -198,7 +199,7 @@ class StoreAttrs:
     accepted: int
     rejected: int
     tile: int
-    codec: str
+    codec: Codec  # given as a string, it is made a Codec
     quality: int | None
     shard_size: int
     shards: int
@@ -213,6 +214,9 @@ class StoreAttrs:
     # sha256 of each shard file; None in stores written before shards had digests, whose copies
     # (a bucket store's cache) cannot be checked against the original
     shard_sha256: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", Codec(self.codec))
 
     @property
     def tile_codec(self) -> TileCodec:
@@ -236,11 +240,11 @@ class StoreAttrs:
         samples = f.whole("samples", 1, 2**48)
         shards = f.equal("shards", shard_count(samples, shard_size), "ceil(samples / shard_size)")
         tile = _tile(f)
-        codec = f.get("codec")
-        if codec not in CODECS:
+        if f.get("codec") not in CODECS:
             raise f.fail("codec", f"must be one of {', '.join(CODECS)}")
-        quality = f.whole("quality", 1, 100) if codec == "jpeg" else None
-        if codec != "jpeg" and f.get("quality") is not None:
+        codec = Codec(f.get("codec"))
+        quality = f.whole("quality", 1, 100) if codec is Codec.JPEG else None
+        if codec is not Codec.JPEG and f.get("quality") is not None:
             raise f.fail("quality", f"must be null for codec {codec}")
         arrays = f.child("arrays")
         _array_names(arrays)
@@ -271,7 +275,7 @@ class StoreAttrs:
         return {
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "samples": self.samples,
             "sources": self.sources, "accepted": self.accepted, "rejected": self.rejected,
-            "tile": [self.tile, self.tile, 3], "codec": self.codec, "quality": self.quality,
+            "tile": [self.tile, self.tile, 3], "codec": self.codec.value, "quality": self.quality,
             "shard_size": self.shard_size, "shards": self.shards, "classes": list(self.classes),
             "made": dict(self.made), "rejects": [{"path": p, "reason": r} for p, r in self.rejects],
             "fingerprint": self.fingerprint,
@@ -286,7 +290,7 @@ class StoreAttrs:
     def _check_shard_bytes(self, images: _Fields) -> None:
         """Each shard holds its index and a chunk per tile: an uncompressed one exactly the
         tile's bytes, any other at least one byte, each with its crc32c."""
-        exact = self.codec == "none"
+        exact = self.codec is Codec.NONE
         per_tile = CRC_NBYTES + (self.tile_codec.nbytes if exact else 1)
         for shard, size in enumerate(self.shard_bytes):
             least = index_nbytes(self.shard_size) + self.held(shard) * per_tile

@@ -18,7 +18,7 @@ from typing_extensions import Buffer
 
 import numpy as np
 from numcodecs import Blosc, Zstd, blosc
-from numcodecs.abc import Codec
+from numcodecs.abc import Codec as Compressor
 
 from tilefeed.store.errors import ConfigError, TileDecodeError, one_line
 from tilefeed.store.format import (
@@ -27,6 +27,7 @@ from tilefeed.store.format import (
     JPEG_CODEC_ID,
     JPEG_SUBSAMPLING,
     TILE_SIDES,
+    Codec,
     CodecSpec,
     crc_bytes,
 )
@@ -34,7 +35,7 @@ from tilefeed.store.format import (
 _SHUFFLES: Final = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 
 
-def _numcodec(spec: CodecSpec) -> Codec:
+def _numcodec(spec: CodecSpec) -> Compressor:
     """The numcodecs compressor that writes what zarr-python's codec of the same settings does."""
     s = spec.settings
     if spec.compressor == "blosc":
@@ -50,15 +51,16 @@ def _numcodec(spec: CodecSpec) -> Codec:
 # numcodecs already keeps them out of any thread but a process's main one (the reader's
 # threads); the writer's worker processes turn them off for themselves (``tasks.write_part``),
 # and importing tilefeed changes no setting of the caller's process.
-COMPRESSORS: Final[Mapping[str, Codec]] = {
+COMPRESSORS: Final[Mapping[str, Compressor]] = {  # keyed by Codec members, found by their strings too
     name: _numcodec(spec) for name, spec in CODEC_TABLE.items() if spec.compressor is not None}
 
 
 @dataclass(frozen=True)
 class TileCodec:
-    """Encodes one (T, T, 3) uint8 tile into chunk bytes (crc32c appended) and back."""
+    """Encodes one (T, T, 3) uint8 tile into chunk bytes (crc32c appended) and back. ``name``
+    may be given as a string; it is a ``Codec`` once made."""
 
-    name: str
+    name: Codec | str
     tile: int
     quality: int = 90
     nbytes: int = field(init=False, repr=False, compare=False)  # of one decoded tile
@@ -68,12 +70,14 @@ class TileCodec:
     def __post_init__(self) -> None:
         if self.name not in CODECS:
             raise ConfigError(f"codec must be one of {', '.join(CODECS)}, got {self.name!r}")
+        codec = Codec(self.name)
+        object.__setattr__(self, "name", codec)
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality must be in 1..100, got {self.quality}")
         if not TILE_SIDES[0] <= self.tile <= TILE_SIDES[1]:
             raise ConfigError(f"tile size must be in {TILE_SIDES[0]}..{TILE_SIDES[1]} pixels, got {self.tile}")
         object.__setattr__(self, "nbytes", self.tile * self.tile * 3)
-        spec = CODEC_TABLE[self.name]
+        spec = CODEC_TABLE[codec]
         object.__setattr__(self, "_kind", spec.compressor or spec.serializer)
 
     @property

@@ -16,7 +16,8 @@ beside it act on them, and neither side re-derives offsets, names or codec setti
 files and opening a store), ``arrays`` (every array checked against the attributes).
 
 It imports no numpy, zarr or image library, so the command line reads ``CODECS`` and
-``TILE_SIDES`` from it without loading them.
+``TILE_SIDES`` from it without loading them. A tile codec's name is a ``Codec``: a ``StrEnum``,
+equal to its string, whose ``.value`` (a plain str) is what the attributes record.
 
 A store may come from anyone, and its digests can be recomputed by anyone, so nothing in it is
 used before it is checked: every attribute for type, range and agreement with the others and
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -52,6 +54,16 @@ SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, BOXES, SOURCE_PATHS)  # all 
 
 JPEG_CODEC_ID: Final = "tilefeed.jpeg"
 JPEG_SUBSAMPLING: Final = "4:4:4"  # full chroma: tiles are training data, not thumbnails
+
+
+class Codec(StrEnum):
+    """The name of a tile codec (``--codec``, the attributes' ``codec``); a member equals its
+    string, so ``Codec.JPEG == "jpeg"``. What each means on disk is its ``CODEC_TABLE`` entry."""
+
+    LZ4 = "lz4"
+    ZSTD = "zstd"
+    NONE = "none"
+    JPEG = "jpeg"
 
 
 @dataclass(frozen=True)
@@ -77,15 +89,15 @@ class CodecSpec:
         return [*chain, ("crc32c", {})]
 
 
-CODEC_TABLE: Final[Mapping[str, CodecSpec]] = {
-    "lz4": CodecSpec("bytes", "blosc", {"typesize": 1, "cname": "lz4", "clevel": 5, "shuffle": "noshuffle",
-                                        "blocksize": 0}, decoded_by=("cname", "shuffle", "typesize")),
-    "zstd": CodecSpec("bytes", "zstd", {"level": 3, "checksum": False}),
-    "none": CodecSpec("bytes"),
-    "jpeg": CodecSpec(JPEG_CODEC_ID),
+CODEC_TABLE: Final[Mapping[Codec, CodecSpec]] = {
+    Codec.LZ4: CodecSpec("bytes", "blosc", {"typesize": 1, "cname": "lz4", "clevel": 5, "shuffle": "noshuffle",
+                                            "blocksize": 0}, decoded_by=("cname", "shuffle", "typesize")),
+    Codec.ZSTD: CodecSpec("bytes", "zstd", {"level": 3, "checksum": False}),
+    Codec.NONE: CodecSpec("bytes"),
+    Codec.JPEG: CodecSpec(JPEG_CODEC_ID),
 }
-CODECS: Final = tuple(CODEC_TABLE)
-SMALL_ARRAY_CODEC: Final = "zstd"  # the compressor of every array beside the tiles
+CODECS: Final = tuple(codec.value for codec in Codec)  # plain strings, for --codec's choices and messages
+SMALL_ARRAY_CODEC: Final = Codec.ZSTD  # the compressor of every array beside the tiles
 
 CRC_NBYTES: Final = 4
 EMPTY_CHUNK: Final = 2**64 - 1  # offset and nbytes of a chunk that is not written

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,28 +36,81 @@ def _open(store: str | Path, storage_options: dict[str, Any] | None,
     return local_path(store), str(local_path(store)), None
 
 
-def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StoreInfo:
+    """What ``tilefeed info`` says of a store: its attributes as they are recorded (plain JSON
+    values), with where it is and the bytes it takes.
+
+    Attributes
+    ----------
+    path : str
+        The folder, or the bucket URL.
+    format : str
+        The format's name and version, ``"tilefeed v2"``.
+    samples, sources, accepted, rejected : int
+        Tiles; sources read; sources that made tiles; sources refused.
+    classes : list of str
+        The class names, in label order.
+    tile : list of int
+        The tile's shape, ``[T, T, 3]``.
+    codec : str
+        The tile codec's name.
+    quality : int or None
+        The JPEG quality (None for a lossless codec).
+    shard_size, shards : int
+        Tiles per shard; shard files.
+    bytes : int
+        The bytes on disk (in the bucket, for a bucket store).
+    made : dict
+        The settings the store was made with.
+    rejects : list of dict
+        Each refused source's ``path`` and ``reason``.
+    """
+
+    path: str
+    format: str
+    samples: int
+    sources: int
+    accepted: int
+    rejected: int
+    classes: list[str]
+    tile: list[int]
+    codec: str
+    quality: int | None
+    shard_size: int
+    shards: int
+    bytes: int
+    made: dict[str, Any]
+    rejects: list[dict[str, str]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name, in this order: ``tilefeed info --json``'s object."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> StoreInfo:
+    """The store's description (``tilefeed info``), from its attributes as recorded."""
     root, name, remote = _open(store, storage_options)
     attrs = load_attrs(root)
     on_disk = (remote.bytes if remote is not None
                else sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink()))
-    return {
-        "path": name,
-        "format": f"{attrs['format']} v{attrs['version']}",
-        "samples": attrs["samples"],
-        "sources": attrs["sources"],
-        "accepted": attrs["accepted"],
-        "rejected": attrs["rejected"],
-        "classes": attrs["classes"],
-        "tile": attrs["tile"],
-        "codec": attrs["codec"],
-        "quality": attrs["quality"],
-        "shard_size": attrs["shard_size"],
-        "shards": attrs["shards"],
-        "bytes": on_disk,
-        "made": attrs["made"],
-        "rejects": attrs["rejects"],
-    }
+    return StoreInfo(
+        path=name,
+        format=f"{attrs['format']} v{attrs['version']}",
+        samples=attrs["samples"],
+        sources=attrs["sources"],
+        accepted=attrs["accepted"],
+        rejected=attrs["rejected"],
+        classes=attrs["classes"],
+        tile=attrs["tile"],
+        codec=attrs["codec"],
+        quality=attrs["quality"],
+        shard_size=attrs["shard_size"],
+        shards=attrs["shards"],
+        bytes=on_disk,
+        made=attrs["made"],
+        rejects=attrs["rejects"],
+    )
 
 
 def printable(text: str) -> str:
@@ -64,25 +118,24 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
-def format_info(d: dict[str, Any], max_rejects: int = 20) -> str:
+def format_info(d: StoreInfo, max_rejects: int = 20) -> str:
     """The text form of ``info``; names and paths escaped (JSON output keeps them as they are)."""
-    made = ", ".join(f"{k}={v}" for k, v in d["made"].items())
-    classes = [printable(c) for c in d["classes"]]
+    made = ", ".join(f"{k}={v}" for k, v in d.made.items())
+    classes = [printable(c) for c in d.classes]
     shown = ", ".join(classes[:8]) + (f", ... ({len(classes)} in all)" if len(classes) > 8 else "")
     lines = [
-        f"store      {printable(d['path'])}  ({d['format']})",
-        f"samples    {d['samples']} tiles from {d['accepted']} of {d['sources']} sources "
-        f"({d['rejected']} rejected)",
-        f"tile       {'x'.join(map(str, d['tile']))} uint8, codec {d['codec']}"
-        + (f" q{d['quality']}" if d["quality"] else ""),
-        f"shards     {d['shards']} x {d['shard_size']} tiles, {d['bytes'] / 2**20:.1f} MiB on disk",
+        f"store      {printable(d.path)}  ({d.format})",
+        f"samples    {d.samples} tiles from {d.accepted} of {d.sources} sources ({d.rejected} rejected)",
+        f"tile       {'x'.join(map(str, d.tile))} uint8, codec {d.codec}"
+        + (f" q{d.quality}" if d.quality else ""),
+        f"shards     {d.shards} x {d.shard_size} tiles, {d.bytes / 2**20:.1f} MiB on disk",
         f"classes    {len(classes)}: {shown}",
         f"made with  {made}",
     ]
-    for r in d["rejects"][:max_rejects]:
+    for r in d.rejects[:max_rejects]:
         lines.append(f"rejected   {printable(r['path'])}: {printable(r['reason'])}")
-    if len(d["rejects"]) > max_rejects:
-        lines.append(f"rejected   ... and {len(d['rejects']) - max_rejects} more (see --json)")
+    if len(d.rejects) > max_rejects:
+        lines.append(f"rejected   ... and {len(d.rejects) - max_rejects} more (see --json)")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.errors import CorruptChunkError, TileDecodeError
-from tilefeed.store.format import CRC_NBYTES, EMPTY_CHUNK, crc_bytes, index_nbytes, inside, shard_path
+from tilefeed.store.format import CRC_NBYTES, EMPTY_CHUNK, Codec, crc_bytes, index_nbytes, inside, shard_path
 
 if TYPE_CHECKING:
     from tilefeed.store.attrs import StoreAttrs
@@ -134,7 +134,7 @@ class ShardFile:
         """``payload`` (its crc32c ``crc``) decoded into ``out``. An uncompressed tile is copied
         first and checked in ``out``: the check then reads bytes the copy left in the cache,
         where checking the payload first would read them from memory twice."""
-        if codec.name == "none":
+        if codec.name is Codec.NONE:
             if len(payload) != out.nbytes:
                 raise CorruptChunkError(str(self.path), self.first + local,
                                         f"chunk is {len(payload)} bytes, the tile {out.nbytes}")
@@ -199,7 +199,7 @@ def read_tiles_into(files: Sequence[ShardFile], local: Sequence[int], codec: Til
     if not files:
         return
     offsets, sizes = _spans(files, local)
-    if codec.name == "none" or sum(sizes) > GATHERED_CHUNK_BYTES * len(sizes):
+    if codec.name is Codec.NONE or sum(sizes) > GATHERED_CHUNK_BYTES * len(sizes):
         places = [(f._view, offset) for f, offset in zip(files, offsets, strict=True)]
     else:
         gathered = memoryview(b"".join([f._view[o:o + n]

@@ -19,7 +19,7 @@ from zarr.core.buffer import Buffer, NDBuffer
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
 from tilefeed.store.codec import decode_jpeg, encode_jpeg
-from tilefeed.store.format import CODEC_TABLE, JPEG_CODEC_ID, SMALL_ARRAY_CODEC, CodecSpec
+from tilefeed.store.format import CODEC_TABLE, JPEG_CODEC_ID, SMALL_ARRAY_CODEC, Codec, CodecSpec
 
 if TYPE_CHECKING:
     from typing import Self
@@ -76,9 +76,9 @@ def _compressors(spec: CodecSpec) -> list[Any]:
     return [*compressor, Crc32cCodec()]
 
 
-def images_codecs(codec: str, quality: int) -> dict[str, Any]:
+def images_codecs(codec: Codec | str, quality: int) -> dict[str, Any]:
     """The serializer and compressors zarr.create_array needs to declare ``images``'s inner codecs."""
-    spec = CODEC_TABLE[codec]
+    spec = CODEC_TABLE[Codec(codec)]
     serializer: Any = JpegCodec(quality=quality) if spec.serializer == JPEG_CODEC_ID else BytesCodec()
     return {"serializer": serializer, "compressors": _compressors(spec)}
 

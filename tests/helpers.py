@@ -41,6 +41,21 @@ def s3_environment(cache: Path, buckets: tuple[str, ...] = ("tilefeed",)) -> Ite
             os.environ.update(saved)
 
 
+def assert_plain(value: Any, where: str = "value") -> None:
+    """``value`` is made of plain JSON types only, every string exactly a ``str``: no enum member
+    (a StrEnum member prints as its string, but torch.save and pickle store its class)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            assert type(key) is str, f"{where}: key {key!r} is a {type(key).__name__}"
+            assert_plain(item, f"{where}[{key!r}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            assert_plain(item, f"{where}[{i}]")
+    else:
+        assert value is None or type(value) in (str, int, float, bool), \
+            f"{where}: {value!r} is a {type(value).__name__}"
+
+
 def run_cli(*args: str, timeout: float = 120,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``tilefeed ARGS`` in a new process, as a user runs it (``env`` added to the environment)."""

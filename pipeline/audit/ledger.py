@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefeed.pipeline.planning.order import sorted_distinct
 from tilefeed.store.atomic import atomic_write
 from tilefeed.store.errors import LedgerError
 from tilefeed.store.inspection import printable
@@ -267,14 +268,6 @@ def _first_bits(bits: np.ndarray, value: bool, size: int, count: int) -> np.ndar
     return np.concatenate([np.zeros(0, dtype=np.int64), *found])[:count].astype(np.int64)
 
 
-def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Two sorted arrays of distinct places as one (np.union1d hashes large integers, several
-    times slower; a stable sort merges two sorted runs in one pass)."""
-    merged = np.concatenate([a, b])
-    merged.sort(kind="stable")
-    return merged[np.concatenate([[True], merged[1:] != merged[:-1]])] if merged.size else merged
-
-
 def _member(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
     at = np.searchsorted(sorted_values, values)
     hit = at < len(sorted_values)
@@ -310,8 +303,9 @@ class _Tally:
         repeated = unique[np.diff(np.append(np.flatnonzero(first), len(places))) > 1]
         if self.bits is None:
             before = unique[_member(self.seen, unique)]
-            self.again = _union(self.again, _union(repeated, before))
-            self.seen = _union(self.seen, unique)
+            # sorted runs of distinct places merged into one
+            self.again = sorted_distinct(np.concatenate([self.again, repeated, before]))
+            self.seen = sorted_distinct(np.concatenate([self.seen, unique]))
             if len(self.seen) * 32 > self.size:  # the two bitmaps are smaller now
                 self.bits = (_bitmap(self.seen, self.size), _bitmap(self.again, self.size))
                 self.seen = self.again = np.zeros(0, dtype=np.int64)

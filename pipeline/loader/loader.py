@@ -27,7 +27,7 @@ from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
-from tilefeed.pipeline.settings import LoaderSettings, check_int, require_dali
+from tilefeed.pipeline.settings import Layout, LoaderSettings, check_int, require_dali
 from tilefeed.pipeline.planning.order import batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
@@ -418,7 +418,7 @@ class Loader:
 
     def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         images = out["images"]  # already bfloat16 where asked: cast by the feed, off this thread
-        if self.layout == "channels_last":  # HWC from DALI, seen as NCHW: no copy, no transpose
+        if self.layout is Layout.CHANNELS_LAST:  # HWC from DALI, seen as NCHW: no copy, no transpose
             images = images.permute(0, 3, 1, 2)
         labels = out["labels"].reshape(-1)
         if self.with_index:

@@ -12,7 +12,7 @@ import numpy as np
 
 from tilefeed.pipeline.mixing.mix import Mixture
 from tilefeed.pipeline.settings import LoaderSettings, check_int
-from tilefeed.pipeline.planning.order import Segment
+from tilefeed.pipeline.planning.order import Segment, Shuffle
 from tilefeed.pipeline.planning.sizes import check_size
 from tilefeed.store.errors import ConfigError
 
@@ -40,8 +40,9 @@ def identity(settings: LoaderSettings, samples: int, subset: np.ndarray | None,
              mixture: Mixture | None = None) -> dict[str, Any]:
     """What a state must agree on to be resumed here: it decides the epoch's order."""
     digest = None if subset is None else hashlib.sha256(subset.tobytes()).hexdigest()[:16]
-    return {"seed": settings.seed, "shuffle": settings.shuffle, "samples": samples, "subset": digest,
-            "window": settings.shuffle_window if settings.shuffle == "shard" else None,
+    # .value: a plain str, which torch.save and JSON store as they did before Shuffle
+    return {"seed": settings.seed, "shuffle": settings.shuffle.value, "samples": samples, "subset": digest,
+            "window": settings.shuffle_window if settings.shuffle is Shuffle.SHARD else None,
             "mixture": None if mixture is None else mixture.identity()}
 
 

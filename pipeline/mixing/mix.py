@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tilefeed.pipeline.reading.mixed import LABEL_RULES
+from tilefeed.pipeline.reading.mixed import LabelRule, label_rule
 from tilefeed.pipeline.mixing.plan import MixturePlan, finite_weight, is_weight
 from tilefeed.pipeline.settings import LoaderSettings, store_subset
 from tilefeed.store.errors import ConfigError
@@ -57,7 +57,7 @@ class Mix:
     stores: Mapping[str, str | Path]
     weights: Mapping[str, float] | None = None
     epoch_samples: int | None = None
-    labels: str = "same"
+    labels: LabelRule | str = LabelRule.SAME  # a LabelRule once made
     indices: Mapping[str, Any] | None = None
     names: tuple[str, ...] = field(init=False)
 
@@ -86,8 +86,7 @@ class Mix:
         if self.indices is not None and not set(self.indices) <= set(stores):
             unknown = sorted(set(self.indices) - set(stores))
             raise ConfigError(f"Mix indices name stores it does not hold: {unknown}")
-        if self.labels not in LABEL_RULES:
-            raise ConfigError(f"Mix labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
+        object.__setattr__(self, "labels", label_rule(self.labels, "Mix labels"))
         object.__setattr__(self, "stores", stores)
         object.__setattr__(self, "names", tuple(stores))
 
@@ -122,7 +121,7 @@ class Mixture:
         quotas, labels."""
         subsets = [None if s is None else hashlib.sha256(s.tobytes()).hexdigest()[:16] for s in self.subsets]
         described = {"names": self.mix.names, "sizes": self.plan.sizes, "quotas": self.plan.quotas,
-                     "labels": self.mix.labels, "shard_size": self.reader.shard_size, "subsets": subsets}
+                     "labels": self.reader.rule.value, "shard_size": self.reader.shard_size, "subsets": subsets}
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:

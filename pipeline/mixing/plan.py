@@ -88,7 +88,7 @@ from typing import Any, Final, TypeAlias
 
 import numpy as np
 
-from tilefeed.pipeline.planning.order import CHUNK, EpochOrder
+from tilefeed.pipeline.planning.order import CHUNK, EpochOrder, Shuffle
 
 # cycles whose scans a stream keeps: the epochs in flight at once lie in a few neighbouring cycles
 REMEMBERED: Final = 4
@@ -164,7 +164,7 @@ class VisitStream:
         if not 0 <= per_epoch < size:
             raise ValueError(f"per_epoch must lie in [0, size), got {per_epoch} and size {size}")
         self.size, self.per_epoch, self.seed = size, per_epoch, seed
-        self.fixed = EpochOrder(size, shuffle="global", seed=seed, epoch=FIXED_ORDER, shard_size=1)
+        self.fixed = EpochOrder(size, shuffle=Shuffle.GLOBAL, seed=seed, epoch=FIXED_ORDER, shard_size=1)
         self.scans = 0  # how many cycles' permutations were scanned, for tests of the cost
         self.sorts = 0  # how many epochs' samples were sorted, for the same
         self._scanned: dict[int, np.ndarray] = {}  # cycle: sorted places of B_(c-1) and B_c in P_c
@@ -172,7 +172,7 @@ class VisitStream:
 
     def permutation(self, cycle: int) -> EpochOrder:
         """Cycle ``cycle``'s keyed permutation ``P_c``."""
-        return EpochOrder(self.size, shuffle="global", seed=self.seed, epoch=cycle, shard_size=1)
+        return EpochOrder(self.size, shuffle=Shuffle.GLOBAL, seed=self.seed, epoch=cycle, shard_size=1)
 
     def crossing(self, cycle: int) -> int:
         """``t_c``: how many places at the end of ``cycle`` the epoch running on into the next

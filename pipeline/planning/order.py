@@ -23,13 +23,25 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 
 import numpy as np
 
 from tilefeed.store.format import ceil_div
 
-SHUFFLES: Final = ("global", "shard", "none")
+
+
+class Shuffle(StrEnum):
+    """How an epoch orders its samples (``EpochOrder``); a member equals its string, so
+    ``Shuffle.SHARD == "shard"``, and ``.value`` is the plain string a saved state holds."""
+
+    GLOBAL = "global"
+    SHARD = "shard"
+    NONE = "none"
+
+
+SHUFFLES: Final = tuple(s.value for s in Shuffle)  # plain strings, for messages and choices
 # Rounds of add, multiply, xorshift: six bring even a ten-sample epoch close to uniform over keys
 # (where a sample lands, across seeds), where four left a measurable bias
 # (tests/pipeline/planning/test_order.py).
@@ -79,7 +91,7 @@ class _Domains:
     @classmethod
     def of(cls, sizes: np.ndarray, tweaks: np.ndarray) -> _Domains:
         """Domains for each of ``sizes`` (>= 1): bit lengths taken exactly, per distinct size."""
-        distinct = _distinct(sizes)
+        distinct = sorted_distinct(sizes)
         which = np.searchsorted(distinct, sizes)
         bits = np.array([int(s - 1).bit_length() for s in distinct.tolist()], dtype=_U64)[which]
         return cls(n=sizes.astype(_U64), mask=(_U64(1) << bits) - _U64(1), shift=(bits + _U64(1)) >> _U64(1),
@@ -142,20 +154,20 @@ class EpochOrder:
     Only the shard order (one entry per shard) is held; ``at`` computes any positions' samples.
     """
 
-    def __init__(self, samples: int, *, shuffle: str, seed: int, epoch: int, shard_size: int,
+    def __init__(self, samples: int, *, shuffle: Shuffle | str, seed: int, epoch: int, shard_size: int,
                  window: int = 4, subset: np.ndarray | None = None) -> None:
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
         if shard_size < 1 or window < 1:
             raise ValueError(f"shard_size and window must be >= 1, got {shard_size} and {window}")
-        self.shuffle, self.seed, self.epoch = shuffle, seed, epoch
+        self.shuffle, self.seed, self.epoch = Shuffle(shuffle), seed, epoch
         self.shard_size, self.window = shard_size, window
         self.subset = None if subset is None else np.asarray(subset, dtype=np.int64)
         self.length = samples if self.subset is None else len(self.subset)
-        self._key = _key(seed, epoch, shuffle)
-        if shuffle == "global":
+        self._key = _key(seed, epoch, self.shuffle.value)  # the plain string: the key is hashed from text
+        if self.shuffle is Shuffle.GLOBAL:
             self._whole = _Domains.single(self.length)
-        elif shuffle == "shard":
+        elif self.shuffle is Shuffle.SHARD:
             self._plan_shards()
 
     def _plan_shards(self) -> None:
@@ -190,9 +202,9 @@ class EpochOrder:
         return self.at(np.arange(*key.indices(self.length), dtype=np.int64))
 
     def _at(self, positions: np.ndarray) -> np.ndarray:
-        if self.shuffle == "global":
+        if self.shuffle is Shuffle.GLOBAL:
             members = _permute(positions, self._whole, self._key).astype(np.int64)
-        elif self.shuffle == "shard":
+        elif self.shuffle is Shuffle.SHARD:
             members = self._in_shards(positions)
         else:
             members = positions
@@ -207,7 +219,7 @@ class EpochOrder:
         return self._shards[shard] * self.shard_size + (place - self._shard_start[shard])
 
 
-def epoch_order(samples: int, *, shuffle: str, seed: int, epoch: int, shard_size: int,
+def epoch_order(samples: int, *, shuffle: Shuffle | str, seed: int, epoch: int, shard_size: int,
                 window: int = 4, subset: np.ndarray | None = None) -> EpochOrder:
     """The epoch's order (see ``EpochOrder``); ``subset`` holds the sorted sample ids it covers."""
     return EpochOrder(samples, shuffle=shuffle, seed=seed, epoch=epoch, shard_size=shard_size,
@@ -253,9 +265,24 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return starts[first], np.maximum.reduceat(ends, first)
 
 
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """Sorted, each once (np.unique hashes large integers, several times slower than sorting)."""
-    values = np.sort(values)
+def sorted_distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct ``values``, ascending.
+
+    np.unique and np.union1d hash large integers, several times slower than sorting; a stable
+    sort also merges the sorted runs of concatenated sorted arrays in one pass each (the
+    ledger's tallies, ``Remainder``'s cuts).
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        A 1-D array, in any order, repeats allowed; it is not changed.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new array of the same dtype holding each value once, in ascending order.
+    """
+    values = np.sort(values, kind="stable")
     return values[np.concatenate([[True], values[1:] != values[:-1]])] if values.size else values
 
 
@@ -316,7 +343,7 @@ class Remainder:
         if not len(starts):
             return Remainder.whole(0)
         offsets = self._offsets()
-        cuts = _distinct(np.concatenate([offsets, starts, ends]))
+        cuts = sorted_distinct(np.concatenate([offsets, starts, ends]))
         lo, hi = cuts[:-1], cuts[1:]  # item runs that lie in one interval of each list
         inside = np.searchsorted(starts, lo, side="right") - 1
         keep = (inside >= 0) & (lo < ends[np.maximum(inside, 0)])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from enum import StrEnum
 from typing import Any, Final, TypeAlias
 
 import numpy as np
@@ -29,12 +30,30 @@ from tilefeed.store.errors import ConfigError
 from tilefeed.store.shard import read_tiles_into
 from tilefeed.store.remote import RemoteStore
 
-LABEL_RULES: Final = ("same", "offset", "names")
+
+
+class LabelRule(StrEnum):
+    """How the class lists of a mixture's stores combine (``combine_labels``, ``Mix(labels=)``);
+    a member equals its string."""
+
+    SAME = "same"
+    OFFSET = "offset"
+    NAMES = "names"
+
+
+LABEL_RULES: Final = tuple(rule.value for rule in LabelRule)  # plain strings, for messages
 SHOWN: Final = 8  # classes of a list an error message shows
 
 
+def label_rule(rule: LabelRule | str, what: str = "labels") -> LabelRule:
+    """``rule`` as a ``LabelRule``; a ConfigError naming ``what`` (the option) for any other value."""
+    if rule not in LABEL_RULES:
+        raise ConfigError(f"{what} must be one of {', '.join(LABEL_RULES)}, got {rule!r}")
+    return LabelRule(rule)
+
+
 def combine_labels(classes: Sequence[Sequence[str]], names: Sequence[str],
-                   rule: str = "same") -> tuple[list[str], list[np.ndarray]]:
+                   rule: LabelRule | str = LabelRule.SAME) -> tuple[list[str], list[np.ndarray]]:
     """The class list of a mixture of sources with ``classes`` (one list each, sources called
     ``names``), and per source an int64 array mapping its label ids to the mixture's.
 
@@ -47,21 +66,20 @@ def combine_labels(classes: Sequence[Sequence[str]], names: Sequence[str],
     if len(classes) != len(names):
         raise ValueError(f"classes and names must have the same length, got {len(classes)} and {len(names)}")
     lists = [list(c) for c in classes]
-    if rule == "same":
+    rule = label_rule(rule)
+    if rule is LabelRule.SAME:
         for name, other in zip(names[1:], lists[1:], strict=True):
             if other != lists[0]:
                 raise ConfigError(_differ(names[0], lists[0], name, other))
         return (list(lists[0]) if lists else []), [np.arange(len(c), dtype=np.int64) for c in lists]
-    if rule == "offset":
+    if rule is LabelRule.OFFSET:
         starts = itertools.accumulate((len(c) for c in lists[:-1]), initial=0)
         merged = [f"{name}/{c}" for name, one in zip(names, lists, strict=True) for c in one]
         return merged, [np.arange(start, start + len(one), dtype=np.int64)
                         for start, one in zip(starts, lists, strict=True)]
-    if rule == "names":
-        index: dict[str, int] = {}
-        lookups = [np.array([index.setdefault(c, len(index)) for c in one], dtype=np.int64) for one in lists]
-        return list(index), lookups
-    raise ConfigError(f"labels must be one of {', '.join(LABEL_RULES)}, got {rule!r}")
+    index: dict[str, int] = {}  # LabelRule.NAMES
+    lookups = [np.array([index.setdefault(c, len(index)) for c in one], dtype=np.int64) for one in lists]
+    return list(index), lookups
 
 
 def _differ(first: str, a: list[str], name: str, b: list[str]) -> str:
@@ -187,10 +205,10 @@ class MixedReader:
     (``combine_labels``). Safe to share between threads, as each source is; ``close()`` closes
     every source (a closed StoreReader maps its shards again when read)."""
 
-    def __init__(self, sources: Sequence[StoreReader], names: Sequence[str], labels: str = "same") -> None:
+    def __init__(self, sources: Sequence[StoreReader], names: Sequence[str],
+                 labels: LabelRule | str = LabelRule.SAME) -> None:
         self.sources = tuple(sources)
         self.names = tuple(names)
-        self.rule = labels
         if not self.sources:
             raise ConfigError("a mixture needs at least one store")
         if len(self.names) != len(self.sources):
@@ -207,7 +225,8 @@ class MixedReader:
         # runs of the smallest shard size lie within at most two shards of any one source
         self.shard_size: int = min(r.shard_size for r in self.sources)
         self.padded = any(r.padded for r in self.sources)
-        self.classes, self._lookups = combine_labels([r.classes for r in self.sources], self.names, labels)
+        self.rule = label_rule(labels)  # checked here, after the stores, as combine_labels did
+        self.classes, self._lookups = combine_labels([r.classes for r in self.sources], self.names, self.rule)
         self.locations = tuple(r.location for r in self.sources)
         self.location = "mixture of " + ", ".join(
             f"{n} ({loc})" for n, loc in zip(self.names, self.locations, strict=True))

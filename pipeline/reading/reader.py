@@ -53,11 +53,9 @@ class StoreReader:
             self.root = local_path(store)
             self.location = str(self.root)
         if self.remote is not None:
-            attrs = self.remote.attrs
-            meta = StoreAttrs.from_dict(attrs, f"store {self.location!r}")
+            meta = StoreAttrs.from_dict(self.remote.attrs, f"store {self.location!r}")
         else:
-            attrs, meta = open_store(self.root)
-        self.attrs = attrs
+            _, meta = open_store(self.root)
         self.samples: int = meta.samples
         self.tile: int = meta.tile
         self.shard_size: int = meta.shard_size
@@ -81,6 +79,12 @@ class StoreReader:
         self.boxes: np.ndarray = arrays.boxes  # (N, 4) top, left, height, width of each tile's picture
         self.padded = arrays.padded  # some tile holds padding (pad fit, grid edges)
         self._arrays_mapped = arrays.mapped
+
+    @property
+    def meta(self) -> StoreAttrs:
+        """The store's attributes, every field checked (``StoreAttrs``): what it holds and how it
+        was made (``meta.made``), each array's record (``meta.arrays``)."""
+        return self._meta
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments that open this store again (in another process)."""

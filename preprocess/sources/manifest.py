@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from tilefeed.preprocess.sources.scanning import BATCH, Scan, SourceOptions, utf8
+from tilefeed.preprocess.sources.scanning import BATCH, ClassLabels, Scan, SourceOptions, utf8
 from tilefeed.preprocess.sources.source_list import SourceListWriter
 from tilefeed.preprocess.sources.spill import SortedRuns
 from tilefeed.store.errors import SourceError
@@ -72,7 +72,7 @@ def read_manifest(manifest: Path, options: SourceOptions, sink: SourceListWriter
     and chooses the label rule; the second resolves and lists the paths. The errors come in
     the order they did when the whole manifest was held: rows first, then paths (the first
     line at fault, a repeat included), then labels."""
-    rule = _label_rule(_rows(manifest), manifest, options.labels)
+    rule = _label_rule(_rows(manifest), manifest, ClassLabels(options.labels))
     repeats = None if options.allow_duplicates else SortedRuns(scratch / "repeats")
     resolve = _resolver(manifest, options)
     fault: tuple[int, SourceError] | None = None
@@ -235,14 +235,14 @@ class _Rule:
         return int(value) if self.names is None else self.names[str(value).strip()]
 
 
-def _label_rule(rows: Iterator[_Row], manifest: Path, rule: str) -> _Rule:
+def _label_rule(rows: Iterator[_Row], manifest: Path, rule: ClassLabels) -> _Rule:
     """One pass over the rows: what the label rule (auto, int or names) makes of them. Only
     what picks the rule and the first line at fault is kept, and the class names: never a
     value per row."""
     count = numeric = 0
     first_not_int = first_number = first_bad_int = None
     top = -1
-    names: set[str] | None = set() if rule != "int" else None
+    names: set[str] | None = set() if rule is not ClassLabels.INT else None
     for row in rows:
         count += 1
         is_int = _is_int(row.label)
@@ -250,7 +250,7 @@ def _label_rule(rows: Iterator[_Row], manifest: Path, rule: str) -> _Rule:
             numeric += 1
             if first_number is None:
                 first_number = row
-                if rule == "auto":
+                if rule is ClassLabels.AUTO:
                     names = None  # auto reads names only when none looks like a number
         if not is_int and first_not_int is None:
             first_not_int = row
@@ -260,11 +260,11 @@ def _label_rule(rows: Iterator[_Row], manifest: Path, rule: str) -> _Rule:
             first_bad_int = row
         if names is not None:
             names.add(str(row.label).strip())
-    if rule == "auto":
+    if rule is ClassLabels.AUTO:
         if first_not_int is None:
-            rule = "int"
+            rule = ClassLabels.INT
         elif first_number is None:
-            rule = "names"
+            rule = ClassLabels.NAMES
         else:
             ints = 2 * numeric >= count
             bad = first_not_int if ints else first_number
@@ -273,7 +273,7 @@ def _label_rule(rows: Iterator[_Row], manifest: Path, rule: str) -> _Rule:
                 f"{'integer labels' if ints else 'class names'}: fix it, or "
                 "pass --labels int or --labels names to say how to read every label"
             ))
-    if rule == "int":
+    if rule is ClassLabels.INT:
         if first_bad_int is not None:
             return _Rule([], error=SourceError(
                 f"{_where(manifest, first_bad_int)}: label {first_bad_int.label!r} is not an integer >= 0"))

@@ -7,13 +7,28 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final
 from urllib.parse import urlsplit
 
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.storage import OBJECT_SCHEMES
 
-LABEL_RULES: Final = ("auto", "int", "names")
+
+
+class ClassLabels(StrEnum):
+    """How the labels of SRC's sources are read (``--labels``); a member equals its string.
+
+    ``AUTO``: integers if every label is one, names if none looks numeric. ``INT``: integer
+    labels, the classes ``"0"`` up to the largest. ``NAMES``: class names, sorted.
+    """
+
+    AUTO = "auto"
+    INT = "int"
+    NAMES = "names"
+
+
+LABEL_RULES: Final = tuple(rule.value for rule in ClassLabels)  # plain strings, for --labels' choices
 BATCH: Final = 1 << 12  # sources handed to the list at once
 NOT_UTF8: Final = ("unusable name: not valid UTF-8 (its bytes are shown as \\xNN), which the store's "
                    "text cannot hold; rename the file")
@@ -27,7 +42,7 @@ class SourceOptions:
     store, or ``*`` for any); rows in other buckets are refused, as they would be read with
     this machine's cloud credentials."""
 
-    labels: str = "auto"
+    labels: ClassLabels | str = ClassLabels.AUTO  # a ClassLabels once made
     allow_duplicates: bool = False
     allow_outside: bool = False
     allow_empty_classes: bool = False
@@ -36,6 +51,7 @@ class SourceOptions:
     def __post_init__(self) -> None:
         if self.labels not in LABEL_RULES:
             raise ConfigError(f"--labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
+        object.__setattr__(self, "labels", ClassLabels(self.labels))
         allowed = []
         for bucket in self.buckets:
             text = bucket.strip().rstrip("/")

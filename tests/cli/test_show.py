@@ -37,7 +37,7 @@ def test_cli_writes_the_training_sheet_in_a_square_grid(pad_store: tuple[Path, P
 def test_rejects_are_listed_with_their_reasons(pad_store: tuple[Path, Path], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     src, store = pad_store
-    rejects = {r["path"]: r["reason"] for r in info(store)["rejects"]}
+    rejects = {r["path"]: r["reason"] for r in info(store).rejects}
     cut, words = str(src / "wide" / "cut.jpg"), str(src / "tall" / "words.jpg")
     assert set(rejects) == {cut, words}
     out = tmp_path / "rejects.png"

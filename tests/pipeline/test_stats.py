@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tilefeed.pipeline import Loader
+from tilefeed.pipeline.settings import LoaderSettings
 from tilefeed.pipeline.stats import STAGES, Figures, name_bottleneck
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tests.helpers import write_folder
@@ -77,3 +78,23 @@ def test_the_bottleneck_is_the_busiest_stage_measured_never_a_fixed_rule() -> No
         assert name_bottleneck(figures(0.4, **{stage: 0.9, "resize": 0.5} if stage != "resize"
                                        else {stage: 0.9, "read": 0.5})) == stage
     assert name_bottleneck(figures(0.01, decode=0.99)) == "step"
+
+
+def test_advice_weighs_the_shuffle_and_the_layout_as_before(store: Path) -> None:
+    def figures(stage: str) -> Figures:
+        shares = {s: 0.9 if s == stage else 0.0 for s in STAGES}
+        return Figures(batches=10, seconds=1.0, wait=0.5, busy=shares, stage_seconds=shares, bytes_read=0,
+                       ready_ahead=0)
+
+    def advice(bottleneck: str, **options: object) -> str:
+        with Loader(store, 10, device="cpu", num_workers=1, **options) as loader:  # type: ignore[arg-type]
+            settings: LoaderSettings = loader.settings
+            return settings.advice(loader.reader)(bottleneck, figures(bottleneck))
+
+    shard = 'shuffle="shard" (whole shards, read in order)'
+    assert advice("download", shuffle=True) == advice("download", shuffle="global") == shard
+    assert advice("download", shuffle="shard") != shard and advice("download", shuffle=False) != shard
+    channels_last = 'layout="channels_last" (no transpose in the graph)'
+    assert advice("graph", layout="NCHW") == channels_last
+    for layout in ("NHWC", "channels_last"):
+        assert advice("graph", layout=layout) != channels_last

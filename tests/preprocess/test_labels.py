@@ -15,9 +15,15 @@ import zarr
 from tilefeed.pipeline import Loader, StoreReader, TileDataset
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store.documents import load_attrs
-from tilefeed.store.errors import CorruptChunkError, SourceError, StoreExistsError, StoreFormatError
+from tilefeed.store.errors import (
+    ConfigError,
+    CorruptChunkError,
+    SourceError,
+    StoreExistsError,
+    StoreFormatError,
+)
 from tilefeed.store.inspection import verify
-from tilefeed.preprocess.sources.scanning import SourceOptions
+from tilefeed.preprocess.sources.scanning import LABEL_RULES, ClassLabels, SourceOptions
 from tilefeed.preprocess.sources.finding import find_sources
 from tilefeed.preprocess.output import writer_lock
 from tilefeed.store.storage import LocalStorage
@@ -79,6 +85,18 @@ def test_a_non_integer_among_integers_is_refused_naming_the_line(
     assert bad in names.classes
     with pytest.raises(SourceError, match=rf":{line}: label .* is not an integer"):
         find_sources(manifest, SourceOptions(labels="int"))
+
+
+def test_a_label_rule_becomes_a_member_that_reads_as_its_string(tmp_path: Path, images: list[Path]) -> None:
+    assert LABEL_RULES == ("auto", "int", "names") and all(type(r) is str for r in LABEL_RULES)
+    assert SourceOptions().labels is ClassLabels.AUTO and SourceOptions(labels="int").labels is ClassLabels.INT
+    with pytest.raises(ConfigError, match=r"^--labels must be one of auto, int, names, got 'same'$"):
+        SourceOptions(labels="same")
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("".join(f"img/{p.name},{i % 3}\n" for i, p in enumerate(images)))
+    for rule in ClassLabels:  # the member and its string read the manifest alike
+        by_member, by_name = (find_sources(manifest, SourceOptions(labels=r)) for r in (rule, rule.value))
+        assert by_member.classes == by_name.classes == ["0", "1", "2"]
 
 
 def test_a_number_among_names_is_refused(tmp_path: Path, images: list[Path]) -> None:

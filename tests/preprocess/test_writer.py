@@ -13,14 +13,16 @@ import pytest
 import zarr
 
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+from tilefeed.preprocess.output import RunPlan
+from tilefeed.preprocess.settings import describe
 from tilefeed.store import format as fmt
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.documents import load_attrs
 from tilefeed.store.shard import ShardFile
 from tilefeed.store.errors import SourceError, StoreExistsError, StoreFormatError
-from tilefeed.store.inspection import info, verify
+from tilefeed.store.inspection import StoreInfo, format_info, info, verify
 from tilefeed.pipeline import StoreReader
-from tests.helpers import photo, run_cli, tree_bytes, write_folder
+from tests.helpers import assert_plain, photo, run_cli, tree_bytes, write_folder
 
 SMALL = TileSettings(tile=32)
 
@@ -49,15 +51,56 @@ def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec
     assert verify(out, deep=True) == []
 
 
+INFO_KEYS = ["path", "format", "samples", "sources", "accepted", "rejected", "classes", "tile", "codec",
+             "quality", "shard_size", "shards", "bytes", "made", "rejects"]
+
+
+def test_the_settings_record_plain_strings_as_they_always_did() -> None:
+    """What the fingerprint hashes and ``made`` records: these strings are what tilefeed wrote
+    before the codec was a ``Codec``, and a store's identity must not change with the type."""
+    tiles = TileSettings(tile=32, fit="crop")
+    jpeg, lz4 = StoreSettings(codec="jpeg", shard_size=4), StoreSettings(codec=fmt.Codec.LZ4, shard_size=4)
+    assert jpeg.codec is fmt.Codec.JPEG and lz4.codec is fmt.Codec.LZ4
+    assert StoreSettings().codec is fmt.Codec.LZ4
+    assert json.dumps(jpeg.identity()) == '{"codec": "jpeg", "quality": 90, "shard_size": 4}'
+    assert json.dumps(describe(tiles, lz4)) == (
+        '{"tile": 32, "mode": "resize", "fit": "crop", "resample": "bicubic", "background": [255, 255, 255], '
+        '"max_pixels": 178956970, "icc": "ignore", "codec": "lz4", "shard_size": 4}')
+    for record in (jpeg.identity(), describe(tiles, jpeg), describe(tiles, lz4)):
+        assert_plain(record)
+    with pytest.raises(ValueError, match=r"^--codec must be one of lz4, zstd, none, jpeg, got 'png'$"):
+        StoreSettings(codec="png")
+
+
+def test_the_run_plan_is_written_as_the_same_json_object() -> None:
+    plan = RunPlan(fingerprint="ab" * 32, sources=3, settings={"codec": "lz4", "shard_size": 4})
+    assert json.dumps(plan.as_dict()) == ('{"fingerprint": "' + "ab" * 32 + '", "sources": 3, '
+                                          '"settings": {"codec": "lz4", "shard_size": 4}}')
+
+
+def test_info_is_a_record_whose_dict_is_what_info_json_prints(tmp_path: Path, image_folder: Path) -> None:
+    out = tmp_path / "store"
+    preprocess(image_folder, out, SMALL, StoreSettings(codec="jpeg", shard_size=4), workers=1)
+    d = info(out)
+    assert isinstance(d, StoreInfo) and list(d.as_dict()) == INFO_KEYS
+    assert (d.format, d.samples, d.codec, d.quality) == ("tilefeed v2", 15, "jpeg", 90)
+    assert (d.tile, d.shards) == ([32, 32, 3], 4)
+    assert_plain(d.as_dict())
+    r = run_cli("info", str(out), "--json")
+    assert r.returncode == 0 and r.stdout == json.dumps(d.as_dict(), indent=2) + "\n"
+    text = run_cli("info", str(out))
+    assert text.stdout == format_info(d) + "\n" and "codec jpeg q90" in text.stdout
+
+
 def test_bad_inputs_are_listed_and_nothing_is_lost(tmp_path: Path, bad_folder: Path) -> None:
     (bad_folder / "stray.jpg").write_bytes(b"outside any class")
     out = tmp_path / "store"
     s = preprocess(bad_folder, out, TileSettings(tile=32, max_pixels=100_000), workers=2)
     d = info(out)
-    assert d["sources"] == 2 + 2 + 5 + 1
-    assert d["accepted"] + d["rejected"] == d["sources"]
-    assert (s.accepted, s.rejected, s.tiles) == (4, 6, 4) and d["samples"] == 4
-    reasons = {Path(r["path"]).name: r["reason"] for r in d["rejects"]}
+    assert d.sources == 2 + 2 + 5 + 1
+    assert d.accepted + d.rejected == d.sources
+    assert (s.accepted, s.rejected, s.tiles) == (4, 6, 4) and d.samples == 4
+    reasons = {Path(r["path"]).name: r["reason"] for r in d.rejects}
     assert reasons.keys() == {"zero.jpg", "truncated.jpg", "text.jpg", "garbled.png", "huge.png",
                               "stray.jpg"}
     assert reasons["huge.png"].startswith("too large")
@@ -117,7 +160,7 @@ def test_output_folder_rules(tmp_path: Path, image_folder: Path) -> None:
     with pytest.raises(StoreExistsError, match="--overwrite"):
         preprocess(image_folder, out, TileSettings(tile=48), workers=1)
     preprocess(image_folder, out, TileSettings(tile=48), workers=1, overwrite=True)
-    assert info(out)["tile"] == [48, 48, 3]
+    assert info(out).tile == [48, 48, 3]
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("mine")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tilefeed.store.documents import load_attrs
 from tilefeed.store.errors import CorruptChunkError, StoreFormatError
 from tilefeed.store.shard import ShardFile, ShardIndex
 from tilefeed.store.zarr_codecs import images_codecs
-from tests.helpers import photo, psnr
+from tests.helpers import assert_plain, photo, psnr
 
 
 @pytest.mark.parametrize("codec", fmt.CODECS)
@@ -73,6 +74,18 @@ def test_index_corruption_is_named(tmp_path: Path) -> None:
     raw[3] ^= 0xFF
     with pytest.raises(CorruptChunkError, match="s: index crc32c mismatch"):
         ShardIndex.decode(bytes(raw), 3, "s")
+
+
+def test_codec_names_are_members_equal_to_their_strings() -> None:
+    assert fmt.CODECS == ("lz4", "zstd", "none", "jpeg") and all(type(c) is str for c in fmt.CODECS)
+    assert tuple(fmt.CODEC_TABLE) == tuple(fmt.Codec) and [c.value for c in fmt.Codec] == list(fmt.CODECS)
+    assert fmt.Codec.JPEG == "jpeg" and f"{fmt.Codec.NONE}" == "none"
+    assert fmt.SMALL_ARRAY_CODEC is fmt.Codec.ZSTD
+    for name in fmt.CODECS:
+        assert TileCodec(name, 16).name is fmt.Codec(name)  # a string given becomes the member
+        assert fmt.CODEC_TABLE[fmt.Codec(name)] is fmt.CODEC_TABLE[name]  # hashed as its string
+    with pytest.raises(ValueError, match=r"^codec must be one of lz4, zstd, none, jpeg, got 'png'$"):
+        TileCodec("png", 16)
 
 
 def test_codec_settings_are_validated() -> None:
@@ -139,6 +152,9 @@ def test_the_attributes_a_writer_records_are_the_typed_record_written_out(
     on_disk = load_attrs(store)
     record = StoreAttrs.from_dict(on_disk, "store")
     assert json.dumps(record.to_dict()) == json.dumps(on_disk)  # the same fields, in the same order
+    assert record.codec is fmt.Codec(codec) and on_disk["codec"] == codec
+    assert_plain(record.to_dict(), "to_dict()")  # json.dumps writes a member as its string; pickle would not
+    assert b"Codec" not in pickle.dumps(record.to_dict())  # a member is pickled by its class
     assert StoreAttrs.from_dict(record.to_dict(), "again") == record
     assert record.sealed() == record and record.shard_sha256 is not None
 

@@ -22,7 +22,7 @@ from tilefeed.store.shard import chunks as shard_chunks
 from tilefeed.store.errors import CorruptChunkError, TileDecodeError
 from tests.helpers import make_store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # the repository: tests/store/ is two folders down
 ROWS_BUDGET_MB, ROWS_SECONDS = 1024, 60  # the bound for each of its rows
 FIELDS_BUDGET_MB, FIELDS_SECONDS = 512, 5  # and for each mutation of the property
 

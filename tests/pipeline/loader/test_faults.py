@@ -20,7 +20,7 @@ def test_random_byte_flips_are_always_detected(codec: str, tmp_path: Path) -> No
     store = make_store(tmp_path / "source", codec)
     clean = StoreReader(store)
     expected = [clean.read(i) for i in range(len(clean))]
-    shards = clean.attrs["shards"]
+    shards = clean.meta.shards
     rng = random.Random(7)
     for trial in range(40):
         copy = tmp_path / f"t{trial}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -18,9 +19,10 @@ import torch.multiprocessing as mp
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.audit.ledger import COUNT, POPULATION, _Tally, _unpack, audit
 from tilefeed.pipeline.loader.resume import STATE_VERSION
-from tilefeed.pipeline.planning.order import SHUFFLES
+from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
+from tilefeed.pipeline.settings import Layout
 from tilefeed.store.errors import ConfigError, LedgerError
-from tests.helpers import free_port, join_gloo, killed_and_resumed, run_cli, train_until_killed
+from tests.helpers import assert_plain, free_port, join_gloo, killed_and_resumed, run_cli, train_until_killed
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
 
@@ -121,6 +123,35 @@ def test_a_state_of_another_store_seed_or_subset_is_refused(store: Path) -> None
         Loader(store, 4, seed=1, shuffle="shard").load_state_dict(state)
     with pytest.raises(ValueError, match="subset="):
         Loader(store, 4, seed=1, indices=range(10)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("shuffle", [True, False, *SHUFFLES, Shuffle.SHARD])
+def test_options_become_members_and_a_state_holds_plain_strings(store: Path, tmp_path: Path,
+                                                                 shuffle: bool | str) -> None:
+    """A string option is its enum member inside; the state holds plain values only, so JSON,
+    pickle and torch.load(weights_only=True) read it as before."""
+    member = Shuffle.GLOBAL if shuffle is True else Shuffle.NONE if shuffle is False else Shuffle(shuffle)
+    with Loader(store, 4, shuffle=shuffle, seed=1, dtype=torch.uint8, layout="channels_last") as loader:
+        assert loader.shuffle is member and loader.layout is Layout.CHANNELS_LAST
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        it.close()
+    assert state["shuffle"] == member.value and state["window"] == (4 if member is Shuffle.SHARD else None)
+    assert_plain(state, "state_dict")
+    assert b"Shuffle" not in pickle.dumps(state)  # a member would be pickled by its class
+    torch.save({"loader": state}, tmp_path / "state.pth")
+    assert torch.load(tmp_path / "state.pth", weights_only=True)["loader"] == state
+    with Loader(store, 4, shuffle=member, seed=1) as loader:
+        loader.load_state_dict(json.loads(json.dumps(state)))  # a member and its string are one setting
+
+
+def test_a_bad_shuffle_or_layout_is_refused_in_the_same_words(store: Path) -> None:
+    with pytest.raises(ValueError, match=r"^shuffle must be True, False or one of global, shard, none, "
+                                         r"got 'random'$"):
+        Loader(store, 4, shuffle="random")
+    with pytest.raises(ValueError, match=r"^layout must be 'NCHW', 'NHWC' or 'channels_last', got 'CHW'$"):
+        Loader(store, 4, layout="CHW")
 
 
 def test_a_state_of_another_version_is_refused_with_what_to_do(store: Path) -> None:

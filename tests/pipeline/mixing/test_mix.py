@@ -4,6 +4,7 @@ ledger's audit, labels across stores, and the refusals."""
 from __future__ import annotations
 
 import json
+import pickle
 from collections import Counter
 from pathlib import Path
 
@@ -14,8 +15,9 @@ import torch
 from tilefeed.pipeline import Loader
 from tilefeed.pipeline.audit.ledger import audit, format_audit
 from tilefeed.pipeline.mixing.mix import Mix
+from tilefeed.pipeline.reading.mixed import LabelRule
 from tilefeed.store.errors import ConfigError
-from tests.helpers import killed_and_resumed, make_store, train_until_killed
+from tests.helpers import assert_plain, killed_and_resumed, make_store, train_until_killed
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
 EPOCH = 200
@@ -139,6 +141,23 @@ def test_labels_follow_the_rule(stores: dict[str, Path]) -> None:
         names, _ = loader.source_of(ids)
         shift = {"big": 0, "mid": 5, "small": 10}
         assert all(shift[n] <= lab < shift[n] + 5 for n, lab in zip(names, labels.tolist(), strict=True))
+
+
+def test_a_labels_rule_becomes_a_member_and_the_state_keeps_plain_strings(stores: dict[str, Path]) -> None:
+    assert mix(stores).labels is LabelRule.SAME and mix(stores, labels="offset").labels is LabelRule.OFFSET
+    assert mix(stores, labels="names") == mix(stores, labels=LabelRule.NAMES)
+    with pytest.raises(ConfigError, match=r"^Mix labels must be one of same, offset, names, got 'union'$"):
+        mix(stores, labels="union")
+    states = []
+    for labels in ("offset", LabelRule.OFFSET):  # a string and its member: the same mixture
+        with Loader(mix(stores, labels=labels), 8, seed=5, shuffle="shard", **UINT8) as loader:  # type: ignore[arg-type]
+            it = iter(loader)
+            next(it)
+            states.append(loader.state_dict())
+            it.close()
+    assert states[0] == states[1] and states[0]["shuffle"] == "shard"
+    assert_plain(states[0], "state_dict")
+    assert b"Shuffle" not in pickle.dumps(states[0])  # a member would be pickled by its class
 
 
 def test_refusals(stores: dict[str, Path]) -> None:

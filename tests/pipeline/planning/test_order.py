@@ -9,13 +9,16 @@ import pytest
 
 from tilefeed.pipeline.planning.order import (
     SHUFFLES,
+    EpochOrder,
     Remainder,
     Segment,
+    Shuffle,
     batches_per_rank,
     epoch_order,
     rank_indices,
     remaining,
     samples_per_rank,
+    sorted_distinct,
 )
 
 SIZES = [0, 1, 2, 3, 5, 7, 13, 31, 97, 101, 127, 128, 129, 255, 256, 257, 1023, 1024, 1025,
@@ -256,3 +259,29 @@ def test_order_cost_measures_each_stage_in_a_fresh_process() -> None:
     assert all(s["seconds"] > 0 and s["peak_mib"] >= 0 for s in result.stages.values())
     table = result.table()
     assert "100,000 samples, world size 4" in table and all(title in table for title in STAGES.values())
+
+
+# -- the typed option and the shared helper ---------------------------------------------------------
+def test_shuffle_members_are_their_strings_and_give_the_same_orders() -> None:
+    assert SHUFFLES == ("global", "shard", "none") and all(type(s) is str for s in SHUFFLES)
+    assert [m.value for m in Shuffle] == list(SHUFFLES) and Shuffle.SHARD == "shard"
+    for name in SHUFFLES:
+        by_name = epoch_order(1000, shuffle=name, seed=3, epoch=2, shard_size=16)
+        by_member = epoch_order(1000, shuffle=Shuffle(name), seed=3, epoch=2, shard_size=16)
+        assert by_name.shuffle is Shuffle(name)  # a string becomes the member
+        np.testing.assert_array_equal(by_name[:], by_member[:])
+    with pytest.raises(ValueError, match=r"^shuffle must be one of global, shard, none, got 'random'$"):
+        EpochOrder(10, shuffle="random", seed=0, epoch=0, shard_size=4)
+
+
+@pytest.mark.parametrize("values", [[], [5], [3, 3, 3], [9, 1, 5, 1, 9, 2**62, 0], list(range(50, 0, -1)) * 2])
+def test_sorted_distinct_is_np_unique_and_leaves_its_input(values: list[int]) -> None:
+    given = np.array(values, dtype=np.int64)
+    kept = given.copy()
+    out = sorted_distinct(given)
+    np.testing.assert_array_equal(out, np.unique(given))
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(given, kept)
+    # sorted runs laid end to end, as the ledger's tallies merge them
+    runs = np.concatenate([np.unique(given), np.unique(given[::2]), np.arange(3, dtype=np.int64)])
+    np.testing.assert_array_equal(sorted_distinct(runs), np.unique(runs))

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from tests.helpers import write_folder
-from tilefeed.pipeline.reading.mixed import MixedArray, MixedReader, RemoteCaches, combine_labels
+from tilefeed.pipeline.reading.mixed import (
+    LABEL_RULES,
+    LabelRule,
+    MixedArray,
+    MixedReader,
+    RemoteCaches,
+    combine_labels,
+)
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store.errors import ConfigError
@@ -166,6 +173,18 @@ def test_combine_labels_rules() -> None:
         combine_labels([["x"]], ["p"], "union")
     with pytest.raises(ValueError, match="same length"):
         combine_labels([["x"]], ["p", "q"])
+
+
+def test_a_rule_given_as_a_member_or_a_string_combines_alike(readers: dict[str, StoreReader]) -> None:
+    assert LABEL_RULES == ("same", "offset", "names") and all(type(r) is str for r in LABEL_RULES)
+    assert [r.value for r in LabelRule] == list(LABEL_RULES) and LabelRule.OFFSET == "offset"
+    classes = [["x", "y"], ["y", "z", "x"]]
+    for rule in ("offset", "names"):
+        by_name = combine_labels(classes, ["p", "q"], rule)
+        by_member = combine_labels(classes, ["p", "q"], LabelRule(rule))
+        assert by_name[0] == by_member[0]
+        assert [m.tolist() for m in by_name[1]] == [m.tolist() for m in by_member[1]]
+        assert mix(readers, "few", "a", labels=rule).rule is LabelRule(rule)  # the reader keeps the member
 
 
 def test_same_rule_refusal_names_both_lists_and_the_other_rules() -> None:
