@@ -1,5 +1,6 @@
-"""The layout table of the development page (docs/development.md) is the tree: every path it names exists, and every module of the
-package is named there (itself, or a folder holding it); and no module imports itself back."""
+"""The layout table of the development page (docs/development.md) is the tree: every path it
+names exists, and every module of the package is named there (itself, or a folder holding it);
+and no module imports itself back."""
 
 from __future__ import annotations
 
