@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test test-fast check demo bench gpu-check wheelhouse install-offline clean
+.PHONY: setup test test-fast check docs demo bench gpu-check wheelhouse install-offline clean
 
 setup: $(STAMP)
 
@@ -40,13 +40,19 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
 # Lint, types and the floor plan: ruff (pyflakes, pycodestyle, bugbear), mypy over the package,
-# import-linter's contracts (pyproject.toml), and a warning (never a failure) for a module over 600 lines.
+# import-linter's contracts (pyproject.toml), a warning (never a failure) for a module over 600 lines,
+# and the documentation site built with --strict (a broken link or reference fails).
 check: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy -p tilefeed
 	$(VENV)/bin/lint-imports
 	$(PY) tools/import_cycles.py
 	$(PY) tools/module_lines.py 600
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+# The documentation site (mkdocs.yml, pages under docs/) into site/.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
 
 demo: setup
 	$(VENV)/bin/tilefeed demo

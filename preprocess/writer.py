@@ -108,6 +108,42 @@ def preprocess(
     ``out`` may be an object-store URL (``s3://bucket/prefix``, ``gs://``, ``az://``): parts,
     shards and metadata then go to the bucket, each object put whole and the group metadata
     last; ``storage_options`` add to the cloud's standard configuration (see ``storage``).
+
+    Parameters
+    ----------
+    src : str or path-like
+        A folder with one subfolder per class, a manifest (``.csv`` or ``.jsonl``), or a bucket
+        prefix.
+    out : str or path-like
+        The store to write: a folder or a bucket URL.
+    tiles : TileSettings, optional
+        How each image becomes tiles (size, mode, fit, resampling, background, colour profiles);
+        default ``TileSettings()``.
+    store : StoreSettings, optional
+        How tiles are stored (codec, quality, shard size); default ``StoreSettings()``.
+    workers : int, optional
+        Worker processes; default: the cores, lowered until each worker's memory fits.
+    overwrite : bool, default False
+        Replace a tilefeed store at ``out`` (only what tilefeed wrote there).
+    progress : callable, optional
+        Called with the number of sources; returns a callback invoked as parts complete.
+    scheduler : str, optional
+        A Dask distributed scheduler address.
+    source_options : SourceOptions, optional
+        The rules for reading ``src``.
+    storage_options : dict, optional
+        Settings added to the cloud's standard configuration, for bucket URLs.
+
+    Returns
+    -------
+    Summary
+        Counts of sources, accepted and rejected inputs, tiles, shards and bytes.
+
+    Raises
+    ------
+    TilefeedError
+        A bad source, option or output (``SourceError``, ``ConfigError``, ``StoreExistsError``,
+        ``StoreWriteError``), with a one-line message that carries no credential.
     """
     try:
         return _preprocess(src, out, tiles, store, workers, overwrite, progress, scheduler,

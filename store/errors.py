@@ -40,7 +40,17 @@ class StoreAccessError(TilefeedError, OSError):
 
 
 class CorruptChunkError(TilefeedError, OSError):
-    """A shard index or chunk failed its crc32c check or does not decode."""
+    """A shard index or chunk failed its crc32c check or does not decode.
+
+    Parameters
+    ----------
+    shard : str
+        The damaged file: a shard, an array chunk or a metadata document.
+    sample : int or None
+        The sample whose tile is damaged, when one is.
+    detail : str
+        What failed, in one line.
+    """
 
     def __init__(self, shard: str, sample: int | None, detail: str) -> None:
         # ``shard`` is the damaged file (a shard, an array chunk or a metadata document)

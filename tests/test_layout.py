@@ -1,5 +1,6 @@
-"""The README's layout table is the tree: every path it names exists, and every module of the
-package is named there (itself, or a folder holding it); and no module imports itself back."""
+"""The layout table of the development page (docs/development.md) is the tree: every path it
+names exists, and every module of the package is named there (itself, or a folder holding it);
+and no module imports itself back."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the page that holds the "## Layout" section and its table
+LAYOUT_PAGE = ROOT / "docs" / "development.md"
 PACKAGES = ("store", "preprocess", "pipeline", "bench", "cli")
 
 
-def table_paths(readme: str) -> list[str]:
+def table_paths(page: str) -> list[str]:
     """The backticked paths in the rows of the Layout section's table."""
-    section = readme[readme.index("## Layout"):]
+    section = page[page.index("## Layout"):]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     return [path for row in rows[1:] for path in re.findall(r"`([\w./-]+/|[\w./-]+\.py)`", row.split("|")[2])]
 
@@ -27,11 +30,11 @@ def unnamed_modules(paths: list[str], root: Path) -> list[str]:
 
 
 def test_the_layout_table_names_every_module_and_only_what_exists() -> None:
-    paths = table_paths((ROOT / "README.md").read_text())
+    paths = table_paths(LAYOUT_PAGE.read_text())
     assert len(paths) > 30, paths
     missing = [p for p in paths if not (ROOT / p).exists()]
-    assert not missing, f"the README's layout table names what is not there: {missing}"
-    assert not unnamed_modules(paths, ROOT), "modules the README's layout table does not name"
+    assert not missing, f"the layout table of {LAYOUT_PAGE.name} names what is not there: {missing}"
+    assert not unnamed_modules(paths, ROOT), f"modules the layout table of {LAYOUT_PAGE.name} does not name"
 
 
 def test_the_check_finds_a_module_left_out_and_a_path_that_moved(tmp_path: Path) -> None:
@@ -42,8 +45,8 @@ def test_the_check_finds_a_module_left_out_and_a_path_that_moved(tmp_path: Path)
         (tmp_path / package).mkdir()
     assert unnamed_modules(["store/format.py"], tmp_path) == ["store/new.py"]
     assert unnamed_modules(["store/"], tmp_path) == []
-    readme = "## Layout\n\n| concept | where |\n| --- | --- |\n| a | `store/format.py`, `store/` |\n"
-    assert table_paths(readme) == ["store/format.py", "store/"]
+    page = "## Layout\n\n| concept | where |\n| --- | --- |\n| a | `store/format.py`, `store/` |\n"
+    assert table_paths(page) == ["store/format.py", "store/"]
 
 
 def test_no_module_imports_itself_back() -> None:

@@ -28,6 +28,30 @@ Step = Callable[[torch.Tensor, torch.Tensor], Any]
 
 @dataclass
 class RunResult:
+    """The figures of one measured run, from ``watch(...).result()`` or ``measure``.
+
+    Attributes
+    ----------
+    loader : str
+        The name the run was measured under.
+    batch_size, samples, steps, warmup : int
+        The batch size, samples and steps measured, and the warm-up steps left out.
+    wait_s, step_s, wall_s : float
+        Seconds waiting for batches, in the step, and in all (warm-up excluded).
+    stall_fraction : float
+        ``wait_s / wall_s``: the share of the time the step waited for its batch.
+    samples_per_s, busy_fraction : float
+        Samples per second of wall-clock, and the share of it the step ran.
+    wait_median_ms, wait_p95_ms, handover_median_ms : float
+        The wait per batch, and the median wait for batches other than an epoch's first.
+    epoch_start_wait_ms : list of float
+        The wait for the first batch of each epoch measured.
+    peak_rss_mb, gpu_max_allocated_mb, gpu_max_reserved_mb : float
+        Peak memory of the process tree, and of the GPU (None without one).
+    extra : dict
+        More per run; a tilefeed Loader's ``stats()`` under ``"stages"``.
+    """
+
     loader: str
     batch_size: int
     samples: int
@@ -57,6 +81,13 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        """Every figure as JSON-ready data (what ``tilefeed bench --json`` writes per run).
+
+        Returns
+        -------
+        dict
+            Field name -> value.
+        """
         return asdict(self)
 
 
@@ -213,14 +244,64 @@ class Watch:
 def watch(iterable: Iterable[Any], *, name: str = "loader", warmup: int = 2,
           device: torch.device | str | None = None, report: bool = False,
           clock: Callable[[], float] = time.perf_counter) -> Watch:
-    """``for batch in watch(loader): train_step(batch)``: wait and step times of a loop you own."""
+    """``for batch in watch(loader): train_step(batch)``: wait and step times of a loop you own.
+
+    Parameters
+    ----------
+    iterable : iterable
+        The loader (a tilefeed ``Loader``, a torch ``DataLoader``, any iterable of batches).
+    name : str, default "loader"
+        The name the figures are reported under.
+    warmup : int, default 2
+        Batches at the start left out of the figures.
+    device : torch.device or str, optional
+        On a CUDA device, steps are timed with CUDA events and the wait is the device's idle gap
+        between steps; default: the host clock.
+    report : bool, default False
+        Print the figures when the loop ends (a tilefeed ``Loader``'s ``stats()`` too).
+    clock : callable, default time.perf_counter
+        Seconds, monotonic; tests pass a fake one.
+
+    Returns
+    -------
+    Watch
+        Iterates as ``iterable`` does; its ``result()`` gives a ``RunResult`` at any moment.
+    """
     return Watch(iterable, name=name, warmup=warmup, device=device, report=report, clock=clock)
 
 
 def measure(loader: Iterable[Any], step: Step, *, steps: int, warmup: int = 2,
             name: str = "loader", device: torch.device | str | None = None,
             clock: Callable[[], float] = time.perf_counter) -> RunResult:
-    """Run ``step(images, labels)`` on ``warmup + steps`` batches (epochs restart as needed)."""
+    """Run ``step(images, labels)`` on ``warmup + steps`` batches (epochs restart as needed).
+
+    Parameters
+    ----------
+    loader : iterable
+        Yields ``(images, labels, ...)`` batches; iterated again when an epoch ends.
+    step : callable
+        ``step(images, labels)``: the training step (or an emulated one).
+    steps : int
+        Steps measured, at least 1.
+    warmup : int, default 2
+        Steps run first and left out of the figures.
+    name : str, default "loader"
+        The name the figures are reported under.
+    device : torch.device or str, optional
+        As for ``watch``.
+    clock : callable, default time.perf_counter
+        Seconds, monotonic.
+
+    Returns
+    -------
+    RunResult
+        Wait, step and stall figures of the measured steps (and a tilefeed Loader's stages).
+
+    Raises
+    ------
+    ValueError
+        When ``steps < 1`` or ``warmup < 0``.
+    """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
     watcher = Watch(_Forever(loader), name=name, warmup=warmup, device=device, clock=clock)

@@ -43,16 +43,26 @@ if TYPE_CHECKING:
 class Mix:
     """Several stores read as one, each epoch taking ``weights`` shares of ``epoch_samples``.
 
-    ``stores``: name -> folder or bucket URL (each opened with the Loader's storage options and
-    cache). ``weights``: name -> weight (any non-negative numbers; default each source's
-    size, so an epoch reads every sample once). ``epoch_samples``: positions an epoch holds
-    (default the sum of the sources' sizes); a source whose share exceeds its size repeats, each
-    sample at most once more than any other, one whose share is smaller is sub-sampled, every
-    sample visited before any again over consecutive epochs. ``labels``: how class lists
-    combine: ``"same"`` (the stores' lists must be equal), ``"offset"`` (each source's classes
-    after the previous sources') or ``"names"`` (merged by class name). ``indices``: name -> the
-    samples of that store the mixture takes (a train/validation split, as the Loader's
-    ``indices`` for one store); its size is then the subset's."""
+    Pass it to ``Loader`` in place of a store.
+
+    Parameters
+    ----------
+    stores : mapping of str to str or Path
+        Name -> folder or bucket URL (each opened with the Loader's storage options and cache).
+    weights : mapping of str to float, optional
+        Name -> weight (any non-negative numbers); default each source's size, so an epoch reads
+        every sample once.
+    epoch_samples : int, optional
+        Positions an epoch holds (default the sum of the sources' sizes). A source whose share
+        exceeds its size repeats, each sample at most once more than any other; one whose share is
+        smaller is sub-sampled, every sample visited before any again over consecutive epochs.
+    labels : {"same", "offset", "names"}, default "same"
+        How class lists combine: ``"same"`` (the stores' lists must be equal), ``"offset"`` (each
+        source's classes after the previous sources') or ``"names"`` (merged by class name).
+    indices : mapping of str to sequence of int, optional
+        Name -> the samples of that store the mixture takes (a train/validation split, as the
+        Loader's ``indices`` for one store); its size is then the subset's.
+    """
 
     stores: Mapping[str, str | Path]
     weights: Mapping[str, float] | None = None

@@ -18,6 +18,16 @@ class TileDataset(Dataset[tuple[Any, int]]):
     Picklable: the store is opened lazily in each process, so DataLoader workers (fork or
     spawn) each map the shards themselves. ``store`` may be an open ``StoreReader`` to share
     in this process (the store is then not opened and checked a second time).
+
+    Parameters
+    ----------
+    store : str, Path or StoreReader
+        A store folder or bucket URL, or an open reader.
+    transform : callable, optional
+        Applied to each (T, T, 3) uint8 tile; ``ds[i]`` then returns ``(transform(tile), label)``.
+    **store_options
+        StoreReader's ``storage_options``, ``cache_dir`` and ``cache_limit``, for a store in
+        object storage.
     """
 
     def __init__(self, store: str | Path | StoreReader,

@@ -34,7 +34,32 @@ from tilefeed.store.storage import is_url, local_path
 
 
 class StoreReader:
-    """A read-only view of a complete tilefeed store; safe to share between threads."""
+    """A read-only view of a complete tilefeed store; safe to share between threads.
+
+    Opening checks everything but the tiles (metadata, digests, labels, boxes); each tile is
+    checked as it is read.
+
+    Parameters
+    ----------
+    store : str or path-like
+        A store folder, or a bucket URL (``s3://``, ``gs://``, ``az://``).
+    storage_options : dict, optional
+        For a bucket URL: settings added to the cloud's standard configuration.
+    cache_dir : str or path-like, optional
+        For a bucket URL: the local shard cache; default ``$TILEFEED_CACHE`` or
+        ``~/.cache/tilefeed``.
+    cache_limit : int, optional
+        For a bucket URL: bytes of shards kept in the cache; default no limit.
+
+    Raises
+    ------
+    StoreFormatError
+        The store is incomplete, of another format version, or its metadata is damaged.
+    CorruptChunkError
+        An array chunk beside the tiles fails its checksum.
+    ConfigError
+        Bucket options given for a local folder.
+    """
 
     def __init__(self, store: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | None = None) -> None:
