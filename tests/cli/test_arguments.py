@@ -1,4 +1,4 @@
-"""The command-line argument types the commands of several layers share."""
+"""The command-line argument types the commands share (cli/arguments.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from tilefeed.store.arguments import positive
+from tilefeed.cli.arguments import positive
 
 
 def test_positive_takes_whole_numbers_from_one() -> None:
