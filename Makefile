@@ -62,7 +62,7 @@ bench: setup
 	$(VENV)/bin/tilefeed bench preprocess
 	$(VENV)/bin/tilefeed bench loader
 	$(VENV)/bin/tilefeed bench --loaders baseline,dali-files,tiles-dataloader,tilefeed \
-		--batch-size 64 --steps 40 --step-ms 40 --workers 2 --json bench-out/bench.json --plots bench-out
+		--batch-size 64 --steps 40 --step-ms 40 --workers 2 --out bench-out/bench.json --plots bench-out
 
 # Offline GPU nodes: on a machine with the package index, download every wheel a node needs
 # (default: CPython 3.12, CUDA 13; WH_PY=3.11 WH_CUDA=12 for others), torch excepted.
@@ -90,4 +90,4 @@ gpu-check:
 	@$(GPU_PY) -c "import sys, importlib.util as u; u.find_spec('nvidia.dali') or sys.exit('gpu-check: DALI is not installed: pip install tilefeed[cuda12] or [cuda13]')"
 	@mkdir -p bench-out
 	-$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --junitxml bench-out/gpu-tests.xml
-	$(TF) bench gpu-report --tests-xml bench-out/gpu-tests.xml --json bench-out/gpu-report.json
+	$(TF) bench gpu-report --tests-xml bench-out/gpu-tests.xml --out bench-out/gpu-report.json

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tilefeed.cli import bench_forms
+from tilefeed.cli.arguments import add_renamed
 from tilefeed.cli.bench_forms import BenchResult, Form, run_form
 from tilefeed.cli.bench_options import form_parser, harness_args
 from tilefeed.cli.demo_data import demo_images, demo_store
@@ -41,6 +42,7 @@ def main_parser() -> argparse.ArgumentParser:
         "listed below.",
         epilog=f"forms (tilefeed bench FORM --help for each one's options):\n{listing}")
     harness_args(parser)
+    add_renamed(parser, "bench")
     return parser
 
 
@@ -51,9 +53,9 @@ def run_compare(args: argparse.Namespace) -> list[Any]:
     settings, step = _resolve(args)
     runs, fair_line = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
     print(report(runs, fair_line, step.describe()))
-    if args.json:
-        write_json(args.json, runs, True, settings_dict(settings, step, args.steps, args.warmup))
-        print(f"json: {args.json}")
+    if args.out:
+        write_json(args.out, runs, True, settings_dict(settings, step, args.steps, args.warmup))
+        print(f"json: {args.out}")
     if args.plots:
         for path in plot_runs(runs, args.plots):
             print(f"plot: {path}")
@@ -98,7 +100,7 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
     harness_args(p)
     p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms",
                    help="the setting swept: the emulated step's length or the workers of every loader")
-    p.add_argument("--values", default="0,10,20,40,80", help="comma list of values to sweep")
+    p.add_argument("--values", default="0,10,20,40,80", help="comma list of the values swept")
 
 
 def _sweep(args: argparse.Namespace) -> BenchResult:

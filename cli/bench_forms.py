@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tilefeed.cli.bench_options import data_args, form_parser, loop_args
+from tilefeed.cli.arguments import add_renamed
+from tilefeed.cli.bench_options import STEP_MS, WORKERS_HELP, data_args, form_parser, loop_args, out_arg
 from tilefeed.cli.demo_data import cache_dir, demo_images, demo_store
 
 
@@ -27,7 +28,7 @@ class BenchResult(Protocol):
         ...  # pragma: no cover - a protocol's method has no body of its own
 
     def as_dict(self) -> dict[str, Any]:
-        """The result as JSON-ready data, what ``--json`` writes."""
+        """The result as JSON-ready data, what ``--out`` writes."""
         ...  # pragma: no cover
 
 
@@ -56,19 +57,20 @@ class Form:
     run: Callable[[argparse.Namespace], BenchResult]
 
     def parser(self) -> argparse.ArgumentParser:
-        """The form's parser, with its options."""
+        """The form's parser, with its options and their old spellings (hidden)."""
         p = form_parser(f"tilefeed bench {self.name}", self.description)
         self.options(p)
+        add_renamed(p, f"bench {self.name}")
         return p
 
 
 def run_form(form: Form, argv: list[str]) -> int:
-    """Parse ``argv`` with ``form``'s parser, run it, print its table and, with ``--json``, write
-    its data there. Exit status 1 when the result says it failed (``ok`` false), else 0."""
+    """Parse ``argv`` with ``form``'s parser, run it, print its table and, with ``--out``, write
+    its data there as JSON. Exit status 1 when the result says it failed (``ok`` false), else 0."""
     args = form.parser().parse_args(argv)
     result = form.run(args)
     print(result.table())
-    json_path: Path | None = getattr(args, "json", None)
+    json_path: Path | None = getattr(args, "out", None)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result.as_dict(), indent=2))
@@ -78,7 +80,7 @@ def run_form(form: Form, argv: list[str]) -> int:
 
 def _preprocess_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=2400, store=False)
-    p.add_argument("--size", type=int, default=224, help="tile side")
+    p.add_argument("--tile", type=int, default=224, help="tile side in pixels")
     p.add_argument("--codec", default="lz4", help="tile codec")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians reported")
 
@@ -86,7 +88,7 @@ def _preprocess_options(p: argparse.ArgumentParser) -> None:
 def _preprocess(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.preprocess import bench_preprocess
 
-    return bench_preprocess(args.images or demo_images(args.count), size=args.size, codec=args.codec,
+    return bench_preprocess(args.images or demo_images(args.count), size=args.tile, codec=args.codec,
                             rounds=args.rounds)
 
 
@@ -113,7 +115,7 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
                    help="comma list of output sizes (e.g. 128,160,192,224): training img/s at each "
                    "from the same --tile px stores, lossless and JPEG with reduced-scale decoding "
                    "on and off, one Loader each changing size, and JPEG decode speed per DCT scale")
-    p.add_argument("--tile", type=int, default=256, help="tile side of the stores made for --sizes")
+    p.add_argument("--tile", type=int, default=256, help="tile side in pixels of the stores made for --sizes")
     p.add_argument("--mixture", action=argparse.BooleanOptionalAction, default=True,
                    help="add a row: the uint8 Loader over a 50/50 Mix of two halves of the store "
                    "(made once in the cache from its source paths, with its settings), the same "
@@ -175,7 +177,10 @@ def _halves(store: str | Path) -> tuple[Path, Path] | None:
 def _cloud_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=9600)
     loop_args(p, rounds=3)
-    p.add_argument("--step-ms", type=float, default=50.0, help="emulated step time")
+    p.add_argument("--step-ms", type=float, default=50.0,
+                   help=f"the emulated step, in ms per batch; longer than the loader benches' "
+                   f"{STEP_MS:g}: a step the local store keeps up with (a few %% stall), so what "
+                   "the bucket adds shows")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added to every request")
     p.add_argument("--rate-mb", type=float, default=100.0, help="MB/s cap per connection")
     p.add_argument("--shard-size", type=int, default=256,
@@ -202,7 +207,7 @@ CLOUD = Form(
 
 def _clients_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians and ranges reported")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    out_arg(p)
 
 
 def _clients(args: argparse.Namespace) -> BenchResult:
@@ -242,7 +247,9 @@ def _stats_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=1600)
     loop_args(p, rounds=7)
     p.add_argument("--step-ms", type=float, default=10.0,
-                   help="emulated step of the advice runs (shorter than one worker's batch)")
+                   help=f"the emulated step of the advice runs, in ms per batch; shorter than the "
+                   f"loader benches' {STEP_MS:g}: shorter than one worker's batch, so the Loader is "
+                   "input-bound and its advice has something to fix")
     p.add_argument("--steps", type=int, default=40, help="measured steps of each advice run")
 
 
@@ -268,19 +275,19 @@ def _scale_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--classes", default="100,1000",
                    help="comma list: class folders of each set (x --per-class sources)")
     p.add_argument("--per-class", type=int, default=1281, help="sources per class folder")
-    p.add_argument("--size", type=int, default=8, help="tile side")
-    p.add_argument("--workers", type=int, default=2, help="preprocess worker processes")
+    p.add_argument("--tile", type=int, default=8, help="tile side in pixels")
+    p.add_argument("--processes", type=int, default=2, help="preprocessing's worker processes")
     p.add_argument("--batch-size", type=int, default=256, help="samples per batch of the rate runs")
-    p.add_argument("--warm", type=int, default=50, help="batches before the rate is timed")
-    p.add_argument("--timed", type=int, default=400, help="batches timed per rate run")
+    p.add_argument("--warmup", type=int, default=50, help="batches before the rate is timed")
+    p.add_argument("--batches", type=int, default=400, help="batches timed per rate run")
     p.add_argument("--rounds", type=int, default=3, help="timed runs per store; medians reported")
-    p.add_argument("--root", type=Path, default=None,
+    p.add_argument("--out-dir", type=Path, default=None, metavar="DIR",
                    help="folder for the sets and stores (default: the cache folder's 'scale')")
     p.add_argument("--order-samples", type=int, default=400_000_000,
                    help="samples of the epoch whose order is measured (no store is made)")
     p.add_argument("--order-world-size", type=int, default=64,
                    help="ranks sharing the epoch whose order is measured")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    out_arg(p)
 
 
 def _scale(args: argparse.Namespace) -> BenchResult:
@@ -288,9 +295,9 @@ def _scale(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.scale import run_scale
 
     classes = [int(c) for c in args.classes.split(",") if c.strip()]
-    result = run_scale(args.root or cache_dir() / "scale", classes, per_class=args.per_class,
-                       size=args.size, workers=args.workers, batch_size=args.batch_size,
-                       warm=args.warm, timed=args.timed, rounds=args.rounds)
+    result = run_scale(args.out_dir or cache_dir() / "scale", classes, per_class=args.per_class,
+                       size=args.tile, workers=args.processes, batch_size=args.batch_size,
+                       warm=args.warmup, timed=args.batches, rounds=args.rounds)
     result.order = [order_cost(args.order_samples, args.order_world_size, shuffle=shuffle)
                     for shuffle in ("global", "shard")]
     return result
@@ -312,7 +319,7 @@ def _soak_options(p: argparse.ArgumentParser) -> None:
     loop_args(p, batch_size=16)
     p.add_argument("--limit-kb", type=float, default=10.0,
                    help="RSS growth per loader or epoch that still passes")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    out_arg(p)
     p.add_argument("--only", default=None,
                    help="comma list of the patterns to run (by name, as the table shows them)")
 
@@ -342,7 +349,7 @@ def training_args(p: argparse.ArgumentParser, runs_per: str, epochs_help: str) -
     """The options of the forms that train a network: seeds, epochs, where the JSON goes."""
     p.add_argument("--seeds", type=int, default=5, help=f"training runs per {runs_per}")
     p.add_argument("--epochs", type=int, default=10, help=epochs_help)
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    out_arg(p)
 
 
 def _aspect(args: argparse.Namespace) -> BenchResult:
@@ -361,7 +368,7 @@ ASPECT = Form(
 
 def _schedule_options(p: argparse.ArgumentParser) -> None:
     training_args(p, "schedule", "epochs of the fixed-size run")
-    p.add_argument("--low", type=int, default=32, help="the ramp's first size (the full size is 64)")
+    p.add_argument("--low", type=int, default=32, help="the ramp's first size in pixels; the full size is 64")
 
 
 def _schedule(args: argparse.Namespace) -> BenchResult:
@@ -380,12 +387,12 @@ SCHEDULE = Form(
 
 def _gpu_report_options(p: argparse.ArgumentParser) -> None:
     data_args(p, count=2048, store=False)
-    p.set_defaults(json=Path("bench-out/gpu-report.json"))  # the report is always written
+    p.set_defaults(out=Path("bench-out/gpu-report.json"))  # the report is always written
     p.add_argument("--tiles", default="224,256",
-                   help="tile sides of the JPEG stores made from --images (comma list)")
+                   help="tile sides in pixels of the JPEG stores made from --images (comma list)")
     p.add_argument("--batch-size", type=int, default=256, help="samples per batch, every loader")
     p.add_argument("--batches", type=int, default=30, help="measured batches per loader")
-    p.add_argument("--workers", type=int, default=4, help="workers (Loader threads) for every loader")
+    p.add_argument("--workers", type=int, default=4, help=WORKERS_HELP)
     p.add_argument("--model-steps", type=int, default=20, help="measured steps per feed at the model")
     p.add_argument("--tests-xml", type=Path, default=None,
                    help="JUnit XML of the gpu tests (pytest --junitxml) to include in the report")

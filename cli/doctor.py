@@ -261,14 +261,22 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tilefeed doctor",
-                                     description=(__doc__ or "").split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``tilefeed doctor`` (and of ``python -m tilefeed.cli.doctor``)."""
+    from tilefeed.cli.arguments import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="tilefeed doctor", description=(__doc__ or "").split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--pil", action="store_true", help="check the PIL build only")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON on stdout instead of text")
     parser.add_argument("--offline", action="store_true",
                         help="a node installed from a wheelhouse: PIL gaps are warnings")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     report = diagnose(pil_only=args.pil, offline=args.offline)
     if args.json:
         print(json.dumps({"checks": [asdict(c) for c in report.checks],

@@ -10,12 +10,13 @@ import sys
 from collections.abc import Sequence
 
 import tilefeed
+from tilefeed.cli.arguments import HelpFormatter
 from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
 from tilefeed.store.errors import TilefeedError
 
 EPILOG = """examples:
-  tilefeed preprocess ~/data/train store/train --size 256 --codec lz4
-  tilefeed preprocess scans.csv store/scans --mode grid --size 512 --stride 448 --codec jpeg
+  tilefeed preprocess ~/data/train store/train --tile 256 --codec lz4
+  tilefeed preprocess scans.csv store/scans --mode grid --tile 512 --stride 448 --codec jpeg
   tilefeed preprocess ~/data/train s3://my-bucket/stores/train --codec jpeg
   tilefeed info store/train
   tilefeed verify store/train --deep
@@ -41,23 +42,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pre-tile an image dataset into sharded Zarr v3, feed it to the GPU with DALI, "
         "and measure how long training waits for data.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action=_Version, nargs=0, default=argparse.SUPPRESS,
                         help="show program's version number and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _own_parser(sub, "preprocess")
 
-    i = sub.add_parser("info", help="describe a store: samples, classes, codec, shards, rejects")
-    i.add_argument("store", metavar="STORE")
-    i.add_argument("--json", action="store_true", help="print JSON instead of text")
+    i = sub.add_parser("info", help="describe a store: samples, classes, codec, shards, rejects",
+                       formatter_class=HelpFormatter)
+    i.add_argument("store", metavar="STORE", help="a tilefeed store (folder or bucket URL)")
+    i.add_argument("--json", action="store_true",
+                   help="print the description as JSON on stdout instead of text")
     add_storage_option(i)
 
     v = sub.add_parser("verify", help="check every file of a store: arrays, digests, shard "
                        "indexes and tile checksums",
                        description="Exit 0 when the store is sound; otherwise print each problem, "
-                       "naming the shard file and sample, and exit 1.")
-    v.add_argument("store", metavar="STORE")
+                       "naming the shard file and sample, and exit 1.", formatter_class=HelpFormatter)
+    v.add_argument("store", metavar="STORE", help="a tilefeed store (folder or bucket URL)")
     v.add_argument("--deep", action="store_true", help="also decode every tile")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     add_storage_option(v)
@@ -80,6 +83,25 @@ def _own_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: 
     """``name`` listed with its help line; ``parse`` hands what follows it to its own parser."""
     sub.add_parser(name, help=OWN_PARSERS[name], add_help=False).add_argument(
         "args", nargs=argparse.REMAINDER)
+
+
+def all_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of every command and ``tilefeed bench`` form, built as the command line
+    builds them, by the words typed after ``tilefeed`` (``"bench"`` alone: the main form)."""
+    from tilefeed.cli.audit import build_parser as audit_parser
+    from tilefeed.cli.bench import FORMS, main_parser
+    from tilefeed.cli.demo import build_parser as demo_parser
+    from tilefeed.cli.doctor import build_parser as doctor_parser
+    from tilefeed.cli.preprocess_command import build_parser as preprocess_parser
+    from tilefeed.cli.show import build_parser as show_parser
+
+    top = build_parser()
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices
+    parsers = {"": top, "info": commands["info"], "verify": commands["verify"],
+               "preprocess": preprocess_parser(), "doctor": doctor_parser(), "audit": audit_parser(),
+               "show": show_parser(), "demo": demo_parser(), "bench": main_parser()}
+    parsers.update({f"bench {name}": form.parser() for name, form in FORMS.items()})
+    return parsers
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from tilefeed.cli.arguments import positive
+from tilefeed.cli.arguments import HelpFormatter, add_renamed, positive
 from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
 from tilefeed.preprocess.sources.scanning import LABEL_RULES
 from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS, parse_size
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Decode every source image once, cut it into TxT RGB tiles and store them as a "
         "sharded Zarr v3 array. Unusable inputs are listed in the store's rejects with a reason. "
         "Rerunning the same command after an interruption resumes where it stopped.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("src", metavar="SRC",
                    help="folder with one subfolder per class, or a manifest (.csv or .jsonl of "
@@ -61,12 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace a tilefeed store already at OUT (other folders are never touched)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     add_storage_option(p)
+    add_renamed(p, "preprocess")
     return p
 
 
 def _tile_args(p: argparse.ArgumentParser) -> None:
     """How each image becomes tiles (``TileSettings``)."""
-    p.add_argument("--size", type=positive, default=256, help="tile side T in pixels")
+    p.add_argument("--tile", type=positive, default=256, help="tile side T in pixels")
     p.add_argument("--mode", choices=MODES, default="resize",
                    help="resize: one tile per image; grid: cut each image into TxT tiles")
     p.add_argument("--fit", choices=FITS, default="pad",
@@ -86,9 +87,9 @@ def _tile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pixels", type=positive, default=DEFAULT_MAX_PIXELS,
                    help="reject larger images (decompression-bomb limit; Pillow's own limit follows it)")
     p.add_argument("--worker-memory", type=_size, default="2G", metavar="SIZE",
-                   help="the most memory one worker may use to decode and convert one image (e.g. "
+                   help="the most memory one worker process may use to decode and convert one image (e.g. "
                    "2G, 512M): an image that would need more is rejected, naming its size; the "
-                   "default --workers is lowered until every worker's share fits in the memory "
+                   "default --processes is lowered until every process's share fits in the memory "
                    "available")
 
 
@@ -99,7 +100,7 @@ def _store_args(p: argparse.ArgumentParser) -> None:
                    "none stores raw pixels; jpeg is lossy and decodes on the GPU (nvJPEG)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for --codec jpeg")
     p.add_argument("--shard-size", type=positive, default=1024, help="tiles per shard file")
-    p.add_argument("--workers", type=positive, default=None,
+    p.add_argument("--processes", type=positive, default=None,
                    help="worker processes (default: all available cores, fewer where the available "
                    "memory holds fewer --worker-memory shares)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from tilefeed.preprocess.writer import preprocess
 
     tiles = TileSettings(
-        tile=args.size, mode=args.mode, fit=args.fit, stride=args.stride or 0,
+        tile=args.tile, mode=args.mode, fit=args.fit, stride=args.stride or 0,
         resample=args.resample, background=args.background, max_pixels=args.max_pixels,
         icc=args.icc, worker_memory=args.worker_memory,
     )
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                           allow_empty_classes=args.allow_empty_classes,
                           buckets=tuple(args.allow_bucket))
     summary = preprocess(
-        args.src, args.out, tiles, store, workers=args.workers, overwrite=args.overwrite,
+        args.src, args.out, tiles, store, workers=args.processes, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
         source_options=rules, storage_options=storage_options(args),
     )

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tilefeed.cli.arguments import number_list, positive, whole_number
+from tilefeed.cli.arguments import HelpFormatter, number_list, positive, whole_number
 from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
 from tilefeed.pipeline.sheet import DEFAULT_COUNT, Sheet, contact_sheet, reject_sheet
 from tilefeed.store.errors import ConfigError, StoreWriteError, TilefeedError
@@ -28,23 +28,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a contact sheet (PNG) of samples as the model receives them: the "
         "Loader's own crops, flips and framing on the CPU, normalisation undone, each tile "
         "captioned with its class, sample index and source file.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("store", metavar="STORE", help="a tilefeed store (folder or bucket URL)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="train", action="store_true",
                       help="training crops and flips (Loader(train=True)), in the shuffled order")
     mode.add_argument("--eval", dest="train", action="store_false",
-                      help="evaluation framing, in store order (the default)")
+                      help="evaluation framing, in store order (default)")
     p.add_argument("--epoch", type=whole_number, default=0, help="epoch whose order and crops are shown")
     p.add_argument("--seed", type=whole_number, default=0, help="the Loader's seed")
     p.add_argument("--size", type=positive, default=None,
-                   help="output side (default: the tile side); small sides are enlarged on the sheet")
+                   help="output side in pixels (default: the tile side); small sides are enlarged on "
+                   "the sheet")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--count", type=positive, default=None,
-                      help=f"show the first N samples of the epoch's order (default {DEFAULT_COUNT})")
+                      help=f"show the first N samples of the epoch's order (default: {DEFAULT_COUNT})")
     what.add_argument("--samples", type=number_list, default=None, metavar="I,J,K",
                       help="show these samples, in this order")
-    p.add_argument("--out", default="show.png", help="the PNG to write")
+    p.add_argument("--out", default="show.png", metavar="FILE", help="the PNG to write")
     view = p.add_mutually_exclusive_group()
     view.add_argument("--stored", action="store_true",
                       help="the tiles as written, with each picture's box drawn on stores with "

@@ -96,7 +96,8 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except Image.DecompressionBombError as e:
         raise Rejected(f"too large: over --max-pixels {settings.max_pixels} ({one_line(e)})") from None
     except MemoryError:
-        raise Rejected("too large: out of memory while decoding; lower --workers or --worker-memory") from None
+        raise Rejected("too large: out of memory while decoding; "
+                       "lower --processes or --worker-memory") from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         # how PIL itself reports truncated and corrupt streams
         raise Rejected(f"corrupt or truncated: {one_line(e)}") from None

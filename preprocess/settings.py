@@ -41,7 +41,7 @@ class TileSettings:
     def __post_init__(self) -> None:
         low, high = TILE_SIDES
         if not low <= self.tile <= high:
-            raise ConfigError(f"tile must be in {low}..{high} pixels (--size), got {self.tile}")
+            raise ConfigError(f"tile must be in {low}..{high} pixels (--tile), got {self.tile}")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.fit not in FITS:

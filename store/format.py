@@ -104,7 +104,7 @@ EMPTY_CHUNK: Final = 2**64 - 1  # offset and nbytes of a chunk that is not writt
 
 # The contract's limits. Every count in a store's metadata sizes a loop or an allocation
 # somewhere, so each is checked against these and against the others before anything uses it.
-TILE_SIDES: Final = (8, 8192)  # the tile sides a writer makes (--size)
+TILE_SIDES: Final = (8, 8192)  # the tile sides a writer makes (--tile)
 MAX_SHARD_SIZE: Final = 1_000_000  # tiles per shard (--shard-size)
 SMALL_CHUNK: Final = 1 << 18  # rows per chunk of the per-sample arrays
 PATHS_CHUNK: Final = 1 << 16  # rows per chunk of source_paths

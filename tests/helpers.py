@@ -21,7 +21,7 @@ from PIL import Image
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 
 SCALE, RATIO = (0.08, 1.0), (3 / 4, 4 / 3)  # torchvision's RandomResizedCrop defaults
-FAULT_ARGS = ["--size", "32", "--shard-size", "50", "--workers", "2", "--quiet"]
+FAULT_ARGS = ["--tile", "32", "--shard-size", "50", "--processes", "2", "--quiet"]
 
 
 @contextmanager

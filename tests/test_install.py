@@ -98,3 +98,69 @@ def test_editable_install_shadows_nothing(tmp_path: Path) -> None:
     assert _installed_top_level(py) == []
     result = _run_user_code(py, _user_folder(tmp_path))
     assert result["samples"] == result["seen"] == 8
+
+
+def _quickstart(readme: str) -> list[tuple[str, str]]:
+    """The README's quickstart as (language, code), in order: its python and sh blocks."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tests.test_docs import blocks, commands
+    finally:
+        sys.path.remove(str(ROOT))
+    start = readme.index("## Quickstart")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    steps = []
+    for block in blocks(section, "README.md"):
+        if block.lang == "python":
+            steps.append(("python", block.code))
+        elif block.lang in ("sh", "bash"):
+            steps.append(("sh", "set -e\n" + "\n".join(commands(block.code)) + "\n"))
+    return steps
+
+
+def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_as_written_without_root(tmp_path: Path) -> None:
+    """``pip install <wheel>[cuda12]`` with plain Pillow from the index (no pillow-simd, no make),
+    then the README's quickstart, step by step, as an unprivileged user."""
+    import shutil
+    import tempfile
+
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(ROOT)], check=True, timeout=600)
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
+    (wheel,) = wheels.glob("tilefeed-*.whl")
+    # a folder an unprivileged user can reach: pytest's own tmp_path is root's alone
+    home = Path(tempfile.mkdtemp(prefix="tilefeed-quickstart-"))
+    try:
+        home.chmod(0o755)
+        venv = home / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        py = venv / "bin" / "python"
+        pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "torch==2.13.0"], check=True, timeout=1200)
+        subprocess.run([*pip, f"tilefeed[cuda12] @ {wheel.as_uri()}"], check=True, timeout=1200)
+        work = home / "work"
+        sys.path.insert(0, str(ROOT))
+        try:
+            from tests.helpers import write_folder
+        finally:
+            sys.path.remove(str(ROOT))
+        write_folder(work / "images" / "train", classes=2, per_class=8, size=(80, 60))
+        write_folder(work / "images" / "val", classes=2, per_class=4, size=(80, 60), seed=1)
+        subprocess.run(["chown", "-R", "nobody:nogroup", str(work)], check=True)
+        env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8"}
+        for k, (lang, code) in enumerate(_quickstart((ROOT / "README.md").read_text())):
+            script = work / f"step{k}.{'py' if lang == 'python' else 'sh'}"
+            script.write_text(code)
+            argv = [str(py), script.name] if lang == "python" else ["bash", script.name]
+            done = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv],
+                                  cwd=work, env=env, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, f"quickstart step {k} ({lang}):\n{code}\n{done.stdout}\n{done.stderr}"
+        pil = subprocess.run([str(py), "-c", "import PIL; print(PIL.__version__)"], capture_output=True,
+                             text=True, check=True).stdout
+        assert "post" not in pil  # plain Pillow, as pip gave it
+        doctor = subprocess.run([str(venv / "bin" / "tilefeed"), "doctor"], env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert "Traceback" not in doctor.stdout + doctor.stderr and "make setup" not in doctor.stdout
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -44,8 +44,8 @@ class PreprocessBenchResult:
     def table(self) -> str:
         rows = [
             ("PIL decode + resize, store nothing (1 process)", self.bare, "1.00x"),
-            ("tilefeed preprocess --workers 1", self.one_worker, f"{self.one_worker / self.bare:.2f}x"),
-            ("tilefeed preprocess --workers 2", self.two_workers, f"{self.two_workers / self.bare:.2f}x"),
+            ("tilefeed preprocess --processes 1", self.one_worker, f"{self.one_worker / self.bare:.2f}x"),
+            ("tilefeed preprocess --processes 2", self.two_workers, f"{self.two_workers / self.bare:.2f}x"),
         ]
         lines = [f"{self.images} images -> {self.size}px tiles, codec {self.codec}, medians",
                  f"| {'path':<48} | {'img/s':>7} | {'vs bare':>7} |",

@@ -239,7 +239,7 @@ def build(sources: Path, store: Path, *, size: int, workers: int) -> dict[str, A
         shutil.rmtree(store)
     count = sum(1 for _ in sources.glob("*/*.jpg"))
     write = driver_cost([sys.executable, "-m", "tilefeed", "preprocess", str(sources), str(store),
-                         "--size", str(size), "--codec", "lz4", "--workers", str(workers),
+                         "--tile", str(size), "--codec", "lz4", "--processes", str(workers),
                          "--quiet"])
     return {"sources": count, **write, "us_per_source": 1e6 * write["cpu_s"] / count}
 

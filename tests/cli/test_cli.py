@@ -36,7 +36,7 @@ def test_bench_cli_json_contract_and_plots(tmp_path: Path, data: tuple[Path, Pat
     r = tilefeed("bench", "--images", str(images), "--store", str(store), "--loaders",
                  "baseline,tilefeed,tiles-dataloader,dali-files", "--batch-size", "8", "--steps",
                  "4", "--warmup", "1", "--step-ms", "5", "--workers", "1", "--size", "32",
-                 "--json", str(out), "--plots", str(tmp_path / "plots"))
+                 "--out", str(out), "--plots", str(tmp_path / "plots"))
     assert r.returncode == 0, r.stderr
     assert "fair: every loader delivered 32 samples in 4 steps of batch 8" in r.stdout
     doc = json.loads(out.read_text())
@@ -81,6 +81,7 @@ def test_sweep_and_diagnose(tmp_path: Path, data: tuple[Path, Path]) -> None:
 def test_every_bench_form_has_a_summary_and_every_option_help() -> None:
     import argparse
 
+    from tilefeed.cli.arguments import RENAMED
     from tilefeed.cli.bench import FORMS, main_parser
 
     assert {"preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "schedule", "gpu-report",
@@ -90,8 +91,9 @@ def test_every_bench_form_has_a_summary_and_every_option_help() -> None:
         assert form.name == name and form.summary.strip() and "\n" not in form.summary, name
         parsers[name] = form.parser()
     for name, parser in parsers.items():
+        old = set(RENAMED.get(f"bench {name}".strip(), {}))  # the old spellings are hidden, by design
         for action in parser._actions:
-            if not isinstance(action, argparse._HelpAction):
+            if not isinstance(action, argparse._HelpAction) and not old & set(action.option_strings):
                 assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
     listing = main_parser().format_help()
     assert all(f"  {name:<10}  {form.summary}" in listing for name, form in FORMS.items()), listing
@@ -120,7 +122,7 @@ def test_other_outputs_are_tilefeed_alone_and_report_epoch_starts(tmp_path: Path
     assert refused.returncode != 0 and "tilefeed's alone" in refused.stderr
     assert "Traceback" not in refused.stderr
     out = tmp_path / "u8.json"
-    r = tilefeed(*common, "--loaders", "tilefeed", "--output", "uint8", "--json", str(out))
+    r = tilefeed(*common, "--loaders", "tilefeed", "--output", "uint8", "--out", str(out))
     assert r.returncode == 0, r.stderr
     run = json.loads(out.read_text())["runs"][0]
     assert run["output"]["dtype"] == "uint8" and run["output"]["shape"] == [24, 24, 3]
@@ -134,7 +136,7 @@ def test_bench_stats_measures_its_cost_and_applies_its_advice(tmp_path: Path,
     images, store = data
     out = tmp_path / "stats.json"
     r = tilefeed("bench", "stats", "--images", str(images), "--store", str(store), "--batch-size",
-                 "8", "--rounds", "2", "--step-ms", "1", "--steps", "4", "--json", str(out))
+                 "8", "--rounds", "2", "--step-ms", "1", "--steps", "4", "--out", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert len(doc["overhead"]["on"]) == len(doc["overhead"]["off"]) == 2
@@ -145,7 +147,7 @@ def test_bench_stats_measures_its_cost_and_applies_its_advice(tmp_path: Path,
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    r = tilefeed("demo", "--count", "32", "--steps", "3", "--step-ms", "5", "--out",
+    r = tilefeed("demo", "--count", "32", "--steps", "3", "--step-ms", "5", "--out-dir",
                  str(tmp_path / "demo"), env={"TILEFEED_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     assert "fair: every loader delivered" in r.stdout
@@ -216,7 +218,7 @@ def test_the_peer_comparison_refuses_a_jpeg_store_of_other_pictures(
 def test_bench_parts_measures_each_pair_on_the_store(tmp_path: Path, data: tuple[Path, Path]) -> None:
     _, store = data
     done = tilefeed("bench", "parts", "--store", str(store), "--batch-size", "8", "--workers", "1",
-                    "--rounds", "1", "--json", str(tmp_path / "parts.json"))
+                    "--rounds", "1", "--out", str(tmp_path / "parts.json"))
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "parts.json").read_text())
     figures = {part: result[part] for part in ("batch_memory", "window_resize", "jpeg_decode",
@@ -227,11 +229,11 @@ def test_bench_parts_measures_each_pair_on_the_store(tmp_path: Path, data: tuple
 
 
 def test_a_tile_side_out_of_range_names_the_field_and_the_option(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^tile must be in 8\.\.8192 pixels \(--size\), got 4$"):
+    with pytest.raises(ConfigError, match=r"^tile must be in 8\.\.8192 pixels \(--tile\), got 4$"):
         TileSettings(tile=4)
-    r = tilefeed("preprocess", str(tmp_path / "images"), str(tmp_path / "out"), "--size", "9000")
+    r = tilefeed("preprocess", str(tmp_path / "images"), str(tmp_path / "out"), "--tile", "9000")
     assert r.returncode == 1, r.stderr
-    assert r.stderr.strip() == "tilefeed: error: tile must be in 8..8192 pixels (--size), got 9000"
+    assert r.stderr.strip() == "tilefeed: error: tile must be in 8..8192 pixels (--tile), got 9000"
 
 
 def test_doctor_runs_as_the_readme_and_the_makefile_give_it() -> None:

@@ -30,7 +30,7 @@ MIB = 1 << 20
 BUDGET_MIB = 1024  # every process of every run here
 PNG_WORKER_MIB = 2048  # the worker that decodes the 13000 x 13000 16-bit PNG
 SECONDS = 30
-ARGS = ["--size", "32", "--shard-size", "8", "--workers", "1", "--quiet"]
+ARGS = ["--tile", "32", "--shard-size", "8", "--processes", "1", "--quiet"]
 
 
 def bounded(run: Run, worker_mib: float = BUDGET_MIB) -> Run:

@@ -185,8 +185,8 @@ def test_empty_or_missing_sources(tmp_path: Path) -> None:
 def test_cli_errors_are_one_line(tmp_path: Path, image_folder: Path) -> None:
     r = run_cli("preprocess", str(tmp_path / "missing"), str(tmp_path / "o"))
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "does not exist" in r.stderr
-    r = run_cli("preprocess", str(image_folder), str(tmp_path / "o"), "--size", "0")
-    assert r.returncode == 2 and "--size" in r.stderr
+    r = run_cli("preprocess", str(image_folder), str(tmp_path / "o"), "--tile", "0")
+    assert r.returncode == 2 and "--tile" in r.stderr
     blocker = tmp_path / "a-file"
     blocker.write_text("")  # OUT's parent is a file: no folder can be made there, even by root
     r = run_cli("preprocess", str(image_folder), str(blocker / "o"))
@@ -196,8 +196,8 @@ def test_cli_errors_are_one_line(tmp_path: Path, image_folder: Path) -> None:
 
 def test_cli_summary_strict_info_and_verify(tmp_path: Path, bad_folder: Path) -> None:
     out = tmp_path / "store"
-    r = run_cli("preprocess", str(bad_folder), str(out), "--size", "32", "--max-pixels", "100000",
-                "--strict", "--workers", "2")
+    r = run_cli("preprocess", str(bad_folder), str(out), "--tile", "32", "--max-pixels", "100000",
+                "--strict", "--processes", "2")
     assert r.returncode == 1 and "--strict: 5 inputs were rejected" in r.stderr
     assert "accepted 4, rejected 5" in r.stdout and "too large" in r.stdout
     r = run_cli("info", str(out), "--json")
@@ -227,7 +227,7 @@ def _shard_written(out: Path) -> bool:
 @pytest.mark.parametrize("moment", [_parts_written, _shard_written])
 def test_kill_9_mid_run_then_resume_gives_the_same_store(tmp_path: Path, moment: object) -> None:
     src = write_folder(tmp_path / "src", classes=4, per_class=160, size=(320, 240))
-    args = ["--size", "64", "--shard-size", "100", "--workers", "2", "--quiet"]
+    args = ["--tile", "64", "--shard-size", "100", "--processes", "2", "--quiet"]
     reference = tmp_path / "reference"
     assert run_cli("preprocess", str(src), str(reference), *args).returncode == 0
 

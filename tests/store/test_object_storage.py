@@ -47,7 +47,7 @@ def stores(s3: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str
     src = write_folder(root / "src", classes=3, per_class=14)
     (src / "c1" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     url = "s3://tilefeed/stores/train"
-    args = ["--size", "32", "--shard-size", "8", "--workers", "2", "--quiet"]
+    args = ["--tile", "32", "--shard-size", "8", "--processes", "2", "--quiet"]
     done = run_cli("preprocess", str(src), url, *args)
     assert done.returncode == 0, done.stderr
     local = root / "local"
@@ -272,7 +272,7 @@ def test_kill_9_during_upload_then_the_same_command_resumes(
         s3: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     src = write_folder(tmp_path / "src", classes=4, per_class=70, size=(160, 120))
     url = "s3://tilefeed/stores/killed"
-    args = ["--size", "32", "--shard-size", "20", "--workers", "2", "--quiet"]
+    args = ["--tile", "32", "--shard-size", "20", "--processes", "2", "--quiet"]
     reference = tmp_path / "reference"
     assert run_cli("preprocess", str(src), str(reference), *args, timeout=300).returncode == 0
     storage = ObjectStorage(url)
@@ -389,7 +389,7 @@ def _three_stores(stores: tuple[Path, str, Path], root: Path) -> dict[str, str]:
     tiny = root / "tiny"
     if not tiny.exists():
         src = write_folder(root / "tiny-src", classes=3, per_class=1)
-        args = ["--size", "32", "--shard-size", "8", "--workers", "2", "--quiet"]
+        args = ["--tile", "32", "--shard-size", "8", "--processes", "2", "--quiet"]
         assert run_cli("preprocess", str(src), str(tiny), *args).returncode == 0
     return {"bucket": url, "disk": str(local), "tiny": str(tiny)}
 
