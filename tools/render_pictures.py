@@ -54,9 +54,12 @@ def machine() -> dict[str, Any]:
         memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         pass
+    # what else ran: a bench's figures on a shared machine move with its load
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     facts: dict[str, Any] = {"host": platform.node(), "cpu": cpu, "cores": cores, "memory_gib": memory,
-                             "os": platform.platform(), "python": platform.python_version()}
+                             "load_average_1m": load, "os": platform.platform(),
+                             "python": platform.python_version()}
     for name, module in (("torch", "torch"), ("dali", "nvidia.dali"), ("pil", "PIL")):
         try:
             facts[name] = __import__(module, fromlist=["__version__"]).__version__
@@ -87,13 +90,14 @@ def record(command: list[str]) -> Path:
         raise SystemExit("record: give the command after --")
     path = json_path(command)
     began = datetime.datetime.now(datetime.UTC)
+    facts = machine()  # before the command: its load average is the other tenants'
     argv = [sys.executable, "-m", "tilefeed", *command[1:]] if command[0] == "tilefeed" else command
     done = subprocess.run(argv, check=False)
     if done.returncode != 0:
         raise SystemExit(f"record: the command failed (exit {done.returncode}); nothing stamped")
     data = json.loads(path.read_text())
     data["provenance"] = {"command": " ".join(command), "commit": commit(),
-                          "date": began.isoformat(timespec="seconds"), "machine": machine()}
+                          "date": began.isoformat(timespec="seconds"), "machine": facts}
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"stamped: {path}")
     return path

@@ -253,11 +253,13 @@ def stages_figure(data: Mapping[str, Any], *, values: Sequence[float] | None = N
         ax.set_title(_run_title(data, run), fontsize=9, loc="left")
     axes[-1, 0].set_xlim(0, 1.05 * widest)
     axes[-1, 0].set_xlabel("share of each resource's time (%): 100 = busy all the time")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper right", fontsize=7,
-               ncol=len(drawn), bbox_to_anchor=(0.99, 0.995), frameon=False)
-    fig.suptitle("Where a tilefeed Loader's time went", x=0.01, ha="left", fontsize=11)
+    top = 1 - 0.6 / fig.get_figheight()  # the title and the legend's row: 0.6 inch
+    fig.suptitle("Where a tilefeed Loader's time went (Loader.stats(), its last batches)", x=0.01,
+                 y=0.995, ha="left", va="top", fontsize=11)
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower left", fontsize=8, ncol=len(drawn),
+               bbox_to_anchor=(0.0, top), frameon=False, handlelength=1.2, columnspacing=1.2)
     fig.text(0.5, 0.005, _caption(data), ha="center", va="bottom", fontsize=7, color="#555555")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.03, 1, top))
     return fig
 
 
