@@ -259,7 +259,7 @@ def stages_figure(data: Mapping[str, Any], *, values: Sequence[float] | None = N
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower left", fontsize=8, ncol=len(drawn),
                bbox_to_anchor=(0.0, top), frameon=False, handlelength=1.2, columnspacing=1.2)
     fig.text(0.5, 0.005, _caption(data), ha="center", va="bottom", fontsize=7, color="#555555")
-    fig.tight_layout(rect=(0, 0.03, 1, top))
+    fig.tight_layout(rect=(0, 0.03, 1, top + 0.2 / fig.get_figheight()))  # less its padding above
     return fig
 
 
