@@ -1,0 +1,229 @@
+"""The README's pictures, each drawn again from what is committed beside it (docs/img/).
+
+    python tools/render_pictures.py record -- tilefeed bench sweep ... --json docs/img/sweep.json
+    python tools/render_pictures.py sweep  [docs/img/sweep.json] [docs/img/sweep.png]
+    python tools/render_pictures.py stages [docs/img/sweep.json] [docs/img/stages.png]
+    python tools/render_pictures.py flow   [docs/img/flow.png]
+    python tools/render_pictures.py all    # the three above from the committed JSON
+
+``record`` runs a ``tilefeed bench`` command that writes ``--json`` and adds to that JSON where and
+how it was made (``provenance``: the command, the commit, the date, the machine), so a figure
+drawn from it can say so. Drawing needs no bench run: the figures come from the JSON alone
+(``tilefeed.bench.harness.plots``). Run it with the repository's ``src`` on PYTHONPATH or
+tilefeed installed; matplotlib is the ``plot`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+IMG = ROOT / "docs" / "img"
+
+
+# -- record: a bench's JSON, with where and how it was made ----------------------------------------
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
+def commit() -> str:
+    """The tree's commit, '-dirty' added when tracked files differ from it."""
+    head = _git("rev-parse", "HEAD") or "unknown"
+    return head + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def machine() -> dict[str, Any]:
+    """The facts a bench's figures depend on: CPU model and cores, memory, GPU, versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    memory = None
+    try:
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    # what else ran: a bench's figures on a shared machine move with its load
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    facts: dict[str, Any] = {"host": platform.node(), "cpu": cpu, "cores": cores, "memory_gib": memory,
+                             "load_average_1m": load, "os": platform.platform(),
+                             "python": platform.python_version()}
+    for name, module in (("torch", "torch"), ("dali", "nvidia.dali"), ("pil", "PIL")):
+        try:
+            facts[name] = __import__(module, fromlist=["__version__"]).__version__
+        except ImportError:
+            facts[name] = None
+    try:
+        import torch
+
+        facts["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        facts["gpu"] = None
+    return facts
+
+
+def json_path(command: list[str]) -> Path:
+    """Where ``command`` writes its JSON: its ``--json`` option's value."""
+    for k, word in enumerate(command):
+        if word == "--json" and k + 1 < len(command):
+            return Path(command[k + 1])
+        if word.startswith("--json="):
+            return Path(word.split("=", 1)[1])
+    raise SystemExit("record: the command names no --json PATH to stamp")
+
+
+def record(command: list[str]) -> Path:
+    """Run ``command`` (``tilefeed ...`` runs with this Python) and stamp its JSON."""
+    if not command:
+        raise SystemExit("record: give the command after --")
+    path = json_path(command)
+    began = datetime.datetime.now(datetime.UTC)
+    facts = machine()  # before the command: its load average is the other tenants'
+    argv = [sys.executable, "-m", "tilefeed", *command[1:]] if command[0] == "tilefeed" else command
+    done = subprocess.run(argv, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"record: the command failed (exit {done.returncode}); nothing stamped")
+    data = json.loads(path.read_text())
+    data["provenance"] = {"command": " ".join(command), "commit": commit(),
+                          "date": began.isoformat(timespec="seconds"), "machine": facts}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"stamped: {path}")
+    return path
+
+
+# -- the data-flow diagram -------------------------------------------------------------------------
+# each box: (x, y) of its centre in axes units (0..1 across, 0..1 up), its title, its lines and
+# the stages ``Loader.stats()`` charges to what it does ("" where none)
+FLOW_BOXES: dict[str, tuple[float, float, str, str, str]] = {
+    "folder": (0.10, 0.75, "image folder", "one subfolder per class\nJPEG, PNG, WebP, ...", ""),
+    "preprocess": (0.30, 0.75, "tilefeed preprocess", "worker processes:\ndecode each source once,\n"
+                   "orient, resize to T x T\n(pad fit: its box kept)", ""),
+    "store": (0.50, 0.75, "Zarr v3 store", "shards of T x T tiles\nlz4 / zstd / raw or JPEG;\n"
+              "labels, boxes, sources", ""),
+    "order": (0.10, 0.27, "epoch order", "per rank, from (seed, epoch);\nwindows and flips from\n"
+              "(seed, epoch, sample)", ""),
+    "readers": (0.30, 0.27, "reader threads", "read tiles, decompress;\non the CPU also decode\n"
+                "JPEG, cut + resize crops", "read, decode, resize, download"),
+    "graph": (0.50, 0.27, "DALI graph", "GPU: nvJPEG decode,\ncrop + resize, flip,\nnormalise, layout\n"
+              "CPU: flip, normalise, layout", "graph"),
+    "batches": (0.70, 0.27, "device batches", "(images, labels) made\nready ahead, epoch after\n"
+                "epoch, by a feeding thread", "copy"),
+    "step": (0.90, 0.27, "training step", "next(loader) takes\nthe batch waiting there", "wait"),
+}
+FLOW_COLOURS = {"folder": "#eeeeee", "preprocess": "#fde9d9", "store": "#dbe5f1", "order": "#ebf1de",
+                "readers": "#ebf1de", "graph": "#e5e0ec", "batches": "#dbe5f1", "step": "#eeeeee"}
+# arrows along a row: (from, to, what travels)
+FLOW_ARROWS = (("folder", "preprocess", ""), ("preprocess", "store", "tiles"),
+               ("order", "readers", "samples"), ("readers", "graph", "pixels\nor JPEG"),
+               ("graph", "batches", ""), ("batches", "step", "batch"))
+BOX_W, BOX_H = 0.155, 0.30
+STAGE_TEXT = "#7f3f00"
+
+
+def flow_figure() -> Any:
+    """The whole path, from an image folder to a training step, as boxes and arrows, each box
+    naming the stages ``Loader.stats()`` times there (the stages picture's names)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    fig, ax = plt.subplots(figsize=(11, 5))
+    ax.set_axis_off()
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+
+    def arrow(a: tuple[float, float], b: tuple[float, float]) -> None:
+        ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=14, color="#404040",
+                                     linewidth=1.3, shrinkA=0, shrinkB=0))
+
+    def frame(left: float, bottom: float, right: float, top: float, text: str) -> None:
+        ax.add_patch(FancyBboxPatch((left, bottom), right - left, top - bottom, facecolor="none",
+                                    boxstyle="round,pad=0,rounding_size=0.02", edgecolor="#b0b0b0",
+                                    linestyle="--"))
+        ax.text(left + 0.006, top + 0.008, text, fontsize=8, color="#595959", va="bottom")
+
+    for name, (x, y, title, text, stages) in FLOW_BOXES.items():
+        ax.add_patch(FancyBboxPatch((x - BOX_W / 2, y - BOX_H / 2), BOX_W, BOX_H,
+                                    boxstyle="round,pad=0.003,rounding_size=0.012",
+                                    facecolor=FLOW_COLOURS[name], edgecolor="#595959", linewidth=1))
+        ax.text(x, y + BOX_H / 2 - 0.03, title, ha="center", va="top", fontsize=10, fontweight="bold")
+        ax.text(x, y + BOX_H / 2 - 0.09, text, ha="center", va="top", fontsize=7.2, linespacing=1.3)
+        if stages:
+            ax.text(x, y - BOX_H / 2 + 0.02, stages, ha="center", va="bottom", fontsize=7, style="italic",
+                    color=STAGE_TEXT)
+    for start, end, label in FLOW_ARROWS:
+        x0, y, *_ = FLOW_BOXES[start]
+        x1 = FLOW_BOXES[end][0]
+        arrow((x0 + BOX_W / 2, y), (x1 - BOX_W / 2, y))
+        if label:
+            ax.text((x0 + x1) / 2, y + 0.015, label, ha="center", va="bottom", fontsize=6.5, linespacing=1.1)
+    # the store's tiles go down to the reader threads: down, left, down
+    (sx, sy, *_), (rx, ry, *_) = FLOW_BOXES["store"], FLOW_BOXES["readers"]
+    middle = (sy - BOX_H / 2 + ry + BOX_H / 2) / 2 - 0.01
+    ax.plot([sx, sx, rx + 0.03], [sy - BOX_H / 2, middle, middle], color="#404040", linewidth=1.3)
+    arrow((rx + 0.03, middle), (rx + 0.03, ry + BOX_H / 2))
+    ax.text((sx + rx) / 2 + 0.015, middle + 0.012, "tiles, by ranged reads of shards", ha="center",
+            va="bottom", fontsize=7)
+    ax.text(0.62, FLOW_BOXES["store"][1], "or in a bucket (s3://, gs://, az://): each node keeps\n"
+            "the shards it reads in a local cache (stage: download)", ha="left", va="center", fontsize=7.5,
+            color="#595959")
+    frame(0.005, 0.575, 0.61, 0.935, "once, offline")
+    frame(0.005, 0.095, 0.795, 0.445, "every epoch, on each rank: tilefeed.Loader")
+    ax.text(0.995, 0.03, "italic: the stages Loader.stats() times there (the stages picture's names)",
+            ha="right", fontsize=7.5, style="italic", color=STAGE_TEXT)
+    fig.suptitle("How data flows through tilefeed", x=0.01, ha="left", fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return fig
+
+
+# -- the command -----------------------------------------------------------------------------------
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["record"]:
+        rest = args[1:]
+        record(rest[1:] if rest[:1] == ["--"] else rest)
+        return 0
+    parser = argparse.ArgumentParser(prog="tools/render_pictures.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("picture", choices=("sweep", "stages", "flow", "all"))
+    parser.add_argument("paths", nargs="*", type=Path, help="the JSON to draw (not for flow), then the PNG")
+    parsed = parser.parse_args(args)
+    from tilefeed.bench.harness.plots import save_figure, stages_figure, sweep_figure
+
+    jobs = {"sweep": (sweep_figure, IMG / "sweep.json", IMG / "sweep.png"),
+            "stages": (stages_figure, IMG / "sweep.json", IMG / "stages.png")}
+    names = list(jobs) + ["flow"] if parsed.picture == "all" else [parsed.picture]
+    for name in names:
+        paths = parsed.paths if parsed.picture != "all" else []
+        if name == "flow":
+            out = paths[0] if paths else IMG / "flow.png"
+            print(f"wrote {save_figure(flow_figure(), out)}")
+            continue
+        draw, source, out = jobs[name]
+        source = paths[0] if paths else source
+        out = paths[1] if len(paths) > 1 else out
+        print(f"wrote {save_figure(draw(_load(source)), out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
