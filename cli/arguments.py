@@ -10,23 +10,24 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def whole_number(text: str) -> int:
-    """A number >= 0."""
+def _at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {value}")
     return value
+
+
+def whole_number(text: str) -> int:
+    """A number >= 0."""
+    return _at_least(text, 0)
 
 
 def positive(text: str) -> int:
     """A number >= 1."""
-    value = whole_number(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
+    return _at_least(text, 1)
 
 
 def number_list(text: str) -> list[int]:
