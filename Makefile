@@ -41,7 +41,8 @@ test-fast: setup
 
 # Lint, types and the floor plan: ruff (pyflakes, pycodestyle, bugbear), mypy over the package,
 # import-linter's contracts (pyproject.toml), a warning (never a failure) for a module over 600 lines,
-# and the documentation site built with --strict (a broken link or reference fails).
+# the documentation site built with --strict (a broken link or reference fails), a README of
+# at most 200 lines.
 check: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy -p tilefeed
@@ -49,6 +50,7 @@ check: setup
 	$(PY) tools/import_cycles.py
 	$(PY) tools/module_lines.py 600
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	@test $$(wc -l < README.md) -le 200 || { echo "README.md: $$(wc -l < README.md) lines, over 200: move the material to a docs page"; exit 1; }
 
 # The documentation site (mkdocs.yml, pages under docs/) into site/.
 docs: setup

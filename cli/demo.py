@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def demo_main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    from tilefeed.store.inspection import format_info, info
+    from tilefeed.cli.store_commands import format_info
+    from tilefeed.store.inspection import info
 
     images = demo_images(args.count)
     store = demo_store(images)

@@ -4,14 +4,13 @@ runs, so ``--version`` and ``--help`` load no NumPy, PIL, zarr or torch."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 
 import tilefeed
 from tilefeed.cli.arguments import HelpFormatter
-from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
+from tilefeed.cli.storage_options import add_storage_option, shown
 from tilefeed.store.errors import TilefeedError
 
 EPILOG = """examples:
@@ -136,10 +135,10 @@ def _run(args: argparse.Namespace) -> int:
         from tilefeed.cli.preprocess_command import run
 
         return run(args)
-    if args.command == "info":
-        return _info(args)
-    if args.command == "verify":
-        return _verify(args)
+    if args.command in ("info", "verify"):
+        from tilefeed.cli.store_commands import info_command, verify_command
+
+        return info_command(args) if args.command == "info" else verify_command(args)
     if args.command == "doctor":
         from tilefeed.cli.doctor import main as doctor_main
 
@@ -159,40 +158,6 @@ def _run(args: argparse.Namespace) -> int:
     from tilefeed.cli.demo import demo_main
 
     return demo_main(args.args)
-
-
-def _info(args: argparse.Namespace) -> int:
-    from tilefeed.store.inspection import format_info, info
-    from tilefeed.store.storage import redact
-
-    options = storage_options(args)
-    d = info(args.store, options)
-    print(redact(json.dumps(d.as_dict(), indent=2) if args.json else format_info(d), options))
-    return 0
-
-
-def _verify(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from tilefeed.store.inspection import verify
-
-    checked = [0]  # counted here: a disabled bar counts nothing
-
-    def one_more() -> None:
-        checked[0] += 1
-        bar.update(1)
-
-    with tqdm(unit="shard", disable=args.quiet or not sys.stderr.isatty(), file=sys.stderr) as bar:
-        problems = verify(args.store, deep=args.deep, on_shard=one_more, storage_options=storage_options(args))
-    shards = checked[0]
-    for line in problems:
-        print(shown(line, args))
-    what = "decoded and checked" if args.deep else "checked"
-    if problems:
-        print(f"tilefeed: error: {len(problems)} problems in {shown(args.store, args)}", file=sys.stderr)
-        return 1
-    print(f"{shown(args.store, args)}: sound ({shards} shards {what})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -118,27 +118,6 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
-def format_info(d: StoreInfo, max_rejects: int = 20) -> str:
-    """The text form of ``info``; names and paths escaped (JSON output keeps them as they are)."""
-    made = ", ".join(f"{k}={v}" for k, v in d.made.items())
-    classes = [printable(c) for c in d.classes]
-    shown = ", ".join(classes[:8]) + (f", ... ({len(classes)} in all)" if len(classes) > 8 else "")
-    lines = [
-        f"store      {printable(d.path)}  ({d.format})",
-        f"samples    {d.samples} tiles from {d.accepted} of {d.sources} sources ({d.rejected} rejected)",
-        f"tile       {'x'.join(map(str, d.tile))} uint8, codec {d.codec}"
-        + (f" q{d.quality}" if d.quality else ""),
-        f"shards     {d.shards} x {d.shard_size} tiles, {d.bytes / 2**20:.1f} MiB on disk",
-        f"classes    {len(classes)}: {shown}",
-        f"made with  {made}",
-    ]
-    for r in d.rejects[:max_rejects]:
-        lines.append(f"rejected   {printable(r['path'])}: {printable(r['reason'])}")
-    if len(d.rejects) > max_rejects:
-        lines.append(f"rejected   ... and {len(d.rejects) - max_rejects} more (see --json)")
-    return "\n".join(lines)
-
-
 def verify(
     store: str | Path, *, deep: bool = False, on_shard: Callable[[], None] | None = None,
     storage_options: dict[str, Any] | None = None,

@@ -20,7 +20,8 @@ from tilefeed.store.codec import TileCodec
 from tilefeed.store.documents import load_attrs
 from tilefeed.store.shard import ShardFile
 from tilefeed.store.errors import SourceError, StoreExistsError, StoreFormatError
-from tilefeed.store.inspection import StoreInfo, format_info, info, verify
+from tilefeed.cli.store_commands import format_info
+from tilefeed.store.inspection import StoreInfo, info, verify
 from tilefeed.pipeline import StoreReader
 from tests.helpers import assert_plain, photo, run_cli, tree_bytes, write_folder
 
