@@ -85,6 +85,9 @@ PIL_CODECS: dict[str, tuple[Callable[[], str], str]] = {
     "heif": (_round_trip("HEIF"), "HEIC/HEIF (pillow-heif)"),
 }
 PLUGIN_CODECS = ("avif", "heif")  # read through plugins (tilefeed[formats]): optional
+# what pillow-simd built here has and Pillow's own wheels leave out (libimagequant for its
+# licence, WebP inside TIFF): required of a pillow-simd build, a note under plain Pillow
+SIMD_ONLY = ("tiff-webp", "libimagequant")
 
 
 def checkout() -> Path | None:
@@ -108,7 +111,7 @@ class Fixes:
     def pil_codecs(self) -> str:
         return ("run `make setup` again (it installs the -dev packages and rebuilds pillow-simd, or keeps "
                 "plain Pillow where it cannot)" if self.from_checkout else
-                "pip install --force-reinstall pillow (its wheel has every codec)")
+                "pip install --force-reinstall pillow (a PIL built from source may lack a library)")
 
     @property
     def simd(self) -> str:
@@ -154,7 +157,7 @@ def _pil(report: Report, offline: bool, fixes: Fixes) -> None:
     except Exception as e:  # noqa: BLE001 - the plugins' own lines below say what is missing
         report.add("plugins", False, f"cannot register: {type(e).__name__}: {e}", required=False)
     for name, (prove, what) in PIL_CODECS.items():
-        optional = name in PLUGIN_CODECS
+        optional = name in PLUGIN_CODECS or (name in SIMD_ONLY and not simd)
         try:
             report.add(f"codec {name}", True, f"{what}: {prove()}")
         except Exception as e:  # noqa: BLE001 - any failure means the codec is not usable
@@ -162,8 +165,13 @@ def _pil(report: Report, offline: bool, fixes: Fixes) -> None:
             report.add(f"codec {name}", False, f"{what}: {type(e).__name__}: {e}", fix,
                        required=not offline and not optional)
     for feature in ("littlecms2", "libimagequant"):
-        ok = bool(features.check(feature))
-        report.add(feature, ok, "available" if ok else "missing", fixes.pil_codecs, required=not offline)
+        try:
+            ok, detail = bool(features.check(feature)), ""
+        except Exception as e:  # noqa: BLE001 - a PIL whose extension fails to load: a line
+            ok, detail = False, f": {type(e).__name__}: {e}"
+        required = not offline and not (feature in SIMD_ONLY and not simd)
+        report.add(feature, ok, ("available" if ok else "missing") + detail, fixes.pil_codecs,
+                   required=required)
 
 
 def _cpu_has(flag: str) -> bool:
@@ -187,14 +195,12 @@ def _stack(report: Report, fixes: Fixes) -> None:
         import torch
 
         cuda = torch.version.cuda
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         report.add("torch", True, f"{torch.__version__}, " + (f"CUDA {cuda}" if cuda else "CPU build"))
-        names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus))
-        report.add("GPU", gpus > 0, f"{gpus} visible: {names}" if gpus else "none visible (CPU only)",
-                   required=False)
     except Exception as e:  # noqa: BLE001
         report.add("torch", False, f"cannot import: {type(e).__name__}: {e}",
                    "pip install torch (the build for your CUDA: see pytorch.org's selector)")
+    else:
+        _gpus(report, torch)
     dali = _dali_distribution()
     torch_cuda = _torch_cuda_major()
     if dali is not None and torch_cuda is not None:
@@ -223,6 +229,18 @@ def _stack(report: Report, fixes: Fixes) -> None:
         report.add("cores", True, f"{usable_cores()} usable by this process", required=False)
     except Exception as e:  # noqa: BLE001 - a report, not a crash
         report.add("cores", False, f"cannot count: {type(e).__name__}: {e}", required=False)
+
+
+def _gpus(report: Report, torch: Any) -> None:
+    """The GPUs torch sees: information (none is no failure), and a driver that fails a line."""
+    try:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus))
+    except Exception as e:  # noqa: BLE001 - a broken driver: said, never a traceback
+        report.add("GPU", False, f"the CUDA driver fails: {type(e).__name__}: {e}", required=False)
+        return
+    report.add("GPU", gpus > 0, f"{gpus} visible: {names}" if gpus else "none visible (CPU only)",
+               required=False)
 
 
 def _torch_cuda_major() -> int | None:

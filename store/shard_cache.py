@@ -66,6 +66,9 @@ class ShardCache:
         self.pinned: set[int] = set()
         self._recent: list[int] = []  # the last shards handed out, oldest first: those read now
         self._reserved: dict[int, int] = {}  # downloads under way here: the bytes room was made for
+        # shards a reader of this process waits for now (how many readers): always fetched and
+        # put in place, whatever the read-ahead decided when it was sent
+        self._waiting: dict[int, int] = {}
         # what this process found in the cache and what it downloaded (Loader.stats())
         self.counts = {"hits": 0, "downloads": 0, "downloaded_bytes": 0}
         self._pool: ThreadPoolExecutor | None = None
@@ -82,7 +85,8 @@ class ShardCache:
 
     def __getstate__(self) -> dict[str, Any]:
         # threads and locks stay in their process; each process downloads on its own pool
-        return {**self.__dict__, "_pool": None, "_inflight": {}, "_lock": None, "_reserved": {}}
+        return {**self.__dict__, "_pool": None, "_inflight": {}, "_lock": None, "_reserved": {},
+                "_waiting": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.RLock())
@@ -180,8 +184,24 @@ class ShardCache:
                 self.counts["hits"] += 1
             return path
         with self._lock:
-            fut = self._submit(shard)
-        return fut.result()
+            self._waiting[shard] = self._waiting.get(shard, 0) + 1
+        try:
+            # a download sent ahead may have been dropped for want of room before this reader
+            # came (or its shard evicted since): then it is sent again, as a shard waited for
+            for _ in range(3):
+                with self._lock:
+                    fut = self._submit(shard)
+                fut.result()
+                if self._cached(shard, hash_it=False):
+                    return path
+            raise CacheError(f"shard {shard} of {self.mirror}: downloaded three times and gone each "
+                                   "time: the cache folder is shared with readers whose cache_limit "
+                                   "is too small for them all")
+        finally:
+            with self._lock:
+                left = self._waiting.pop(shard) - 1
+                if left:
+                    self._waiting[shard] = left
 
     def refetch(self, shard: int) -> None:
         """Drop a cached copy that failed a tile's check and download it again."""
@@ -219,7 +239,9 @@ class ShardCache:
                     else:
                         # others may have filled the folder meanwhile: room made and taken in one step
                         with exclusive_lock(self.cache_dir / ".lock"):
-                            if self._make_room(shard, expected, placing=True):
+                            # a shard a reader waits for is put in place even where the pinned
+                            # shards alone fill the limit: its reader needs it now
+                            if self._make_room(shard, expected, placing=True) or self._needed(shard):
                                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 finally:
                     unlink_at(dfd, tmp)
@@ -289,9 +311,13 @@ class ShardCache:
         finally:
             os.close(dfd)
 
+    def _needed(self, shard: int) -> bool:
+        with self._lock:
+            return shard in self._waiting
+
     def _wanted(self, shard: int) -> bool:
         with self._lock:
-            return shard in self.pinned
+            return shard in self.pinned or shard in self._waiting
 
     def _make_room(self, shard: int, need: int, *, placing: bool) -> bool:
         """Evict least recently used shards (of any store in the cache folder) until ``need``

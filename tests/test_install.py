@@ -169,5 +169,6 @@ def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_as_written_without_root(t
         doctor = subprocess.run([str(venv / "bin" / "tilefeed"), "doctor"], env=env, capture_output=True,
                                 text=True, timeout=300)
         assert "Traceback" not in doctor.stdout + doctor.stderr and "make setup" not in doctor.stdout
+        assert doctor.returncode == 0, doctor.stdout  # plain Pillow, no GPU: nothing wrong
     finally:
         shutil.rmtree(home, ignore_errors=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def stand_ins(folder: Path, *, uid: int, headers: bool, simd_compiles: bool = True) -> Path:
+def stand_ins(folder: Path, *, uid: int, headers: bool, simd_compiles: bool = True,
+              simd_installed: bool = False) -> Path:
     """Commands on a PATH of their own: ``id``, ``pkg-config``, apt's, and a Python whose pip
     records what it was asked to do."""
     folder.mkdir()
@@ -21,8 +22,9 @@ def stand_ins(folder: Path, *, uid: int, headers: bool, simd_compiles: bool = Tr
         "apt-get": f"echo apt-get \"$@\" >> {calls}",
         "apt-cache": "exit 0",
         "dpkg": "exit 0",
-        "python": f'echo "$@" >> {calls}\n' + (
-            "" if simd_compiles else 'case "$*" in *"install --no-cache-dir pillow-simd"*) exit 1;; esac\n'
+        "python": ('case "$*" in *"pip show"*) exit ' + ("0" if simd_installed else "1") + ";; esac\n")
+                  + f'echo "$@" >> {calls}\n' + (
+            "" if simd_compiles else 'case "$*" in *"wheel --no-deps --no-cache-dir"*) exit 1;; esac\n'
         ) + "exit 0",
     }
     for name, body in scripts.items():
@@ -51,17 +53,25 @@ def test_without_root_or_headers_plain_pillow_stays_in_one_line(tmp_path: Path) 
 def test_with_the_headers_pillow_simd_replaces_pillow(tmp_path: Path) -> None:
     done, calls = install_pil(stand_ins(tmp_path / "bin", uid=1000, headers=True))
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
-    assert "uninstall -y pillow pillow-simd" in calls and "install --no-cache-dir pillow-simd" in calls
+    built = calls.index("wheel --no-deps --no-cache-dir")  # built first, swapped in once built
+    assert built < calls.index("uninstall -y pillow pillow-simd") < calls.index("install --no-deps")
 
 
 def test_as_root_the_headers_are_installed_first(tmp_path: Path) -> None:
     done, calls = install_pil(stand_ins(tmp_path / "bin", uid=0, headers=False))
     assert done.returncode == 0, done.stderr
-    assert calls.index("apt-get install") < calls.index("install --no-cache-dir pillow-simd")
+    assert calls.index("apt-get install") < calls.index("wheel --no-deps --no-cache-dir")
 
 
 def test_a_failed_compile_falls_back_to_plain_pillow_in_one_line(tmp_path: Path) -> None:
     done, calls = install_pil(stand_ins(tmp_path / "bin", uid=1000, headers=True, simd_compiles=False))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith("make setup: keeping plain Pillow, pillow-simd did not compile")
-    assert calls.strip().splitlines()[-1].endswith("install pillow")
+    assert "uninstall" not in calls  # plain Pillow left whole: nothing was swapped
+
+
+def test_an_earlier_pillow_simd_is_not_left_beside_plain_pillow(tmp_path: Path) -> None:
+    """A venv set up before (pillow-simd), where the headers are gone now: plain Pillow alone."""
+    done, calls = install_pil(stand_ins(tmp_path / "bin", uid=1000, headers=False, simd_installed=True))
+    assert done.returncode == 0, done.stderr
+    assert calls.index("uninstall -y pillow pillow-simd") < calls.index("install pillow")

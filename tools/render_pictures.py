@@ -75,13 +75,15 @@ def machine() -> dict[str, Any]:
 
 
 def json_path(command: list[str]) -> Path:
-    """Where ``command`` writes its JSON: its ``--json`` option's value."""
+    """Where ``command`` writes its JSON: its ``--out`` option's value (``--json PATH``, the
+    spelling before, too)."""
     for k, word in enumerate(command):
-        if word == "--json" and k + 1 < len(command):
-            return Path(command[k + 1])
-        if word.startswith("--json="):
-            return Path(word.split("=", 1)[1])
-    raise SystemExit("record: the command names no --json PATH to stamp")
+        for option in ("--out", "--json"):
+            if word == option and k + 1 < len(command):
+                return Path(command[k + 1])
+            if word.startswith(f"{option}="):
+                return Path(word.split("=", 1)[1])
+    raise SystemExit("record: the command names no --out FILE to stamp")
 
 
 def record(command: list[str]) -> Path:
