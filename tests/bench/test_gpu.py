@@ -57,3 +57,22 @@ def test_every_loader_feeds_the_device(name: str, tmp_path_factory: pytest.TempP
     run = measure(build_loader(name, settings), EmulatedStep(5, cuda), steps=4, warmup=1,
                   device=cuda)
     assert run.output == {"shape": [3, 32, 32], "dtype": "float32", "device": "cuda"}
+
+
+def test_the_decoder_probe_times_every_load_on_the_device(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tilefeed.bench.suites.decoder_probe import LOADS, probe_decoder
+    from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+    from tests.helpers import write_folder
+
+    root = tmp_path_factory.mktemp("gpu-probe")
+    images = write_folder(root / "images", classes=2, per_class=8, size=(64, 48))
+    store = root / "store"
+    preprocess(images, store, TileSettings(tile=32), StoreSettings(codec="jpeg"), workers=1)
+    probe = probe_decoder(store, device_id=torch.cuda.current_device(), batch_size=8, batches=3, warmup=1)
+    assert [(r.region, r.hw_decoder_load) for r in probe.runs] == [
+        (region, load) for region in (False, True) for load in LOADS]
+    whole = [r for r in probe.runs if not r.region]
+    assert all(r.images_per_s > 0 and not r.error for r in whole), whole  # nvJPEG decodes whole tiles
+    assert all(r.images_per_s > 0 or r.error for r in probe.runs)  # a window: measured or its error said
+    assert probe.backend in ("hardware", "cuda") and probe.verdict.startswith("whole tiles: ")
+    assert all(r.engine.available or r.engine.note for r in probe.runs)  # NVML read, or why not
