@@ -217,15 +217,13 @@ def _decode_section(images: Path, store: Path, *, device: torch.device, batch_si
 def _probe_section(store: Path, *, device: torch.device, batch_size: int, batches: int, warmup: int,
                    workers: int) -> dict[str, Any]:
     from tilefeed.bench.suites.decoder_probe import probe_decoder
+    from tilefeed.pipeline.device import dali_device_id
 
-    device_id = None
-    if device.type == "cuda":
-        device_id = torch.cuda.current_device() if device.index is None else device.index
-    entry: dict[str, Any] = {}
-    _guarded(entry, "probe", lambda: probe_decoder(store, device_id=device_id, batch_size=batch_size,
-                                                   batches=batches, warmup=warmup,
-                                                   threads=workers).as_dict())
-    return entry["probe"]
+    try:
+        return probe_decoder(store, device_id=dali_device_id(device), batch_size=batch_size, batches=batches,
+                             warmup=warmup, threads=workers).as_dict()
+    except Exception as e:  # noqa: BLE001 - the probe failing must not stop the report
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _stall_section(report: GpuReport, images: Path, store: Path, *, device: torch.device, workers: int,

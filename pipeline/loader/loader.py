@@ -33,6 +33,7 @@ from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
 from tilefeed.pipeline.planning.sizes import Schedule
 from tilefeed.pipeline.engine.batch_source import Epoch
+from tilefeed.pipeline.device import dali_device_id
 from tilefeed.pipeline.stats import LoaderStats, Recorder
 from tilefeed.store.errors import ConfigError
 
@@ -350,11 +351,8 @@ class Loader:
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is
         made, so a bad configuration fails here and the first step does not pay for it."""
-        device_id: int | None = None  # DALI's CPU-only graph
-        if self.device.type == "cuda":  # "cuda" alone means the current device, as torch reads it
-            index = self.device.index
-            device_id = torch.cuda.current_device() if index is None else index
-        settings = pool.GraphSettings(self.batch_size, self.workers, self.prefetch, device_id)
+        settings = pool.GraphSettings(self.batch_size, self.workers, self.prefetch,
+                                     dali_device_id(self.device))
         self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
         self._graph = pool.take(self.reader, self.augment, settings, self._direct)
         self._graph.source.reserve = self.epochs.largest
