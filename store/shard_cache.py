@@ -137,9 +137,11 @@ class ShardCache:
         shards a little out of order). Until the plan's first shard comes, a shard the last
         plan had still to read is that plan's, and moves nothing."""
         with self._lock:
-            if shard in self._recent:
+            if shard in self._recent:  # read again: the newest, and nothing else moves
                 self._recent.remove(shard)
-            elif self._started or shard not in self._tail:
+                self._recent.append(shard)
+                return
+            if self._started or shard not in self._tail:
                 self._started, self._tail = True, set()
                 self._cursor = max(self._cursor, self._pos.get(shard, self._cursor))
             self._recent.append(shard)
@@ -161,16 +163,17 @@ class ShardCache:
 
     def _submit(self, shard: int) -> Future[Path]:
         fut = self._inflight.get(shard)
-        if fut is None:
+        if fut is None or fut.done():  # a finished download whose callback has not run yet is done
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(DOWNLOAD_THREADS, thread_name_prefix="tilefeed-fetch")
             fut = self._inflight[shard] = self._pool.submit(self._fetch, shard)
             fut.add_done_callback(partial(self._done, shard))
         return fut
 
-    def _done(self, shard: int, _: Future[Path]) -> None:
+    def _done(self, shard: int, fut: Future[Path]) -> None:
         with self._lock:
-            self._inflight.pop(shard, None)
+            if self._inflight.get(shard) is fut:  # not a later download of the same shard
+                del self._inflight[shard]
 
     # -- fetch ----------------------------------------------------------------------------------
     def fetch(self, shard: int) -> Path:
@@ -239,9 +242,7 @@ class ShardCache:
                     else:
                         # others may have filled the folder meanwhile: room made and taken in one step
                         with exclusive_lock(self.cache_dir / ".lock"):
-                            # a shard a reader waits for is put in place even where the pinned
-                            # shards alone fill the limit: its reader needs it now
-                            if self._make_room(shard, expected, placing=True) or self._needed(shard):
+                            if self._make_room(shard, expected, placing=True):
                                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 finally:
                     unlink_at(dfd, tmp)
@@ -311,10 +312,6 @@ class ShardCache:
         finally:
             os.close(dfd)
 
-    def _needed(self, shard: int) -> bool:
-        with self._lock:
-            return shard in self._waiting
-
     def _wanted(self, shard: int) -> bool:
         with self._lock:
             return shard in self.pinned or shard in self._waiting
@@ -335,10 +332,11 @@ class ShardCache:
         mine = f"{self.mirror.name}/"
         own = mine + fmt.shard_relpath(shard)
         with self._lock:
-            read = {mine + fmt.shard_relpath(s) for s in self._recent}
+            read = {mine + fmt.shard_relpath(s) for s in {*self._recent, *self._waiting}}  # evicted last
             ahead = {mine + fmt.shard_relpath(s) for s in self.pinned} - read
             reserved = 0 if placing else sum(b for s, b in self._reserved.items() if s != shard)
-            forced = placing and shard in self.pinned
+            # a shard pinned or waited for by a reader goes in place at others' cost
+            forced = placing and (shard in self.pinned or shard in self._waiting)
         files = [f for f in cached_shards(self.cache_dir) if f[2] != own]  # its own stale copy: replaced
         total = reserved + sum(size for _, size, _ in files)
         for _, size, rel in sorted(files, key=lambda f: (f[2] in read or f[2] in ahead, f[2] in ahead, f[0])):
