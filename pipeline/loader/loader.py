@@ -28,7 +28,7 @@ from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
 from tilefeed.pipeline.settings import Layout, LoaderSettings, check_int, require_dali
-from tilefeed.pipeline.planning.order import batches_per_rank
+from tilefeed.pipeline.planning.order import Shuffle, batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
 from tilefeed.pipeline.planning.sizes import Schedule
@@ -157,14 +157,14 @@ class Loader:
     """
 
     batch_size: Setting[int] = Setting()
-    shuffle: Setting[str] = Setting()
+    shuffle: Setting[Shuffle] = Setting()
     seed: Setting[int] = Setting()
     drop_last: Setting[bool] = Setting()
     rank: Setting[int] = Setting()
     world_size: Setting[int] = Setting()
     device: Setting[torch.device] = Setting()
     dtype: Setting[torch.dtype] = Setting()
-    layout: Setting[str] = Setting()
+    layout: Setting[Layout] = Setting()
     with_index: Setting[bool] = Setting()
     workers: Setting[int] = Setting()
     prefetch: Setting[int] = Setting()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tilefeed.pipeline import Loader
+from tilefeed.pipeline.loader.loader import Setting
 
 
 def test_the_epoch_state_follows_iteration_set_epoch_and_a_loaded_state(store: Path) -> None:
@@ -43,7 +44,7 @@ def test_the_sampler_lists_the_epoch_set_on_it(store: Path) -> None:
 def test_the_settings_are_read_from_one_copy_and_refuse_a_change(store: Path) -> None:
     with Loader(store, 8, shuffle="shard", drop_last=True, workers=1) as loader:
         assert (loader.batch_size, loader.shuffle, loader.drop_last, loader.workers) == (8, "shard", True, 1)
-        assert loader.batch_size is loader.settings.batch_size
+        assert isinstance(vars(Loader)["batch_size"], Setting)  # read from the settings, not copied
         with pytest.raises(AttributeError, match="batch_size is fixed when the Loader is made"):
             loader.batch_size = 16  # type: ignore[misc]
         assert loader.batch_size == 8 and len(next(iter(loader))[0]) == 8

@@ -221,6 +221,9 @@ def idle_in_pool(graph: pool.Graph) -> bool:
     return any(g is graph for idle in pool._idle.values() for g in idle)
 
 
+BLIND = "the check cannot see the threads it counts"
+
+
 def check_break_and_close_leave_no_thread_or_process(store: Path) -> None:
     """Epochs left early, one ended by an exception, then ``close()``: the Loader's own threads
     (the feeding thread, the reader threads) end, its graph is given back to the pool (where
@@ -238,8 +241,8 @@ def check_break_and_close_leave_no_thread_or_process(store: Path) -> None:
                 break  # what was prepared for the rest is dropped; the next epoch reuses the graph
     # what the checks below look for is there while the Loader runs, so they can see it leak
     started = {t.name.rstrip("_0123456789") for t in threading.enumerate() if t.ident not in before_threads}
-    assert {"tilefeed-feed", "tilefeed-read"} <= started, started
-    assert dali_threads() - before_dali or not DALI_VISIBLE
+    assert {"tilefeed-feed", "tilefeed-read"} <= started, f"{BLIND}: {started}"
+    assert dali_threads() - before_dali or not DALI_VISIBLE, f"{BLIND}: no DALI thread seen"
     graph = weakref.ref(loader._graph)  # weakly: a graph held here would keep DALI's threads
     assert len(indices_of(loader)) == 50  # a whole epoch after three abandoned ones
     assert set(me.children(recursive=True)) <= before_children
@@ -357,8 +360,9 @@ LEAKS = ["close_drops_the_graph", "reader_threads_kept", "feed_thread_left_runni
 def test_the_no_thread_check_fails_on_a_loader_that_leaks(
         store: Path, breakage: str, request: pytest.FixtureRequest) -> None:
     request.getfixturevalue(breakage)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError) as failed:
         check_break_and_close_leave_no_thread_or_process(store)
+    assert BLIND not in str(failed.value)  # the leak was caught, not the check's own sight lost
 
 
 def test_corrupt_chunk_is_named_not_yielded(tmp_path: Path) -> None:
@@ -517,7 +521,7 @@ def test_the_finaliser_check_fails_on_a_finaliser_that_waits(
     it = iter(loader)
     next(it)
     request.getfixturevalue(breakage)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="the finaliser called"):
         check_finaliser_waits_for_nothing(loader)
     del it
     pool.clear()
