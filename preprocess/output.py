@@ -11,7 +11,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ class RunPlan:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object plan.json holds, its keys in this order."""
-        return {"fingerprint": self.fingerprint, "sources": self.sources, "settings": self.settings}
+        return asdict(self)
 
 
 def out_inside(src: Path, out: Path) -> Path | None:

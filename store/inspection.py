@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,12 @@ class StoreInfo:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, in this order: ``tilefeed info --json``'s object."""
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return asdict(self)
+
+
+# the fields of StoreInfo taken from the attributes as they are recorded
+RECORDED = ("samples", "sources", "accepted", "rejected", "classes", "tile", "codec", "quality",
+            "shard_size", "shards", "made", "rejects")
 
 
 def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> StoreInfo:
@@ -94,23 +99,8 @@ def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> St
     attrs = load_attrs(root)
     on_disk = (remote.bytes if remote is not None
                else sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink()))
-    return StoreInfo(
-        path=name,
-        format=f"{attrs['format']} v{attrs['version']}",
-        samples=attrs["samples"],
-        sources=attrs["sources"],
-        accepted=attrs["accepted"],
-        rejected=attrs["rejected"],
-        classes=attrs["classes"],
-        tile=attrs["tile"],
-        codec=attrs["codec"],
-        quality=attrs["quality"],
-        shard_size=attrs["shard_size"],
-        shards=attrs["shards"],
-        bytes=on_disk,
-        made=attrs["made"],
-        rejects=attrs["rejects"],
-    )
+    return StoreInfo(path=name, format=f"{attrs['format']} v{attrs['version']}", bytes=on_disk,
+                     **{key: attrs[key] for key in RECORDED})
 
 
 def printable(text: str) -> str:
