@@ -30,15 +30,32 @@ def positive(text: str) -> int:
     return _at_least(text, 1)
 
 
-def number_list(text: str) -> list[int]:
-    """Comma-separated whole numbers, at least one: ``i,j,k``."""
+def _listed(text: str, kind: type[int] | type[float]) -> list[Any]:
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [kind(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers i,j,k, got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one number")
     return values
+
+
+def number_list(text: str) -> list[int]:
+    """Comma-separated whole numbers, at least one: ``i,j,k``."""
+    return _listed(text, int)
+
+
+def positive_list(text: str) -> list[int]:
+    """Comma-separated numbers >= 1, at least one (sizes, counts)."""
+    values: list[int] = _listed(text, int)
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 1, got {text!r}")
+    return values
+
+
+def decimal_list(text: str) -> list[float]:
+    """Comma-separated numbers, decimals allowed, at least one: ``0,12.5,40``."""
+    return _listed(text, float)
 
 
 # -- the vocabulary: one option name per concept, across every command --------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tilefeed.cli import bench_forms
-from tilefeed.cli.arguments import add_renamed
+from tilefeed.cli.arguments import add_renamed, decimal_list
 from tilefeed.cli.bench_forms import BenchResult, Form, run_form
 from tilefeed.cli.bench_options import form_parser, harness_args
 from tilefeed.cli.demo_data import demo_images, demo_store
@@ -100,7 +100,8 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
     harness_args(p)
     p.add_argument("--over", choices=("step-ms", "workers"), default="step-ms",
                    help="the setting swept: the emulated step's length or the workers of every loader")
-    p.add_argument("--values", default="0,10,20,40,80", help="comma list of the values swept")
+    p.add_argument("--values", type=decimal_list, default="0,10,20,40,80",
+                   help="comma list of the values swept")
 
 
 def _sweep(args: argparse.Namespace) -> BenchResult:
@@ -108,7 +109,7 @@ def _sweep(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.harness.watch import format_table
     from tilefeed.bench.harness.plots import plot_sweep
 
-    values = [float(v) for v in args.values.split(",")]
+    values = args.values
     curves: dict[str, list[float]] = {name: [] for name in _names(args)}
     all_runs = []
     for v in values:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tilefeed.cli.arguments import add_renamed
+from tilefeed.cli.arguments import add_renamed, positive_list
 from tilefeed.cli.bench_options import STEP_MS, WORKERS_HELP, data_args, form_parser, loop_args, out_arg
 from tilefeed.cli.demo_data import cache_dir, demo_images, demo_store
 
@@ -111,7 +111,7 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec", default="lz4", choices=[c for c in CODECS if c != "jpeg"],
                    help="codec of the lossless store made without --store (none: raw pixels, "
                    "as FFCV's raw store)")
-    p.add_argument("--sizes", default=None,
+    p.add_argument("--sizes", type=positive_list, default=None,
                    help="comma list of output sizes (e.g. 128,160,192,224): training img/s at each "
                    "from the same --tile px stores, lossless and JPEG with reduced-scale decoding "
                    "on and off, one Loader each changing size, and JPEG decode speed per DCT scale")
@@ -130,7 +130,7 @@ def _loader(args: argparse.Namespace) -> BenchResult:
         raise ConfigError("--peer ffcv needs --peer-python: the Python of an environment with FFCV")
     images = args.images or demo_images(args.count)
     if args.sizes:
-        sizes = [int(v) for v in args.sizes.split(",") if v.strip()]
+        sizes = args.sizes
         lossless = demo_store(images, size=args.tile, codec=args.codec, fit="crop")
         jpeg = demo_store(images, size=args.tile, codec="jpeg", fit="crop")
         return bench_sizes(lossless, jpeg, sizes, batch_size=args.batch_size, workers=args.workers,
@@ -272,7 +272,7 @@ STATS = Form(
 
 
 def _scale_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--classes", default="100,1000",
+    p.add_argument("--classes", type=positive_list, default="100,1000",
                    help="comma list: class folders of each set (x --per-class sources)")
     p.add_argument("--per-class", type=int, default=1281, help="sources per class folder")
     p.add_argument("--tile", type=int, default=8, help="tile side in pixels")
@@ -294,7 +294,7 @@ def _scale(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.order_cost import order_cost
     from tilefeed.bench.suites.scale import run_scale
 
-    classes = [int(c) for c in args.classes.split(",") if c.strip()]
+    classes = args.classes
     result = run_scale(args.out_dir or cache_dir() / "scale", classes, per_class=args.per_class,
                        size=args.tile, workers=args.processes, batch_size=args.batch_size,
                        warm=args.warmup, timed=args.batches, rounds=args.rounds)

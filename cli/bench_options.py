@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tilefeed.cli.arguments import HelpFormatter
+from tilefeed.cli.arguments import HelpFormatter, positive, whole_number
 
 
 # the emulated step of the forms that run loaders against a step (the main form, sweep, diagnose)
@@ -37,7 +37,7 @@ def data_args(p: argparse.ArgumentParser, *, count: int, store: bool = True) -> 
         p.add_argument("--store", type=location, default=None,
                        help="tilefeed store made from --images (a folder, or a bucket URL read "
                        "with the cloud's standard configuration) (default: made in the cache)")
-    p.add_argument("--count", type=int, default=count, help="generated images, without --images")
+    p.add_argument("--count", type=positive, default=count, help="generated images, without --images")
     out_arg(p)
 
 
@@ -49,10 +49,10 @@ def out_arg(p: argparse.ArgumentParser) -> None:
 
 def loop_args(p: argparse.ArgumentParser, *, batch_size: int = 64, rounds: int | None = None) -> None:
     """--batch-size, --workers and (for forms that repeat their runs) --rounds."""
-    p.add_argument("--batch-size", type=int, default=batch_size, help="samples per batch, every loader")
-    p.add_argument("--workers", type=int, default=2, help=WORKERS_HELP)
+    p.add_argument("--batch-size", type=positive, default=batch_size, help="samples per batch, every loader")
+    p.add_argument("--workers", type=whole_number, default=2, help=WORKERS_HELP)
     if rounds is not None:
-        p.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds; medians reported")
+        p.add_argument("--rounds", type=positive, default=rounds, help="interleaved rounds; medians reported")
 
 
 def harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefeed") -> None:
@@ -62,7 +62,7 @@ def harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefee
                    "(jpeg: decoded by nvJPEG on a GPU)")
     p.add_argument("--loaders", default=loaders,
                    help="comma list of baseline, dali-files, tiles-dataloader, tilefeed")
-    p.add_argument("--batch-size", type=int, default=64, help="samples per batch, every loader")
+    p.add_argument("--batch-size", type=positive, default=64, help="samples per batch, every loader")
     p.add_argument("--steps", type=int, default=40, help="measured steps per loader")
     p.add_argument("--warmup", type=int, default=3, help="steps run first and left out")
     p.add_argument("--step", choices=("emulated", "model"), default="emulated",
@@ -72,7 +72,7 @@ def harness_args(p: argparse.ArgumentParser, *, loaders: str = "baseline,tilefee
     p.add_argument("--accumulate", type=int, default=1, help="model step: micro-batches per step")
     p.add_argument("--model-width", type=int, default=None,
                    help="model step: first-stage width (default 64 on a GPU = ResNet-18, 16 on CPU)")
-    p.add_argument("--workers", type=int, default=2, help=WORKERS_HELP)
+    p.add_argument("--workers", type=whole_number, default=2, help=WORKERS_HELP)
     p.add_argument("--size", type=int, default=224, help="output image side in pixels (and the tile "
                    "side of the store made without --store)")
     p.add_argument("--eval", action="store_true", help="eval augmentation instead of train")

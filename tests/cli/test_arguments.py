@@ -25,3 +25,26 @@ def test_positive_speaks_through_argparse(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         parser.parse_args(["--count", "0"])
     assert "argument --count: expected a number >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_list_types_take_what_they_say() -> None:
+    from tilefeed.cli.arguments import decimal_list, number_list, positive_list
+
+    assert number_list("3, -1") == [3, -1] and positive_list("128,160") == [128, 160]
+    assert decimal_list("0,12.5") == [0.0, 12.5]
+    for parse, text in [(positive_list, "0,4"), (positive_list, "128,x"), (number_list, ""),
+                        (decimal_list, "1,a")]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+@pytest.mark.parametrize("argv", [["loader", "--sizes", "128,x"], ["scale", "--classes", "0,4"],
+                                  ["sweep", "--values", "1,a"], ["loader", "--batch-size", "-1"],
+                                  ["preprocess", "--count", "0"]])
+def test_a_bench_form_refuses_a_bad_number_before_any_work(argv: list[str]) -> None:
+    from tests.helpers import run_cli
+
+    r = run_cli("bench", *argv)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"tilefeed bench {argv[0]}: error: argument {argv[1]}")
+    assert "images:" not in r.stdout  # refused before a set of images was made
