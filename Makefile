@@ -59,7 +59,8 @@ docs: setup
 demo: setup
 	$(VENV)/bin/tilefeed demo
 
-# The measurements in the README: preprocessing, the loader alone, and loaders against a step.
+# A quick look on this machine: preprocessing, the loader alone, and four loaders against a 40 ms step
+# (docs/benchmarks.md's tables each name their own command).
 bench: setup
 	$(VENV)/bin/tilefeed bench preprocess
 	$(VENV)/bin/tilefeed bench loader

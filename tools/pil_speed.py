@@ -3,13 +3,14 @@ operations tilefeed leans on, on generated photo-like JPEGs, and prints one JSON
 
     python tools/pil_speed.py [--rounds 7]
 
-- ``decode+fit``: decode a 500x375 q90 JPEG (draft mode off) and resize it to fit 256 px
-  (``preprocess``'s work per image, before encoding the tile);
+- ``decode+fit``: decode a 500x375 q90 JPEG (draft mode off) and resize it to fit 256 px,
+  bicubic (``preprocess``'s default resampling; its work per image before encoding the tile);
 - ``window``: cut a random-resized-crop window of a 256 px tile and resize it to 224 px,
   bilinear, antialiased (the Loader's CPU training path, per sample).
 
-Run it once with each PIL (e.g. the checkout's venv with pillow-simd, and a venv with
-``pip install pillow numpy``), alternately, and compare the medians. Needs only PIL and numpy.
+Run it once with each PIL (the checkout's venv with pillow-simd 12.1.1.post0, and a venv with
+``pip install pillow==12.1.1 numpy``: the same upstream version), alternately, and compare the
+medians. Needs only PIL and numpy.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main() -> int:
 
     def decode_fit(data: object) -> None:
         with Image.open(io.BytesIO(data)) as im:  # type: ignore[arg-type]
-            im.convert("RGB").resize((256, 192), Image.Resampling.BILINEAR, reducing_gap=None)
+            im.convert("RGB").resize((256, 192), Image.Resampling.BICUBIC, reducing_gap=None)
 
     def window(box: object) -> None:
         tile.resize((224, 224), Image.Resampling.BILINEAR, box=box)  # type: ignore[arg-type]

@@ -1,12 +1,12 @@
 """The README's pictures, each drawn again from what is committed beside it (docs/img/).
 
-    python tools/render_pictures.py record -- tilefeed bench sweep ... --json docs/img/sweep.json
+    python tools/render_pictures.py record -- tilefeed bench sweep ... --out docs/img/sweep.json
     python tools/render_pictures.py sweep  [docs/img/sweep.json] [docs/img/sweep.png]
     python tools/render_pictures.py stages [docs/img/sweep.json] [docs/img/stages.png]
     python tools/render_pictures.py flow   [docs/img/flow.png]
     python tools/render_pictures.py all    # the three above from the committed JSON
 
-``record`` runs a ``tilefeed bench`` command that writes ``--json`` and adds to that JSON where and
+``record`` runs a ``tilefeed bench`` command that writes ``--out FILE`` and adds to that JSON where and
 how it was made (``provenance``: the command, the commit, the date, the machine), so a figure
 drawn from it can say so. Drawing needs no bench run: the figures come from the JSON alone
 (``tilefeed.bench.harness.plots``). Run it with the repository's ``src`` on PYTHONPATH or
@@ -56,7 +56,9 @@ def machine() -> dict[str, Any]:
         pass
     # what else ran: a bench's figures on a shared machine move with its load
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from tilefeed.store.host import usable_cores
+
+    cores = usable_cores()
     facts: dict[str, Any] = {"host": platform.node(), "cpu": cpu, "cores": cores, "memory_gib": memory,
                              "load_average_1m": load, "os": platform.platform(),
                              "python": platform.python_version()}
