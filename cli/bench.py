@@ -107,12 +107,10 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
 def _sweep(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.compare import SweepResult, compare, settings_dict
     from tilefeed.bench.harness.watch import format_table
-    from tilefeed.bench.harness.plots import plot_sweep
+    from tilefeed.bench.harness.plots import save_figure, sweep_figure
 
-    values = args.values
-    curves: dict[str, list[float]] = {name: [] for name in _names(args)}
     all_runs = []
-    for v in values:
+    for v in args.values:
         if args.over == "step-ms":
             args.step_ms = v
         else:
@@ -121,13 +119,13 @@ def _sweep(args: argparse.Namespace) -> BenchResult:
         runs, _ = compare(_names(args), settings, step, steps=args.steps, warmup=args.warmup)
         print(f"{args.over} = {v:g}\n{format_table(runs)}", flush=True)
         for r in runs:
-            curves[r.loader].append(r.stall_fraction)
             r.extra[args.over] = v
         all_runs += runs
-    plots = args.plots or Path(".")
-    path = plot_sweep(values, curves, args.over, plots / "sweep.png")
-    return SweepResult(over=args.over, values=values, runs=all_runs, plot=str(path),
-                       settings=settings_dict(settings, step, args.steps, args.warmup))
+    result = SweepResult(over=args.over, values=args.values, runs=all_runs, plot="",
+                         settings=settings_dict(settings, step, args.steps, args.warmup))
+    # the same picture the docs draw from a sweep's JSON: wait per batch and images/s
+    result.plot = str(save_figure(sweep_figure(result.as_dict()), (args.plots or Path(".")) / "sweep.png"))
+    return result
 
 
 SWEEP = Form("sweep", "stall against step time (or worker count), per loader",

@@ -102,23 +102,6 @@ def plot_stages(runs: list[RunResult], path: Path) -> Path:
     return path
 
 
-def plot_sweep(xs: list[float], curves: dict[str, list[float]], xlabel: str, path: Path) -> Path:
-    plt = _pyplot()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, ys in curves.items():
-        ax.plot(xs, [100 * y for y in ys], marker="o", label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("stall (%)")
-    ax.set_ylim(0, 100)
-    ax.legend()
-    ax.set_title("Stall against " + xlabel)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 # -- from a bench's JSON ---------------------------------------------------------------------------
 SWEPT = {"step-ms": "emulated step time (ms per batch)", "workers": "workers per loader"}
 LOADER_COLOURS = {"baseline": "#c0504d", "tilefeed": "#4f81bd", "dali-files": "#9bbb59",

@@ -19,7 +19,7 @@ from tilefeed.store.host import usable_cores
 @dataclass
 class SweepResult:
     """Every run of a sweep (each noting the value it ran at in ``extra``), the settings of the
-    last value, and the stall plot's path."""
+    last value, and the path of its picture (wait per batch and images/s, ``sweep_figure``)."""
 
     over: str  # the setting swept: "step-ms" or "workers"
     values: list[float]
