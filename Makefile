@@ -11,16 +11,20 @@ SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" ||
 
 setup: $(STAMP)
 
-# The CPU build on these machines (an open range pulls a multi-GB CUDA build); a GPU machine
-# with network access can ask for another: make setup TORCH_SPEC=torch==2.14.1
-TORCH_SPEC ?= torch==2.13.0
+# torch with the torchvision and timm that import beside it: the recipe-parity tests and the
+# training scripts the Loader swaps into (timm's and torchvision's train.py) need all three. The
+# torchvision wheels are built against torch's CUDA build, so the pin is that build (it runs on
+# a CPU-only machine too); another pair: make setup TORCH_SPEC=torch==X TORCHVISION_SPEC=torchvision==Y
+TORCH_SPEC ?= torch==2.14.1
+TORCHVISION_SPEC ?= torchvision==0.29.1
+TIMM_SPEC ?= timm==1.0.31
 # DALI's build: cuda12 also runs CPU-only; a CUDA 13 node takes CUDA=13.
 CUDA ?= 12
 PIL_PLUGINS := pillow-avif-plugin==1.6.0 pillow-heif==1.8.1
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) "$(TORCH_SPEC)"
+	$(PIP) "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)" "$(TIMM_SPEC)"
 	$(PIP) -e '.[dev,cuda$(CUDA)]'
 	# pillow-simd last: it provides the same PIL package as the plain Pillow tilefeed depends on.
 	# It compiles only the codecs whose headers are present: those are installed first (apt-get
