@@ -97,10 +97,11 @@ class TorchvisionGpuDecode:
         files = sorted(p for p in images.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
         self.loader: DataLoader[Path] = DataLoader(
             files, batch_size=batch_size, shuffle=True, num_workers=workers,  # type: ignore[arg-type]
-            collate_fn=lambda paths: [tvio.read_file(str(p)) for p in paths])
+            collate_fn=lambda paths: [p.read_bytes() for p in paths])  # bytes: no tensor's fd crosses
 
     def __iter__(self) -> Any:
-        for raw in self.loader:
+        for files in self.loader:
+            raw = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in files]
             decoded = self.decode(raw, device=self.device)
             batch = torch.stack([
                 torch.nn.functional.interpolate(im[None].float(), size=(self.size, self.size),
