@@ -92,7 +92,8 @@ def test_dataset_is_map_style_with_the_epoch_samples(store: Path) -> None:
 
 def test_dataloader_numbers_read_back(store: Path) -> None:
     with Loader(store, 8, train=False, dtype=torch.uint8, num_workers=1, prefetch_factor=3) as loader:
-        assert (loader.batch_size, loader.drop_last, loader.num_workers, loader.prefetch_factor) == (8, False, 1, 3)
+        numbers = (loader.batch_size, loader.drop_last, loader.num_workers, loader.prefetch_factor)
+        assert numbers == (8, False, 1, 3)
         assert loader.pin_memory is False and loader.persistent_workers is False
 
 
