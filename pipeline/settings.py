@@ -8,6 +8,7 @@ a missing DALI fails before them all (``require_dali``). What each option does i
 
 from __future__ import annotations
 
+import math
 import operator
 import warnings
 from dataclasses import dataclass, field
@@ -122,6 +123,37 @@ def parse_device(device: str | torch.device | None) -> torch.device:
     return chosen
 
 
+NORMALISATION_RULE = ("mean/std: std all <= 1 means 0..1 units (timm, torchvision; mean then in [0, 1]), "
+                      "std all > 1 means 0..255 units (mean in [0, 255], all zero or some value > 1)")
+
+
+def pixel_units(mean: Any, std: Any) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """``mean`` and ``std`` in 0..255 pixel units, from either unit the scripts use.
+
+    Every ``std`` value <= 1: 0..1 units (timm's ``data_config``, torchvision's ``Normalize``);
+    ``mean`` must then lie in [0, 1], and both are scaled by 255. Every ``std`` value > 1: 0..255
+    units, kept as given; ``mean`` must lie in [0, 255] and be all zero or have a value > 1 (a
+    mean that reads as 0..1 beside a 0..255 std is a unit mixed up). Anything else (std on both
+    sides of 1, negative or zero values, not 3 values) is a ``ConfigError`` naming the rule.
+    """
+    try:
+        m, s = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{NORMALISATION_RULE}; got mean={mean!r}, std={std!r}") from None
+    if len(m) != 3 or len(s) != 3 or min(s) <= 0 or min(m) < 0 or not all(map(math.isfinite, m + s)):
+        raise ConfigError(f"{NORMALISATION_RULE}, 3 finite values each, std > 0, mean >= 0; "
+                          f"got mean={mean!r}, std={std!r}")
+    if max(s) <= 1:  # 0..1 units: what timm's and torchvision's recipes write
+        if max(m) > 1:
+            raise ConfigError(f"{NORMALISATION_RULE}; got std in 0..1 units with mean={mean!r}")
+        return tuple(v * 255 for v in m), tuple(v * 255 for v in s)  # type: ignore[return-value]
+    if min(s) <= 1:
+        raise ConfigError(f"{NORMALISATION_RULE}; got std={std!r}, on both sides of 1")
+    if max(m) > 255 or (max(m) > 0 and max(m) <= 1):
+        raise ConfigError(f"{NORMALISATION_RULE}; got std in 0..255 units with mean={mean!r}")
+    return m, s  # type: ignore[return-value]
+
+
 def _schedule(size: Any) -> int | Schedule | None:
     """A checked size, or a schedule (checked each time it is asked); None for the tile side."""
     if size is None:
@@ -182,7 +214,7 @@ class LoaderSettings:
     ledger: str | Path | None
     scale: tuple[float, float]
     ratio: tuple[float, float]
-    mean: tuple[float, float, float]
+    mean: tuple[float, float, float]  # 0..255 units, whichever the caller gave (pixel_units)
     std: tuple[float, float, float]
     shuffle_window: int
     storage_options: dict[str, Any] | None = field(repr=False)  # credentials: never printed
@@ -234,11 +266,12 @@ class LoaderSettings:
         chosen = parse_device(device)
         limit = None if cache_limit is None else check_int("cache_limit", cache_limit, 1)
         schedule, subset = _schedule(size), _indices(indices)
+        mean, std = pixel_units(mean, std)  # kept in 0..255 units, whichever were given
         return cls(
             batch_size, order, check_int("seed", seed, 0), bool(drop_last), rank, world_size,
             chosen, bool(train), schedule, float(crop_pct), dtype, arrangement, with_index, threads,
             depth, pin_memory, persistent_workers, subset, ledger,
-            tuple(scale), tuple(ratio), tuple(mean), tuple(std),  # type: ignore[arg-type]
+            tuple(scale), tuple(ratio), mean, std,  # type: ignore[arg-type]
             shuffle_window, storage_options, cache_dir, limit, bool(fast_idct), bool(scaled_decode),
             bool(stats))
 

@@ -1,5 +1,19 @@
-"""What scripts written for torch's DataLoader reach for besides the batches: ``loader.dataset``
-and ``loader.sampler`` (with its ``set_epoch``), built over the Loader's public methods."""
+"""What scripts written for torch's DataLoader reach for besides the batches: ``loader.dataset``,
+``loader.sampler`` and ``loader.batch_sampler`` (each with its ``set_epoch``), built over the
+Loader's public methods, and a one-line refusal for the DataLoader attributes that mean nothing
+here.
+
+Who reaches for what (read from their source): timm's ``train.py`` calls
+``_set_loader_epoch``, which looks at ``loader.dataset.set_epoch``, then
+``loader.batch_sampler.set_epoch``, else ``loader.sampler.set_epoch``; it reads ``len(loader)``
+and ``loader.mixup_enabled`` (only with mixup under its prefetcher). Lightning's loops call
+``set_epoch`` on ``loader.sampler`` and on ``loader.batch_sampler.sampler`` (one call per
+distinct object), read ``len()``, ``loader.dataset`` (is it an ``IterableDataset``?) and, in
+validation, ``loader.sampler`` (is it shuffled?). accelerate's ``prepare`` hands back any object
+that is not a ``DataLoader`` unchanged; its ``register_for_checkpointing`` needs
+``state_dict``/``load_state_dict``; its ``skip_first_batches`` would build a plain DataLoader over
+``loader.dataset`` with ``loader.batch_sampler`` (resume with ``load_state_dict`` instead).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +44,24 @@ def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> Any:
     return full if subset is None else Subset(full, subset.tolist())
 
 
+# DataLoader attributes a Loader does not have, and why: read, they fail with this one line
+# (an AttributeError, so ``hasattr`` and ``getattr(loader, name, default)`` answer as for any
+# object without them)
+ABSENT = {
+    "collate_fn": "batches are assembled in the Loader's DALI graph, not collated",
+    "worker_init_fn": "the Loader's workers are threads it starts itself",
+    "generator": "order and augmentation come from (seed, epoch, sample), not a torch Generator",
+    "timeout": "the Loader has no worker processes to time out",
+    "multiprocessing_context": "the Loader's workers are threads, not processes",
+    "mixup_enabled": "the Loader applies no mixup or cutmix",
+}
+
+
+def absent(name: str) -> AttributeError:
+    """The one-line error for a DataLoader attribute the Loader lacks (``ABSENT``)."""
+    return AttributeError(f"'Loader' has no {name}: {ABSENT[name]}")
+
+
 class EpochSampler:
     """What ``loader.sampler`` is: scripts call ``sampler.set_epoch(epoch)`` on it each epoch.
 
@@ -52,3 +84,48 @@ class EpochSampler:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.loader.epoch_indices(self.loader.epoch).tolist())
+
+
+class EpochBatchSampler:
+    """What ``loader.batch_sampler`` is: torch's ``BatchSampler`` face over the Loader's order.
+
+    ``sampler`` is ``loader.sampler``; ``len()`` is the batches this rank yields (``len(loader)``);
+    iterating gives, per batch of the epoch the next ``iter()`` begins, the list of this rank's
+    sample indices (a ``Mix``'s ids, as ``with_index``). ``set_epoch`` reaches the Loader, as
+    timm's and Lightning's epoch hooks expect.
+
+    Parameters
+    ----------
+    loader : Loader
+        The Loader whose epochs it sets and whose batches it lists.
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """The Loader's ``sampler`` (the same object)."""
+        return self.loader.sampler
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch on each rank."""
+        return self.loader.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the epoch's incomplete tail is dropped (else the order is padded)."""
+        return self.loader.drop_last
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the Loader's next ``iter()`` begins (``Loader.set_epoch``)."""
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        indices = self.loader.epoch_indices(self.loader.epoch).tolist()
+        size = self.batch_size
+        return iter([indices[i : i + size] for i in range(0, len(indices), size)])

@@ -21,7 +21,7 @@ import torch
 
 from tilefeed.pipeline.engine import graph_pool as pool
 from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
-from tilefeed.pipeline.loader.dataloader_face import EpochSampler, dataset_of
+from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, EpochSampler, absent, dataset_of
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
@@ -68,7 +68,10 @@ class Loader:
 
     Swaps in for ``torch.utils.data.DataLoader(dataset, batch_size, shuffle=..., num_workers=...,
     pin_memory=..., drop_last=...)``: the same keyword arguments work, ``len()``, ``dataset``,
-    ``sampler.set_epoch`` and ``batch_size`` are there, and each ``iter()`` is a new epoch.
+    ``sampler`` and ``batch_sampler`` (each with ``set_epoch``), ``batch_size``, ``drop_last``,
+    ``num_workers`` and ``prefetch_factor`` are there, and each ``iter()`` is a new epoch.
+    ``collate_fn``, ``worker_init_fn``, ``generator``, ``timeout`` and
+    ``multiprocessing_context`` are absent: reading one is an ``AttributeError`` saying why.
 
     Parameters
     ----------
@@ -129,7 +132,13 @@ class Loader:
     scale, ratio : tuple of float
         Random-resized-crop area fraction and aspect range (torchvision's defaults).
     mean, std : tuple of float
-        Normalisation, in 0..255 pixel units (ImageNet's by default).
+        Normalisation, ImageNet's by default, in either unit the scripts use: every ``std`` value
+        <= 1 is read as 0..1 units (timm's ``data_config``, torchvision's ``Normalize``: mean in
+        [0, 1], both scaled by 255); every ``std`` value > 1 as 0..255 pixel units (mean in
+        [0, 255], all zero or some value > 1). Anything else (std on both sides of 1, a 0..1 mean
+        beside a 0..255 std, negative or zero values, not 3 values) is a ``ConfigError`` naming
+        the rule. Kept and applied in 0..255 units (``settings.mean``); the resume state and its
+        identity hold neither.
     shuffle_window : int, default 4
         Shards mixed at a time under ``shuffle="shard"``.
     storage_options : dict, optional
@@ -290,10 +299,35 @@ class Loader:
         the number of samples an epoch covers, as scripts that count processed samples expect."""
         return dataset_of(self.reader, self.subset)
 
-    @property
+    @cached_property
     def sampler(self) -> EpochSampler:
-        """DistributedSampler's face: ``set_epoch`` reaches this Loader."""
+        """DistributedSampler's face: ``set_epoch`` reaches this Loader. One object per Loader,
+        so hooks that call ``set_epoch`` once per distinct sampler call it once."""
         return EpochSampler(self)
+
+    @cached_property
+    def batch_sampler(self) -> EpochBatchSampler:
+        """BatchSampler's face: ``sampler``, ``batch_size``, ``drop_last``, ``len()`` (batches of
+        this rank), the epoch's batches of sample indices, and ``set_epoch``, which reaches this
+        Loader (timm's ``train.py`` sets epochs through it)."""
+        return EpochBatchSampler(self)
+
+    @property
+    def num_workers(self) -> int:
+        """DataLoader's name for ``workers``: DALI's CPU threads."""
+        return self.workers
+
+    @property
+    def prefetch_factor(self) -> int:
+        """DataLoader's name for ``prefetch``: batches prepared ahead."""
+        return self.prefetch
+
+    def __getattr__(self, name: str) -> Any:
+        # only names found nowhere else arrive here: DataLoader's that mean nothing to a Loader
+        # fail in one line saying why, the rest as Python's own AttributeError
+        if name in ABSENT:
+            raise absent(name)
+        raise AttributeError(f"'Loader' object has no attribute {name!r}")
 
     def __len__(self) -> int:
         return batches_per_rank(self.samples, self.world_size, self.batch_size, self.drop_last)

@@ -1,0 +1,305 @@
+"""Loader keyword arguments from what a training script holds: timm's ``train.py`` (its argparse
+namespace and ``resolve_data_config``'s output) and torchvision's reference
+``references/classification/train.py`` (its argparse namespace, as its ``presets.py`` applies it).
+
+Every flag of either script that reaches its data loading is a row of that script's table
+(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``): ``HONOURED`` (mapped onto a Loader option, or of no
+effect on a Loader, said so) or ``REFUSED`` (not applied yet). A refused flag stops the script in
+one ``ConfigError`` naming it, and only where the script would apply it (a colour jitter that
+timm turns off under an ``--aa`` policy is not named); nothing is silently dropped. Flipping a
+row to ``HONOURED`` is the change that goes with the Loader learning that option: the row's
+``active`` test is what the script itself looks at, and the mapping lives in
+``timm_options``/``torchvision_options``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from tilefeed.store.errors import ConfigError
+
+
+class Verdict(StrEnum):
+    """What the Loader does with a recipe flag."""
+
+    HONOURED = "honoured"
+    REFUSED = "refused"
+
+
+Active = Callable[[Any, Mapping[str, Any], bool], bool]  # (args, data_config, train) -> applies?
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One row of a script's table.
+
+    Parameters
+    ----------
+    flag : str
+        The flag as the script's command line spells it.
+    verdict : Verdict
+        Honoured or refused.
+    meaning : str
+        What the script does with it, and what the Loader does (for the docs' table).
+    active : callable, optional
+        ``(args, data_config, train) -> bool``: whether the script applies it with these values;
+        a refused row is named only when it is active. Default: never (an honoured row).
+    """
+
+    flag: str
+    verdict: Verdict
+    meaning: str
+    active: Active | None = None
+
+    def applies(self, args: Any, data_config: Mapping[str, Any], train: bool) -> bool:
+        """Whether the script applies this flag with ``args`` (``train``: its training loader)."""
+        return self.active is not None and bool(self.active(args, data_config, train))
+
+
+H, R = Verdict.HONOURED, Verdict.REFUSED
+
+
+def _get(name: str, default: Any = None) -> Callable[[Any], Any]:
+    return lambda args: getattr(args, name, default)
+
+
+def _timm_train_interpolation(args: Any, data_config: Mapping[str, Any]) -> str:
+    """The training interpolation timm's ``train.py`` passes to ``create_loader``."""
+    chosen = getattr(args, "train_interpolation", "random")
+    return str(data_config["interpolation"] if getattr(args, "no_aug", False) or not chosen else chosen)
+
+
+def _timm_colour_jitter(args: Any, data_config: Mapping[str, Any], train: bool) -> bool:
+    """timm applies ColorJitter when it is set and no ``--aa`` policy turns it off (every policy
+    but one naming '3a'); a jitter of all zeros changes no pixel."""
+    jitter, policy = getattr(args, "color_jitter", None), getattr(args, "aa", None)
+    if not train or getattr(args, "no_aug", False) or jitter is None:
+        return False
+    if policy and "3a" not in policy:
+        return False
+    values = jitter if isinstance(jitter, (list, tuple)) else [jitter]
+    if getattr(args, "color_jitter_prob", None) is not None and args.color_jitter_prob <= 0:
+        return False
+    return any(float(v) != 0 for v in values)
+
+
+def _train_aug(test: Callable[[Any], bool]) -> Active:
+    """Active on the training loader when timm augments (not ``--no-aug``) and ``test`` holds."""
+    return lambda args, config, train: train and not getattr(args, "no_aug", False) and test(args)
+
+
+# timm train.py: every flag that reaches create_loader (directly, through resolve_data_config, or
+# through the dataset and collate the script builds around it)
+TIMM_FLAGS: dict[str, Flag] = {
+    "batch_size": Flag("-b/--batch-size", H, "training batch size per rank: batch_size"),
+    "validation_batch_size": Flag("-vb/--validation-batch-size", H,
+                                  "evaluation batch size per rank (default -b): batch_size"),
+    "workers": Flag("-j/--workers", H, "loader workers: num_workers (DALI's threads)"),
+    "pin_mem": Flag("--pin-mem", H, "pin_memory (batches land on the device anyway)"),
+    "seed": Flag("--seed", H, "seed: the order and every crop and flip"),
+    "input_size": Flag("--input-size/--img-size/--in-chans", H,
+                       "data_config['input_size']: size (square, 3 channels; else refused)"),
+    "input_shape": Flag("--input-size (not square, or not 3 channels)", R,
+                        "the Loader outputs square 3-channel images",
+                        lambda a, c, t: c["input_size"][0] != 3 or c["input_size"][1] != c["input_size"][2]),
+    "mean": Flag("--mean/--std", H, "data_config['mean'/'std'] in 0..1 units: mean, std"),
+    "crop_pct": Flag("--crop-pct", H, "data_config['crop_pct']: crop_pct of evaluation"),
+    "crop_mode": Flag("crop_mode (model config)", R, "evaluation crop other than 'center'",
+                      lambda a, c, t: not t and c.get("crop_mode") not in (None, "center")),
+    "interpolation": Flag("--interpolation", R, "evaluation resize other than bilinear",
+                          lambda a, c, t: not t and c["interpolation"] != "bilinear"),
+    "train_interpolation": Flag("--train-interpolation", R,
+                                "training resize other than bilinear (timm's default 'random' too)",
+                                lambda a, c, t: t and _timm_train_interpolation(a, c) != "bilinear"),
+    "scale": Flag("--scale", H, "random-resized-crop area range: scale"),
+    "ratio": Flag("--ratio", H, "random-resized-crop aspect range: ratio"),
+    "hflip": Flag("--hflip", R, "horizontal flip probability other than 0.5 (the Loader's)",
+                  _train_aug(lambda a: float(getattr(a, "hflip", 0.5)) != 0.5)),
+    "vflip": Flag("--vflip", R, "vertical flip", _train_aug(lambda a: float(getattr(a, "vflip", 0.0)) > 0)),
+    "train_crop_mode": Flag("--train-crop-mode", R, "crop modes other than rrc (rkrc, rkrr)",
+                            _train_aug(lambda a: getattr(a, "train_crop_mode", None) not in (None, "rrc"))),
+    "no_aug": Flag("--no-aug", R, "training without augmentation (resize and centre crop)",
+                   lambda a, c, t: t and bool(getattr(a, "no_aug", False))),
+    "color_jitter": Flag("--color-jitter/--color-jitter-prob", R,
+                         "colour jitter (off under --aa policies but '3a'; 0 is off)", _timm_colour_jitter),
+    "grayscale_prob": Flag("--grayscale-prob", R, "random grayscale",
+                           _train_aug(lambda a: bool(getattr(a, "grayscale_prob", None)))),
+    "gaussian_blur_prob": Flag("--gaussian-blur-prob", R, "random gaussian blur",
+                               _train_aug(lambda a: bool(getattr(a, "gaussian_blur_prob", None)))),
+    "aa": Flag("--aa", R, "auto-augment, RandAugment, AugMix, TrivialAugment policies",
+               _train_aug(lambda a: bool(getattr(a, "aa", None)))),
+    "reprob": Flag("--reprob/--remode/--recount/--resplit", R, "random erasing",
+                   _train_aug(lambda a: float(getattr(a, "reprob", 0.0)) > 0)),
+    "aug_splits": Flag("--aug-splits", R, "augmentation splits (AugMix's JSD)",
+                       lambda a, c, t: t and int(getattr(a, "aug_splits", 0)) > 0),
+    "aug_repeats": Flag("--aug-repeats", R, "repeated-augmentation sampler",
+                        lambda a, c, t: t and float(getattr(a, "aug_repeats", 0)) > 0),
+    "mixup": Flag("--mixup/--cutmix/--cutmix-minmax", R, "mixup and cutmix",
+                  lambda a, c, t: t and (float(a.mixup) > 0 or float(a.cutmix) > 0
+                                         or a.cutmix_minmax is not None)),
+    "train_img_sizes": Flag("--train-img-sizes/--train-batch-sizes/--train-size-*", R,
+                            "scheduled resolutions and batch sizes",
+                            lambda a, c, t: t and getattr(a, "train_img_sizes", None) is not None),
+    "train_batches_per_epoch": Flag("--train-batches-per-epoch", R, "a fixed number of batches an epoch",
+                                    lambda a, c, t: t and a.train_batches_per_epoch is not None),
+    "naflex_loader": Flag("--naflex-loader", R, "NaFlex patch loader",
+                          lambda a, c, t: bool(getattr(a, "naflex_loader", False))),
+    "epoch_repeats": Flag("--epoch-repeats", R, "epochs repeated within one",
+                          lambda a, c, t: t and float(getattr(a, "epoch_repeats", 0.0)) > 0),
+    "num_samples": Flag("--train-num-samples/--val-num-samples", R, "a sample count of an iterable dataset",
+                        lambda a, c, t: getattr(a, "train_num_samples" if t else "val_num_samples", None)
+                        is not None),
+    "input_img_mode": Flag("--input-img-mode", R, "image modes other than RGB",
+                           lambda a, c, t: getattr(a, "input_img_mode", None) not in (None, "RGB")),
+    "model_dtype": Flag("--model-dtype", H, "the images' dtype (img_dtype): dtype"),
+    "channels_last": Flag("--channels-last", H, "layout='channels_last' (no transpose)"),
+    "device": Flag("--device", H, "the device batches land on: device"),
+    "no_prefetcher": Flag("--no-prefetcher", H, "either way: batches are on the device, normalised"),
+    "use_multi_epochs_loader": Flag("--use-multi-epochs-loader", H, "no effect: threads persist"),
+    "worker_seeding": Flag("--worker-seeding", H, "no effect: no worker processes, draws come from the seed"),
+    "distributed": Flag("(distributed launch)", H, "rank and world_size from torch.distributed"),
+}
+
+_DTYPES = {None: torch.float32, "float32": torch.float32, "float16": torch.float16,
+           "bfloat16": torch.bfloat16}
+
+
+def refuse(script: str, table: Mapping[str, Flag], args: Any, data_config: Mapping[str, Any],
+           train: bool) -> None:
+    """One ``ConfigError`` naming every refused flag of ``table`` the script would apply."""
+    named = [f"{row.flag} ({row.meaning})" for row in table.values()
+             if row.verdict is Verdict.REFUSED and row.applies(args, data_config, train)]
+    if named:
+        raise ConfigError(f"{script} flags the tilefeed Loader does not apply: {'; '.join(named)}")
+
+
+def timm_options(args: Any, data_config: Mapping[str, Any], *, train: bool) -> dict[str, Any]:
+    """Loader keyword arguments (all but the store) for timm's ``train.py``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The script's parsed arguments (after its own setup: ``args.device``, ``args.distributed``).
+    data_config : mapping
+        ``timm.data.resolve_data_config``'s output for the model (input size, interpolation, mean
+        and std in 0..1 units, crop_pct, crop_mode).
+    train : bool
+        The training loader (``create_loader(is_training=True)``) or the evaluation one.
+
+    Returns
+    -------
+    dict
+        ``Loader(store, **options)``'s options.
+
+    Raises
+    ------
+    ConfigError
+        Naming, in one line, each refused flag (``TIMM_FLAGS``) the script would apply.
+    """
+    refuse("timm train.py", TIMM_FLAGS, args, data_config, train)
+    model_dtype = getattr(args, "model_dtype", None)
+    if model_dtype not in _DTYPES:
+        raise ConfigError(f"timm train.py --model-dtype {model_dtype}: the Loader outputs "
+                          "float32, float16 or bfloat16 images")
+    batch = args.batch_size if train else (getattr(args, "validation_batch_size", None) or args.batch_size)
+    options: dict[str, Any] = {
+        "batch_size": int(batch), "shuffle": train, "drop_last": train, "train": train,
+        "seed": int(getattr(args, "seed", 0)), "size": int(data_config["input_size"][-1]),
+        "mean": tuple(data_config["mean"]), "std": tuple(data_config["std"]),
+        "num_workers": max(1, int(args.workers)), "pin_memory": bool(getattr(args, "pin_mem", False)),
+        "dtype": _DTYPES[model_dtype], "device": getattr(args, "device", None),
+        "layout": "channels_last" if getattr(args, "channels_last", False) else "NCHW",
+    }
+    if train:
+        options["scale"] = tuple(getattr(args, "scale", None) or (0.08, 1.0))
+        options["ratio"] = tuple(getattr(args, "ratio", None) or (3 / 4, 4 / 3))
+    else:
+        options["crop_pct"] = float(data_config["crop_pct"])
+    return options
+
+
+def _tv(test: Callable[[Any], bool], train_only: bool = True) -> Active:
+    """Active when ``test`` holds, on the training loader only unless ``train_only`` is False."""
+    return lambda args, config, train: (train or not train_only) and test(args)
+
+
+# torchvision references/classification/train.py: every flag that reaches its datasets' presets
+# (presets.ClassificationPresetTrain/Eval), its samplers, its collate function and DataLoaders
+TORCHVISION_FLAGS: dict[str, Flag] = {
+    "batch_size": Flag("-b/--batch-size", H, "batch size per rank (training and evaluation): batch_size"),
+    "workers": Flag("-j/--workers", H, "loader workers: num_workers (DALI's threads)"),
+    "train_crop_size": Flag("--train-crop-size", H, "RandomResizedCrop's size: size of training"),
+    "val_crop_size": Flag("--val-crop-size", H, "CenterCrop's size: size of evaluation"),
+    "val_resize_size": Flag("--val-resize-size", H, "Resize before the centre crop: crop_pct = crop / resize"),
+    "interpolation": Flag("--interpolation", R, "resizes other than bilinear",
+                          _tv(lambda a: getattr(a, "interpolation", "bilinear") != "bilinear",
+                              train_only=False)),
+    "auto_augment": Flag("--auto-augment/--ra-magnitude/--augmix-severity", R,
+                         "AutoAugment, RandAugment, TrivialAugmentWide, AugMix",
+                         _tv(lambda a: bool(getattr(a, "auto_augment", None)))),
+    "random_erase": Flag("--random-erase", R, "random erasing",
+                         _tv(lambda a: float(getattr(a, "random_erase", 0.0)) > 0)),
+    "mixup_alpha": Flag("--mixup-alpha/--cutmix-alpha", R, "mixup and cutmix in the collate function",
+                        _tv(lambda a: float(getattr(a, "mixup_alpha", 0.0)) > 0
+                            or float(getattr(a, "cutmix_alpha", 0.0)) > 0)),
+    "ra_sampler": Flag("--ra-sampler/--ra-reps", R, "repeated-augmentation sampler",
+                       _tv(lambda a: bool(getattr(a, "ra_sampler", False)))),
+    "weights": Flag("--weights (with --test-only)", R, "evaluation preprocessing from the weights' transforms",
+                    lambda a, c, t: not t and bool(getattr(a, "weights", None))
+                    and bool(getattr(a, "test_only", False))),
+    "device": Flag("--device", H, "the device batches land on: device"),
+    "backend": Flag("--backend", H, "no effect: tiles are decoded by the Loader (PIL or tensor alike)"),
+    "use_v2": Flag("--use-v2", H, "no effect: the same transforms either way"),
+    "cache_dataset": Flag("--cache-dataset", H, "no effect on the Loader (caches the script's own datasets)"),
+    "distributed": Flag("(distributed launch)", H,
+                        "rank and world_size from torch.distributed (DistributedSampler's split)"),
+}
+
+
+def torchvision_options(args: Any, *, train: bool) -> dict[str, Any]:
+    """Loader keyword arguments (all but the store) for torchvision's classification reference.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``references/classification/train.py``'s parsed arguments.
+    train : bool
+        ``data_loader`` (``ClassificationPresetTrain``, a random sampler) or ``data_loader_test``
+        (``ClassificationPresetEval``, sequential).
+
+    Returns
+    -------
+    dict
+        ``Loader(store, **options)``'s options: mean and std are the presets' ImageNet values in
+        0..1 units, the horizontal flip the presets' 0.5, pin_memory as the script's DataLoaders.
+
+    Raises
+    ------
+    ConfigError
+        Naming, in one line, each refused flag (``TORCHVISION_FLAGS``) the script would apply.
+    """
+    refuse("torchvision train.py", TORCHVISION_FLAGS, args, {}, train)
+    options: dict[str, Any] = {
+        "batch_size": int(args.batch_size), "shuffle": train, "drop_last": False, "train": train,
+        "num_workers": max(1, int(args.workers)), "pin_memory": True, "device": getattr(args, "device", None),
+        "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),  # the presets' defaults
+    }
+    if train:
+        options["size"] = int(args.train_crop_size)
+    else:
+        crop, resize = int(args.val_crop_size), int(args.val_resize_size)
+        if not 0 < crop <= resize:
+            raise ConfigError(f"torchvision train.py --val-crop-size {crop} with --val-resize-size {resize}: "
+                              "the Loader centre-crops inside the resized picture (crop <= resize)")
+        options["size"], options["crop_pct"] = crop, crop / resize
+    return options
+
+
+def table(flags: Mapping[str, Flag]) -> list[tuple[str, str, str]]:
+    """(flag, verdict, meaning) rows of a script's table, for the docs."""
+    return [(row.flag, row.verdict.value, row.meaning) for row in flags.values()]
