@@ -1,0 +1,1 @@
+"""Training recipes on the device: what is done to a batch after the graph."""
