@@ -193,7 +193,8 @@ class BatchMix:
         object.__setattr__(self, "prob", _check_probability("prob", self.prob))
         object.__setattr__(self, "switch_prob", _check_probability("switch_prob", self.switch_prob))
         smoothing = self.label_smoothing
-        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing <= 1.0:
+        if (isinstance(smoothing, bool) or not isinstance(smoothing, (int, float))
+                or not 0.0 <= smoothing <= 1.0):
             raise ConfigError(f"label_smoothing must be in [0, 1], got {smoothing!r}")
         object.__setattr__(self, "label_smoothing", float(smoothing))
         if self.style is MixStyle.TORCHVISION:
@@ -330,7 +331,8 @@ class BatchMix:
         if layout not in ("NCHW", "NHWC", "channels_last"):
             raise ConfigError(f"layout must be 'NCHW', 'NHWC' or 'channels_last', got {layout!r}")
         if len(labels) != len(images):
-            raise ConfigError(f"labels must hold one label per image: {len(labels)} labels for {len(images)} images")
+            raise ConfigError(f"labels must hold one label per image: {len(labels)} labels for "
+                              f"{len(images)} images")
         view = images.permute(0, 3, 1, 2) if layout == "NHWC" else images
         d = self.draw(seed, epoch, batch_position, view.shape[2], view.shape[3])
         torchvision = self.style is MixStyle.TORCHVISION

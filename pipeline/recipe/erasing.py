@@ -110,7 +110,7 @@ class RandomErasing:
     p: float = 0.5
     scale: tuple[float, float] = (0.02, 0.33)
     ratio: tuple[float, float] = (0.3, 3.3)
-    value: float | tuple[float, ...] | Fill = 0.0
+    value: float | tuple[float, ...] | Fill | str = 0.0  # a str names a Fill
     count: tuple[int, int] = (1, 1)
     inplace: bool = False
     _log_ratio: tuple[float, float] = field(init=False, repr=False, compare=False)
@@ -131,7 +131,8 @@ class RandomErasing:
             try:
                 value = Fill(value)
             except ValueError:
-                raise ConfigError(f"value, if a string, should be 'random' or 'channel', got {value!r}") from None
+                raise ConfigError(f"value, if a string, should be 'random' or 'channel', "
+                                  f"got {value!r}") from None
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             value = float(value)
         elif isinstance(value, Sequence) and value and all(
@@ -166,7 +167,8 @@ class RandomErasing:
         """
         del device  # where the noise is made: always the batch's device here
         if num_splits > 1:
-            raise ConfigError(f"num_splits={num_splits} (a clean AugMix split) is not supported: erasing is per sample")
+            raise ConfigError(f"num_splits={num_splits} (a clean AugMix split) is not supported: "
+                              "erasing is per sample")
         fills: dict[str, float | Fill] = {"": 0.0, "const": 0.0, "rand": Fill.CHANNEL, "pixel": Fill.RANDOM}
         if not isinstance(mode, str) or mode.lower() not in fills:
             raise ConfigError(f"mode must be one of 'const', 'rand', 'pixel', got {mode!r}")
@@ -241,7 +243,8 @@ class RandomErasing:
             raise ConfigError(f"random erasing needs a normalised float batch, got {batch.dtype}: "
                               "use dtype float32, float16 or bfloat16")
         if batch.ndim != 4:
-            raise ConfigError(f"random erasing takes a batch of images (4 dimensions), got shape {tuple(batch.shape)}")
+            raise ConfigError("random erasing takes a batch of images (4 dimensions), "
+                              f"got shape {tuple(batch.shape)}")
         if layout not in ("NCHW", "NHWC", "channels_last"):
             raise ConfigError(f"layout must be 'NCHW', 'NHWC' or 'channels_last', got {layout!r}")
         out = batch if self.inplace else batch.clone()  # clone keeps the strides: same layout

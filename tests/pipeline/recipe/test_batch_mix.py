@@ -54,7 +54,8 @@ def positions_of_each_kind(mix: BatchMix, seed: int = 3) -> dict[str, int]:
 def test_timm_style_equals_timms_mixup_for_the_same_draw(dtype: torch.dtype, layout: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     mix = BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, prob=0.7, label_smoothing=0.1, num_classes=10)
-    reference = timm_mixup.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=0.7, label_smoothing=0.1, num_classes=10)
+    reference = timm_mixup.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=0.7, label_smoothing=0.1,
+                                 num_classes=10)
     generator = torch.Generator().manual_seed(0)
     for kind, position in positions_of_each_kind(mix).items():
         nchw = torch.randn(6, 3, SIDE, SIDE, generator=generator).to(dtype)
@@ -234,7 +235,8 @@ def test_a_draw_is_a_function_of_seed_epoch_and_position_only() -> None:
     assert len({7, batch_mix.stream_seed(7), erasing_module.stream_seed(7)}) == 3
 
 
-def epoch_batches(keys: np.ndarray, world: int, batch: int, start: int = 0) -> list[tuple[int, int, np.ndarray]]:
+def epoch_batches(keys: np.ndarray, world: int, batch: int,
+                  start: int = 0) -> list[tuple[int, int, np.ndarray]]:
     """(rank, step, keys) of each batch of ``keys`` split over ``world`` ranks, batch by batch
     in rank order, as the Loader deals them (steps counted from ``start``)."""
     out = []
@@ -273,12 +275,14 @@ def test_resume_rule_same_settings_identical_other_settings_redrawn_per_sample_k
     assert resumed.keys() == whole.keys()
     for position, (keys, erased, mixed, targets) in whole.items():
         assert np.array_equal(resumed[position][0], keys)
-        assert all(torch.equal(a, b) for a, b in zip(resumed[position][1:], (erased, mixed, targets), strict=True))
+        again = resumed[position][1:]
+        assert all(torch.equal(a, b) for a, b in zip(again, (erased, mixed, targets), strict=True))
     # resumed on world 3, batch 2: the rest is dealt anew; positions continue after the 2 * 2
     # batches handed over, each batch drawn from its own position and mixed within itself
     elastic = run(mix, erasing, images, labels, epoch_batches(order[16:], 3, 2), 3, before=2 * 2)
     assert min(elastic) == 4 and not set(elastic) & set(first)
-    erased_whole = {int(k): e for keys, erased, _, _ in whole.values() for k, e in zip(keys, erased, strict=True)}
+    erased_whole = {int(k): e for keys, erased, _, _ in whole.values()
+                    for k, e in zip(keys, erased, strict=True)}
     for position, (keys, erased, mixed, targets) in elastic.items():
         for k, e in zip(keys, erased, strict=True):  # per-sample erasing: bit-identical
             assert torch.equal(e, erased_whole[int(k)])
