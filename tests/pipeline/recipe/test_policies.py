@@ -362,14 +362,19 @@ def single_op_draws(cases: list[tuple[Op, float]], family: Family = Family.TORCH
 
 
 # (op, magnitude): mean absolute difference tolerance (grey levels) and max difference,
-# as measured on these pictures: every op exact but sharpness (torchvision rounds its blur to
+# as measured on these pictures. Geometric ops (nearest) are checked by ``tie_picks``:
+# where a source position falls exactly on a pixel boundary (shear 0.2: every fifth column) the
+# two resamplers break the tie differently (torch rounds half to even in float32, DALI floors),
+# so up to 11% of pixels take the other source pixel; every other op is exact but colour at
+# some factors (float32 against torch's float: an odd pixel floors the other way, measured
+# 0.015), sharpness (torchvision rounds its blur to
 # uint8 before blending; DALI's filter rounds once, so an odd pixel differs by 1; measured
 # 0.023) and equalize (DALI's follows OpenCV's LUT, torchvision's PIL's; measured 1.5, max 4)
 NEAREST_CASES: list[tuple[Op, float, float, int]] = [
-    (Op.SHEAR_X, 0.3, 0.0, 0), (Op.SHEAR_X, -0.99, 0.0, 0), (Op.SHEAR_Y, 0.2, 0.0, 0),
+    (Op.SHEAR_X, 0.3, 0.0, 0), (Op.SHEAR_X, -0.99, 0.0, 0), (Op.SHEAR_Y, 0.2, 0.0, 0), (Op.SHEAR_X, 0.2, 0.0, 0),
     (Op.TRANSLATE_X, 20.0, 0.0, 0), (Op.TRANSLATE_Y, -31.0, 0.0, 0), (Op.ROTATE, 30.0, 0.0, 0),
     (Op.ROTATE, -135.0, 0.0, 0), (Op.BRIGHTNESS, 0.5, 0.0, 0), (Op.BRIGHTNESS, -0.9, 0.0, 0),
-    (Op.COLOR, 0.7, 0.0, 0), (Op.COLOR, -0.99, 0.0, 0), (Op.CONTRAST, -0.5, 0.0, 0), (Op.CONTRAST, 0.9, 0.0, 0),
+    (Op.COLOR, 0.7, 0.03, 1), (Op.COLOR, -0.99, 0.03, 1), (Op.CONTRAST, -0.5, 0.0, 0), (Op.CONTRAST, 0.9, 0.0, 0),
     (Op.SHARPNESS, 0.9, 0.05, 1), (Op.SHARPNESS, -0.9, 0.05, 1), (Op.POSTERIZE, 4, 0.0, 0),
     (Op.POSTERIZE, 2, 0.0, 0), (Op.SOLARIZE, 0.5, 0.0, 0), (Op.SOLARIZE, 1.0, 0.0, 0),
     (Op.AUTO_CONTRAST, 0, 0.0, 0), (Op.EQUALIZE, 0, 2.0, 6), (Op.INVERT, 0, 0.0, 0), (Op.IDENTITY, 0, 0.0, 0),
@@ -389,6 +394,12 @@ def test_each_op_matches_torchvision_functional(two_pictures: list[np.ndarray]) 
         t = torch.from_numpy(picture.copy()).permute(2, 0, 1)
         for (op, m, tol, worst), ours in zip(NEAREST_CASES, out, strict=True):
             ref = tv_op(t, op, m, "nearest", None).permute(1, 2, 0).numpy()
+            if op in GEOMETRIC:  # nudged by 1e-4 (shear) or 1e-3 degrees: at most 0.02 pixel
+                nudge = 1e-3 if op is Op.ROTATE else 1e-4
+                refs = [tv_op(t, op, m + e, "nearest", None).permute(1, 2, 0).numpy() for e in (-nudge, nudge)]
+                differing, unexplained = tie_picks(ours, [ref, *refs])
+                assert differing <= 0.12 and unexplained <= 0.002, (op, m, differing, unexplained)
+                continue
             diff = np.abs(ours.astype(np.int16) - ref.astype(np.int16))
             assert diff.mean() <= tol and diff.max() <= worst, (op, m, diff.mean(), diff.max())
     # negative control: the magnitude is not ignored (shear 0.3 against torchvision's 0.31)
@@ -396,6 +407,16 @@ def test_each_op_matches_torchvision_functional(two_pictures: list[np.ndarray]) 
     off = tv_op(t, Op.SHEAR_X, 0.31, "nearest", None).permute(1, 2, 0).numpy()
     ours = run_dali(policy, [two_pictures[0]], single_op_draws([(Op.SHEAR_X, 0.3)]), batch=1)[0]
     assert np.abs(ours.astype(np.int16) - off).mean() > 1.0
+
+
+def tie_picks(ours: np.ndarray, refs: list[np.ndarray]) -> tuple[float, float]:
+    """Share of pixels differing from ``refs[0]``, and share equal to none of ``refs`` (the
+    reference at the magnitude nudged both ways, which breaks each tie one way or the other)."""
+    differing = np.any(ours != refs[0], axis=2)
+    explained = np.zeros_like(differing)
+    for ref in refs:
+        explained |= np.all(ours == ref, axis=2)
+    return float(differing.mean()), float((~explained).mean())
 
 
 def _all_ops(policy: AutoAugment) -> AutoAugment:
