@@ -190,8 +190,9 @@ def _researched(table: _TimmTable, posterize: str) -> _TimmTable:
                  for sub in table)
 
 
-_TIMM_TABLES = {Table.ORIGINAL: _TIMM_ORIGINAL, Table.ORIGINALR: _researched(_TIMM_ORIGINAL, "PosterizeIncreasing"),
-                Table.V0: _TIMM_V0, Table.V0R: _researched(_TIMM_V0, "PosterizeIncreasing")}
+_TIMM_TABLES = {Table.ORIGINAL: _TIMM_ORIGINAL, Table.V0: _TIMM_V0,
+                Table.ORIGINALR: _researched(_TIMM_ORIGINAL, "PosterizeIncreasing"),
+                Table.V0R: _researched(_TIMM_V0, "PosterizeIncreasing")}
 
 # timm's hparams that reach the ops; anything else is refused by name.
 _HPARAMS = frozenset({"img_mean", "translate_const", "translate_pct", "interpolation",
@@ -271,6 +272,7 @@ class AutoAugment:
             raise ConfigError(f"auto-augment prob must be in [0, 1], got {self.prob}")
         if len(self.fill) != 3 or not all(0 <= f <= 255 for f in self.fill):
             raise ConfigError(f"auto-augment fill must be three values in 0..255, got {self.fill}")
+        choices: tuple[str, ...]
         if self.policy is Policy.TRIVIAL_WIDE:
             choices = _TV_RAND_OPS
         elif self.policy is Policy.RAND:
@@ -419,7 +421,7 @@ class AutoAugment:
         keys = np.asarray(keys)
         n, slots = len(keys), self.slots
         hw = np.broadcast_to(np.asarray(size, dtype=np.float64), (n, 2)) if np.ndim(size) != 0 \
-            else np.full((n, 2), float(size))
+            else np.full((n, 2), float(np.asarray(size)))
         u = uniforms((seed ^ _POLICY_STREAM) & _MASK, epoch, keys, 1 + _PER_SLOT * max(slots, 1))
         chosen, strength, sign = self._choose(u, n)
         ops = np.zeros((n, slots), np.int32)

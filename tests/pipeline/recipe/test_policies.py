@@ -83,7 +83,7 @@ def run_dali(policy: AutoAugment, images: list[np.ndarray], draws: dict[str, np.
         x, op, param, matrix = fn.external_source(
             source=lambda: next(it), num_outputs=4, batch=True,
             dtype=[types.UINT8, types.INT32, types.FLOAT, types.FLOAT], layout=["HWC", None, None, None])
-        return apply_policy(x, dict(zip(AutoAugment.input_names(), (op, param, matrix))), policy)
+        return apply_policy(x, {"aa_op": op, "aa_param": param, "aa_matrix": matrix}, policy)
 
     p = pipe()
     p.build()
@@ -343,7 +343,8 @@ def tv_op(t: torch.Tensor, op: Op, m: float, interpolation: str, fill: list[floa
     return plain[op](t) if op in plain else t
 
 
-def single_op_draws(cases: list[tuple[Op, float]], family: Family = Family.TORCHVISION) -> dict[str, np.ndarray]:
+def single_op_draws(cases: list[tuple[Op, float]],
+                    family: Family = Family.TORCHVISION) -> dict[str, np.ndarray]:
     """Draws that apply one given op per sample at a given torchvision magnitude."""
     n = len(cases)
     d = {"aa_op": np.zeros((n, 1), np.int32), "aa_param": np.zeros((n, 1), np.float32),
@@ -371,10 +372,12 @@ def single_op_draws(cases: list[tuple[Op, float]], family: Family = Family.TORCH
 # uint8 before blending; DALI's filter rounds once, so an odd pixel differs by 1; measured
 # 0.023) and equalize (DALI's follows OpenCV's LUT, torchvision's PIL's; measured 1.5, max 4)
 NEAREST_CASES: list[tuple[Op, float, float, int]] = [
-    (Op.SHEAR_X, 0.3, 0.0, 0), (Op.SHEAR_X, -0.99, 0.0, 0), (Op.SHEAR_Y, 0.2, 0.0, 0), (Op.SHEAR_X, 0.2, 0.0, 0),
+    (Op.SHEAR_X, 0.3, 0.0, 0), (Op.SHEAR_X, -0.99, 0.0, 0), (Op.SHEAR_Y, 0.2, 0.0, 0),
+    (Op.SHEAR_X, 0.2, 0.0, 0),
     (Op.TRANSLATE_X, 20.0, 0.0, 0), (Op.TRANSLATE_Y, -31.0, 0.0, 0), (Op.ROTATE, 30.0, 0.0, 0),
     (Op.ROTATE, -135.0, 0.0, 0), (Op.BRIGHTNESS, 0.5, 0.0, 0), (Op.BRIGHTNESS, -0.9, 0.0, 0),
-    (Op.COLOR, 0.7, 0.03, 1), (Op.COLOR, -0.99, 0.03, 1), (Op.CONTRAST, -0.5, 0.0, 0), (Op.CONTRAST, 0.9, 0.0, 0),
+    (Op.COLOR, 0.7, 0.03, 1), (Op.COLOR, -0.99, 0.03, 1), (Op.CONTRAST, -0.5, 0.0, 0),
+    (Op.CONTRAST, 0.9, 0.0, 0),
     (Op.SHARPNESS, 0.9, 0.05, 1), (Op.SHARPNESS, -0.9, 0.05, 1), (Op.POSTERIZE, 4, 0.0, 0),
     (Op.POSTERIZE, 2, 0.0, 0), (Op.SOLARIZE, 0.5, 0.0, 0), (Op.SOLARIZE, 1.0, 0.0, 0),
     (Op.AUTO_CONTRAST, 0, 0.0, 0), (Op.EQUALIZE, 0, 2.0, 6), (Op.INVERT, 0, 0.0, 0), (Op.IDENTITY, 0, 0.0, 0),
@@ -470,10 +473,12 @@ def test_timm_only_ops_match_timm(two_pictures: list[np.ndarray]) -> None:
 
 def strength(outputs: list[np.ndarray], inputs: list[np.ndarray]) -> np.ndarray:
     """Per sample: mean absolute change in grey levels."""
-    return np.array([np.abs(o.astype(np.int16) - i.astype(np.int16)).mean() for o, i in zip(outputs, inputs)])
+    pairs = zip(outputs, inputs, strict=True)
+    return np.array([np.abs(o.astype(np.int16) - i.astype(np.int16)).mean() for o, i in pairs])
 
 
-def torchvision_outputs(transform: Callable[[torch.Tensor], torch.Tensor], inputs: list[np.ndarray]) -> list[np.ndarray]:
+def torchvision_outputs(transform: Callable[[torch.Tensor], torch.Tensor],
+                        inputs: list[np.ndarray]) -> list[np.ndarray]:
     torch.manual_seed(1)
     return [transform(torch.from_numpy(x.copy()).permute(2, 0, 1)).permute(1, 2, 0).numpy() for x in inputs]
 
