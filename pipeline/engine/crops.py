@@ -1,7 +1,7 @@
 """Augmentation parameters as a function of the sample: crop windows and flips, on the host.
 
 Each sample's random-resized-crop window and flip come from (seed, epoch, sample index) alone,
-through a counter-based generator (splitmix64 of a per-sample counter), so a run resumed
+through the counter-based generator of ``pipeline.planning.counters``, so a run resumed
 mid-epoch, or on another world size or batch size, sees exactly the crops an uninterrupted run
 would. The window follows torchvision's ``RandomResizedCrop.get_params``: area fraction
 uniform in ``scale``, aspect ratio log-uniform in ``ratio``, ten tries, then the centre fallback.
@@ -16,34 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tilefeed.pipeline.planning.counters import uniforms
+
 if TYPE_CHECKING:
     from tilefeed.pipeline.reading.mixed import MixedArray
     from tilefeed.pipeline.engine.augment import Augment
 
 TRIES = 10
 _DRAWS = 4 * TRIES + 1  # per try: area, aspect, top, left; then the flip
-_MASK = (1 << 64) - 1
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, vectorised over uint64 (wrapping arithmetic is the point)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def _key(seed: int, epoch: int) -> np.uint64:
-    k = np.array([(seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + 0x5851F42D4C957F2D) & _MASK],
-                 dtype=np.uint64)
-    return np.uint64(_mix(k)[0])
-
-
-def uniforms(seed: int, epoch: int, samples: np.ndarray, count: int) -> np.ndarray:
-    """(len(samples), count) floats in [0, 1): draw k of sample s depends on (seed, epoch, s, k) only."""
-    counter = samples.astype(np.uint64)[:, None] * np.uint64(count) + np.arange(count, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        bits = _mix(counter * np.uint64(0x9E3779B97F4A7C15) + _key(seed, epoch))
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ box, and gives plain one-hot mixtures (it smooths labels in the loss). A batch o
 mixed too (timm refuses one; its middle sample is paired with itself under ``flip``).
 
 The draw of a batch, whether it is mixed, mixup or cutmix, lambda from Beta(alpha, alpha) and the
-box, comes from (seed, epoch, batch position) through ``pipeline.engine.crops.uniforms`` on a
+box, comes from (seed, epoch, batch position) through ``pipeline.planning.counters.uniforms`` on a
 stream of its own (a seed derived from the Loader's seed, shared with neither the crops nor the
 erasing), Beta through two Marsaglia-Tsang gamma variates.
 
@@ -36,7 +36,6 @@ saved segments; 0 in an epoch never resumed on other settings). Hence:
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -44,16 +43,14 @@ from enum import StrEnum
 import numpy as np
 import torch
 
-from tilefeed.pipeline.engine.crops import uniforms
+from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.store.errors import ConfigError
 
 GAMMA_TRIES = 8  # Marsaglia-Tsang accepts at least 95% of tries: eight leave ~1e-10 unresolved
 _GAMMA_DRAWS = 1 + 3 * GAMMA_TRIES  # the boost below shape 1, then per try two for a normal, one to accept
 _HEAD = 6  # mixed?, cutmix?, two for the box's size or centre, two for the minmax box's corner
 DRAWS = _HEAD + 2 * _GAMMA_DRAWS
-_MASK = (1 << 64) - 1
-# the mixing stream: the Loader's seed mixed with a constant of its own (see pipeline.recipe.erasing)
-_STREAM = int.from_bytes(hashlib.blake2b(b"tilefeed.recipe.batch_mix", digest_size=8).digest(), "little")
+STREAM = "tilefeed.recipe.batch_mix"  # this operation's draw stream (planning.counters.stream_seed)
 
 
 class MixStyle(StrEnum):
@@ -62,10 +59,6 @@ class MixStyle(StrEnum):
     TIMM = "timm"
     TORCHVISION = "torchvision"
 
-
-def stream_seed(seed: int) -> int:
-    """The seed of the mixing stream for the Loader's ``seed`` (never the crops' own key)."""
-    return (seed ^ _STREAM) & _MASK
 
 
 def batch_position(step: int, rank: int, world_size: int, before: int = 0) -> int:
@@ -240,7 +233,7 @@ class BatchMix:
 
     def draw(self, seed: int, epoch: int, batch_position: int, height: int, width: int) -> MixDraw:
         """The draw of the batch at ``batch_position`` of ``epoch`` for images of ``height`` x ``width``."""
-        u = uniforms(stream_seed(seed), epoch, np.array([batch_position], dtype=np.int64), DRAWS)
+        u = uniforms(stream_seed(seed, STREAM), epoch, np.array([batch_position], dtype=np.int64), DRAWS)
         return self._draw(u[0], height, width)
 
     def _draw(self, u: np.ndarray, height: int, width: int) -> MixDraw:

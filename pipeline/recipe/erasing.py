@@ -11,7 +11,7 @@ the normalised units of the batch), standard normal noise per pixel (torchvision
 timm's ``'pixel'``), or one standard normal value per channel and box (timm's ``'rand'``).
 
 Determinism: every number of a sample's boxes comes from (seed, epoch, sample key) through
-``pipeline.engine.crops.uniforms`` on a stream of its own (a seed derived from the Loader's seed:
+``pipeline.planning.counters.uniforms`` on a stream of its own (a seed derived from the Loader's seed:
 the crop windows and flips keep their draws), and its noise from a ``torch.Generator`` on the
 batch's device seeded from the same draws. A sample erased alone, in another batch, on another
 rank or after a resume on another world size is erased exactly alike.
@@ -19,7 +19,6 @@ rank or after a resume on another world size is erased exactly alike.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,16 +27,14 @@ from enum import StrEnum
 import numpy as np
 import torch
 
-from tilefeed.pipeline.engine.crops import uniforms
+from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.store.errors import ConfigError
 
 TRIES = 10  # per box, as both torchvision and timm try
 _HEAD = 3  # per sample: the coin, the count, the noise generator's seed
 _PER_TRY = 4  # area, aspect, top, left
-_MASK = (1 << 64) - 1
+STREAM = "tilefeed.recipe.erasing"  # this operation's draw stream (planning.counters.stream_seed)
 # the erasing stream: the Loader's seed mixed with a constant of its own, so its draws share
-# nothing with the crop windows' (same seed, epoch and sample key, another generator key)
-_STREAM = int.from_bytes(hashlib.blake2b(b"tilefeed.recipe.erasing", digest_size=8).digest(), "little")
 
 
 class Fill(StrEnum):
@@ -51,10 +48,6 @@ class Fill(StrEnum):
     RANDOM = "random"
     CHANNEL = "channel"
 
-
-def stream_seed(seed: int) -> int:
-    """The seed of the erasing stream for the Loader's ``seed`` (never the crops' own key)."""
-    return (seed ^ _STREAM) & _MASK
 
 
 @dataclass(frozen=True)
@@ -191,7 +184,7 @@ class RandomErasing:
         """
         keys = np.asarray(keys.cpu() if isinstance(keys, torch.Tensor) else keys, dtype=np.int64).reshape(-1)
         n, most = len(keys), self.count[1]
-        u = uniforms(stream_seed(seed), epoch, keys, self.draws)
+        u = uniforms(stream_seed(seed, STREAM), epoch, keys, self.draws)
         erased = u[:, 0] < self.p
         low = self.count[0]
         count = low + np.minimum(np.floor(u[:, 1] * (most - low + 1)), most - low).astype(np.int64)

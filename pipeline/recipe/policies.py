@@ -28,12 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from tilefeed.pipeline.engine.crops import uniforms
+from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.store.errors import ConfigError
 
 # Mixed into the seed so the policy's draws never share a counter with the crops' draws.
-_POLICY_STREAM = 0xA0761D6478BD642F
-_MASK = (1 << 64) - 1
+STREAM = "tilefeed.recipe.policies"  # the policies' draw stream (planning.counters.stream_seed)
 # Uniforms per op slot: op choice, probability, magnitude bin or noise (two for Box-Muller), sign.
 _PER_SLOT = 5
 _LEVEL_DENOM = 10.0  # timm's magnitude scale: level / 10 is the fraction of the op's range
@@ -422,7 +421,7 @@ class AutoAugment:
         n, slots = len(keys), self.slots
         hw = np.broadcast_to(np.asarray(size, dtype=np.float64), (n, 2)) if np.ndim(size) != 0 \
             else np.full((n, 2), float(np.asarray(size)))
-        u = uniforms((seed ^ _POLICY_STREAM) & _MASK, epoch, keys, 1 + _PER_SLOT * max(slots, 1))
+        u = uniforms(stream_seed(seed, STREAM), epoch, keys, 1 + _PER_SLOT * max(slots, 1))
         chosen, strength, sign = self._choose(u, n)
         ops = np.zeros((n, slots), np.int32)
         params = np.zeros((n, slots), np.float32)

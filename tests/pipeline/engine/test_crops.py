@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tilefeed.bench.peers.baseline import torchvision_get_params
-from tilefeed.pipeline.engine.crops import random_resized_crops, uniforms
+from tilefeed.pipeline.engine.crops import random_resized_crops
+from tilefeed.pipeline.planning.counters import uniforms
 from tests.helpers import RATIO, SCALE, ks
 
 

@@ -12,7 +12,7 @@ from timm.data import mixup as timm_mixup
 from torchvision.transforms import v2
 
 from tests.pipeline.recipe.two_sample import chi2_same, ks_same
-from tilefeed.pipeline.engine.crops import uniforms
+from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.pipeline.recipe import batch_mix
 from tilefeed.pipeline.recipe import erasing as erasing_module
 from tilefeed.pipeline.recipe.batch_mix import BatchMix, MixStyle, batch_position
@@ -231,8 +231,8 @@ def test_a_draw_is_a_function_of_seed_epoch_and_position_only() -> None:
     assert len(draws) > 30  # other positions and epochs, other draws
     # the mixing stream is neither the crops' nor the erasing's
     keys = np.arange(4)
-    assert not np.array_equal(uniforms(batch_mix.stream_seed(7), 1, keys, 8), uniforms(7, 1, keys, 8))
-    assert len({7, batch_mix.stream_seed(7), erasing_module.stream_seed(7)}) == 3
+    assert not np.array_equal(uniforms(stream_seed(7, batch_mix.STREAM), 1, keys, 8), uniforms(7, 1, keys, 8))
+    assert len({7, stream_seed(7, batch_mix.STREAM), stream_seed(7, erasing_module.STREAM)}) == 3
 
 
 def epoch_batches(keys: np.ndarray, world: int, batch: int,

@@ -13,8 +13,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from tests.pipeline.recipe.two_sample import chi2_same, ks_same
-from tilefeed.pipeline.engine.crops import uniforms
-from tilefeed.pipeline.recipe.erasing import Fill, RandomErasing, stream_seed
+from tilefeed.pipeline.planning.counters import stream_seed, uniforms
+from tilefeed.pipeline.recipe.erasing import STREAM, Fill, RandomErasing
 from tilefeed.store.errors import ConfigError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -183,7 +183,7 @@ def test_a_sample_is_erased_alike_in_any_batch() -> None:
     assert torch.equal(again, whole)
     assert not torch.equal(erasing.erase(batch, keys, 6, 2), whole)  # another epoch, other boxes
     # the erasing stream is not the crops': same seed, epoch and keys, other draws
-    assert not np.array_equal(uniforms(stream_seed(6), 1, keys, 8), uniforms(6, 1, keys, 8))
+    assert not np.array_equal(uniforms(stream_seed(6, STREAM), 1, keys, 8), uniforms(6, 1, keys, 8))
 
 
 @pytest.mark.parametrize(("make", "words"), [

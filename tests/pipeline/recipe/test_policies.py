@@ -24,7 +24,7 @@ from timm.data import auto_augment as timm_aa
 
 from tests.helpers import ks
 from tilefeed.bench.fixtures.generated import synthetic_image
-from tilefeed.pipeline.engine.crops import uniforms
+from tilefeed.pipeline.planning.counters import uniforms
 from tilefeed.pipeline.recipe.policies import (
     GEOMETRIC, OPS, AutoAugment, Family, Interpolation, Op, Policy, Table, _matrix, _posterize_mask,
     _TIMM_NAMES, _TV_NAMES)
