@@ -69,7 +69,7 @@ def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:
         names.append("grayscale")
     jitter = recipe.jitter
     if jitter is not None:
-        names += ["jitter", "order"]
+        names += ["jitter", "order"] if jitter.p < 1 else ["order"]
         names += [name for name, span in jitter.ranges().items() if span is not None]
     return tuple(names)
 
