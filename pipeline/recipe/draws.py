@@ -88,7 +88,7 @@ def draw(recipe: Recipe, seed: int, epoch: int, keys: np.ndarray, train: bool = 
     zeros = np.zeros(n, dtype=np.int32)
     if not train:
         code = INTERP_CODES[recipe.eval_interpolation()]
-        return Draws(None, zeros, zeros, zeros, np.tile(np.float32(NEUTRAL), (n, 1)),
+        return Draws(None, zeros, zeros, zeros, np.tile(np.asarray(NEUTRAL, np.float32), (n, 1)),
                      np.tile(np.arange(4, dtype=np.int32), (n, 1)), np.full(n, code, np.int32))
     u = uniforms(seed ^ STREAM, epoch, np.asarray(keys), DRAWS)
     hflip = None if recipe.hflip == 0.5 else (u[:, HFLIP] < recipe.hflip).astype(np.int32)

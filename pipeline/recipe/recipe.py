@@ -69,7 +69,7 @@ def _jitter_range(name: str, value: Any, center: float, bound: Range, clip_first
 
 
 def _probability(name: str, value: Any) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= float(value) <= 1:
         raise ConfigError(f"{name} must be a probability in [0, 1], got {value!r}")
     return float(value)
 

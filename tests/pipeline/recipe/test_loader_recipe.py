@@ -16,7 +16,8 @@ from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
 from tilefeed.store.errors import ConfigError
 from tests.pipeline.recipe.helpers import torchvision_direct
 
-RECIPE = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2, color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8))
+RECIPE = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2,
+                color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8))
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1, train=True, seed=3)
 
 

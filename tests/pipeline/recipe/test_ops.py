@@ -109,8 +109,10 @@ def test_each_adjustment_is_distributed_as_torchvisions_and_a_wrong_magnitude_is
     images = [tiles()[k % 48] for k in range(n)]
     ref = _torchvision(v2.ColorJitter(**{name: value}), images)
     reference = np.array([stat(o, s) for o, s in zip(ref, images, strict=True)])
-    same = np.array([stat(o, s) for o, s in zip(_ours(ColorJitter(**{name: value}), images), images, strict=True)])
-    other = np.array([stat(o, s) for o, s in zip(_ours(ColorJitter(**{name: wrong}), images), images, strict=True)])
+    same = np.array([stat(o, s) for o, s in
+                     zip(_ours(ColorJitter(**{name: value}), images), images, strict=True)])
+    other = np.array([stat(o, s) for o, s in
+                      zip(_ours(ColorJitter(**{name: wrong}), images), images, strict=True)])
     assert ks(same, reference) < ks_critical(n, n, 0.01), ks(same, reference)
     assert ks(other, reference) > ks_critical(n, n, 0.001), ks(other, reference)
 

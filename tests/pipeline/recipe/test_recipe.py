@@ -84,7 +84,8 @@ def test_the_default_recipe_keeps_todays_crops_and_flips_bit_for_bit() -> None:
 
 
 def test_draws_are_a_function_of_seed_epoch_and_key_and_their_shares_are_the_probabilities() -> None:
-    recipe = Recipe("random", hflip=0.3, vflip=0.1, grayscale=0.2, color_jitter=ColorJitter(0.4, hue=0.1, p=0.8))
+    recipe = Recipe("random", hflip=0.3, vflip=0.1, grayscale=0.2,
+                    color_jitter=ColorJitter(0.4, hue=0.1, p=0.8))
     keys = np.arange(20000)
     d = draw(recipe, 5, 2, keys)
     again = draw(recipe, 5, 2, keys[::-1])
@@ -120,7 +121,7 @@ def test_dalis_resize_with_each_filter_is_pils_on_the_same_window(interpolation:
     code = INTERP_CODES[Interpolation(interpolation)]
     for side in (24, 100):
         @pipeline_def(batch_size=8, num_threads=1, device_id=None)
-        def pipe() -> object:
+        def pipe(side: int = side) -> object:
             src = fn.external_source(source=lambda: images, batch=True, layout="HWC")
             interp = fn.external_source(source=lambda: np.full(8, code, np.int32), batch=True)
             return fn.resize(src, size=[float(side)] * 2, roi_start=[5.0, 7.0], roi_end=[55.0, 50.0],
