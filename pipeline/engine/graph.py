@@ -44,7 +44,8 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
             layout=[None if jpeg else "HWC", None, None, *[None] * len(names)],
             no_copy=not source.dali_copies,
         )
-        inputs = dict(zip(names, extras, strict=False))  # as many as num_outputs: one per name
+        # by position: as many as num_outputs (AutoGraph, with conditionals on, has no zip(strict=))
+        inputs = {name: extras[k] for k, name in enumerate(names)}
         if not source.host_resize:  # else the pixels arrive cut and resized to the epoch's size
             raw = _decode_and_resize(raw, inputs, augment, gpu=gpu, jpeg=jpeg)
         if recipe is not None:  # on the uint8 pixels at the output size, before normalising

@@ -51,7 +51,7 @@ def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int
         raw, *extras = fn.external_source(source=lambda: next(it), num_outputs=1 + len(names), batch=True,
                                           layout=["HWC", *[None] * len(names)],
                                           dtype=[types.UINT8, *(kinds.get(k, types.FLOAT) for k in names)])
-        return ops.apply(raw, dict(zip(names, extras, strict=False)), recipe)
+        return ops.apply(raw, {name: extras[k] for k, name in enumerate(names)}, recipe)
 
     p = pipe()
     p.build()
