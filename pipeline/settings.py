@@ -25,6 +25,7 @@ from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.planning.sizes import Schedule, check_size
+from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.stats import Advice
 from tilefeed.store.errors import ConfigError, DaliMissingError
 from tilefeed.store.host import usable_cores
@@ -223,6 +224,7 @@ class LoaderSettings:
     fast_idct: bool
     scaled_decode: bool
     stats: bool
+    recipe: Recipe | None = None
 
     @classmethod
     def check(
@@ -235,7 +237,7 @@ class LoaderSettings:
         mean: tuple[float, float, float], std: tuple[float, float, float], shuffle_window: int,
         storage_options: dict[str, Any] | None, cache_dir: str | Path | None,
         cache_limit: int | None, fast_idct: bool, scaled_decode: bool, stats: bool,
-        **dataloader_options: Any,
+        recipe: Recipe | None = None, **dataloader_options: Any,
     ) -> LoaderSettings:
         """The Loader's keyword arguments (its signature holds the defaults), checked one after
         another: the first bad one is the one named. Strings become enum members here, once."""
@@ -267,13 +269,15 @@ class LoaderSettings:
         limit = None if cache_limit is None else check_int("cache_limit", cache_limit, 1)
         schedule, subset = _schedule(size), _indices(indices)
         mean, std = pixel_units(mean, std)  # kept in 0..255 units, whichever were given
+        if recipe is not None and not isinstance(recipe, Recipe):
+            raise ConfigError(f"recipe must be a tilefeed Recipe or None, got {type(recipe).__name__}")
         return cls(
             batch_size, order, check_int("seed", seed, 0), bool(drop_last), rank, world_size,
             chosen, bool(train), schedule, float(crop_pct), dtype, arrangement, with_index, threads,
             depth, pin_memory, persistent_workers, subset, ledger,
             tuple(scale), tuple(ratio), mean, std,  # type: ignore[arg-type]
             shuffle_window, storage_options, cache_dir, limit, bool(fast_idct), bool(scaled_decode),
-            bool(stats))
+            bool(stats), recipe)
 
     def subset(self, samples: int) -> np.ndarray | None:
         """``indices`` checked against a store of ``samples`` samples, in store order."""
@@ -287,7 +291,7 @@ class LoaderSettings:
             half=self.dtype == torch.float16, channels_first=self.layout is Layout.NCHW,
             crop_pct=self.crop_pct, scale=self.scale, ratio=self.ratio, mean=self.mean,
             std=self.std, windows=self.train or padded, fast_idct=self.fast_idct,
-            scaled_decode=self.scaled_decode)
+            scaled_decode=self.scaled_decode, recipe=self.recipe)
 
     def open_store(self, store: str | Path | StoreReader) -> StoreReader:
         """``store`` opened (a ``StoreReader`` given is taken as it is), set to stream in the

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.recipe.recipe import Recipe
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -20,6 +24,8 @@ class Augment:
     the host (``pipeline.engine.crops``, inside each tile's picture box); the graph cuts, resizes,
     flips and normalises. Evaluation of a store whose tiles are whole pictures uses fixed ops
     instead: torchvision's framing (resize to ``size / crop_pct``, centre-crop ``size``).
+    A ``recipe`` (``pipeline.recipe``) adds per-sample inputs: the resize filter, and when
+    training the flips and pixel operations, applied to the uint8 pixels after the resize.
     """
 
     train: bool
@@ -35,6 +41,7 @@ class Augment:
     windows: bool = False  # per-sample crop windows (training, or tiles with padding)
     fast_idct: bool = False  # JPEG tiles on the CPU: libjpeg-turbo's fast integer IDCT
     scaled_decode: bool = True  # JPEG tiles on the CPU: decoded at 1/2, 1/4 or 1/8 where that suffices
+    recipe: Recipe | None = None  # filter, flips and pixel operations (None: bilinear, hflip 0.5, no more)
 
     def resize_to(self, size: int) -> int:
         """Evaluation: the side the tile is resized to before the centre crop to ``size``."""

@@ -31,6 +31,12 @@ Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indice
 Extras = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
 
 
+# the per-sample extras a host resize uses itself (the window, the output side, the filter) and
+# does not pass on to the graph
+HOST_CUT = ("start", "end", "size", "interp")
+# DALI's interp codes (``recipe.INTERP_CODES``) as PIL's filters: torchvision's PIL path
+PIL_FILTERS = {0: 0, 1: 2, 2: 3, 3: 1}  # NEAREST, BILINEAR, BICUBIC, LANCZOS in PIL's numbering
+
 # JPEG scales libjpeg-turbo decodes in the DCT domain, skipping most of the IDCT's work
 DCT_SCALES = (8, 4, 2)
 
@@ -94,15 +100,19 @@ class BatchSource:
     ``host_resize``: tiles are cut to their crop windows (the first two extras) and resized to
     their epoch's size here, with pillow-simd, rather than in the graph; the ring's slots then
     hold a batch at the largest size asked so far (``reserve`` sizes them up front), so sizes
-    that change between epochs reuse them. Either way the threads here decode JPEG tiles too
+    that change between epochs reuse them; ``names`` say which extra is which (the window's
+    ``start`` and ``end``, a recipe's per-sample filter ``interp``, else bilinear): those and the
+    ``size`` stay here, the rest go on to the graph. Either way the threads here decode JPEG tiles too
     (``decodes``; ``fast_idct``: see ``codec.decode_jpeg``; ``scaled_decode``: see
     ``decode_scale``).
     """
 
     def __init__(self, reader: AnyReader, batch_size: int, threads: int, ahead: int,
                  dali_depth: int, handed_out: bool = False, host_resize: bool = False,
-                 fast_idct: bool = False, scaled_decode: bool = True) -> None:
+                 fast_idct: bool = False, scaled_decode: bool = True,
+                 names: tuple[str, ...] = ("start", "end", "flip", "size")) -> None:
         self.reader = reader
+        self.names = names
         self.fast_idct = fast_idct
         self.scaled_decode = scaled_decode
         self.reserve = 0  # the side ring slots are made for at least (the schedule's largest)
@@ -285,8 +295,11 @@ class BatchSource:
                     timing.read += time.perf_counter() - began - timing.download
                     timing.nbytes += sum(len(p) for p in images)
             elif self.host_resize:
-                self._cut_and_resize(indices, extras[0], extras[1], images, timing)
-                extras = extras[2:]  # the flips: the graph has no window left to cut
+                named = dict(zip(self.names, extras, strict=True))
+                self._cut_and_resize(indices, named["start"], named["end"], images, timing,
+                                     named.get("interp"))
+                # the flips and pixel operations' inputs: the graph has no window left to cut
+                extras = tuple(v for n, v in named.items() if n not in HOST_CUT)
             else:
                 reader.read_batch_into(indices.tolist(), images, self.fast_idct)
                 if timing is not None:  # one pass reads, checks and decodes each tile
@@ -295,10 +308,12 @@ class BatchSource:
         return (images, labels, indices, *extras)
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,
-                        out: np.ndarray, timing: Timing | None = None) -> None:
+                        out: np.ndarray, timing: Timing | None = None,
+                        interp: np.ndarray | None = None) -> None:
         """Each tile's window (start, end: [y, x] in tile pixels) resized into ``out[k]``:
-        bilinear, antialiased when shrinking, as torchvision's PIL path does (several times as
-        fast as DALI's CPU resize: ``tilefeed bench parts``). A JPEG tile is decoded at the
+        bilinear (else each sample's filter in ``interp``, DALI's codes), antialiased when
+        shrinking, as torchvision's PIL path does (several times as fast as DALI's CPU resize:
+        ``tilefeed bench parts``). A JPEG tile is decoded at the
         smallest DCT scale its window allows (``decode_scale``), the window scaled with it."""
         from PIL import Image
 
@@ -315,6 +330,8 @@ class BatchSource:
         payloads = reader.payloads(indices.tolist())
         t1 = clock()
         decoding = resizing = 0.0
+        filters = ([Image.Resampling(PIL_FILTERS[int(c)]) for c in interp] if interp is not None
+                   else [Image.Resampling.BILINEAR] * len(indices))
         for k, payload in enumerate(payloads):
             (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
             factor = decode_scale(y1 - y0, x1 - x0, side, height, width) if len(tiles) > 1 else 1
@@ -328,7 +345,7 @@ class BatchSource:
             t2 = clock()
             picture = Image.frombuffer(mode, (tile.shape[1], tile.shape[0]), tile, "raw", mode, 0, 1)
             sy, sx = tile.shape[0] / height, tile.shape[1] / width  # the window, in decoded pixels
-            resized = picture.resize((side, side), Image.Resampling.BILINEAR,
+            resized = picture.resize((side, side), filters[k],
                                      box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
             out[k] = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(out.shape[1:])
             t3 = clock()

@@ -7,15 +7,18 @@ from typing import Any
 from nvidia.dali import fn, pipeline_def, types
 
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.batch_source import BatchSource
+from tilefeed.pipeline.engine.batch_source import HOST_CUT, BatchSource
+from tilefeed.pipeline.recipe import ops
+from tilefeed.pipeline.recipe.draws import sent_names
 
 
 def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
     """The per-sample inputs after the pixels, labels and indices, in the order the batch source
-    sends them (``crops.graph_inputs``, less the windows the source cut itself)."""
-    if not augment.windows:
-        return ("resize", "crop")  # evaluation framing of whole tiles: sizes only
-    return ("flip",) if host_resize else ("start", "end", "flip", "size")
+    sends them (``draws.graph_inputs``, less what the source used itself to cut and resize)."""
+    names = sent_names(augment)
+    if host_resize and augment.windows:
+        return tuple(n for n in names if n not in HOST_CUT)
+    return names
 
 
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
@@ -24,10 +27,16 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
     gpu = device_id is not None
     names = input_names(augment, source.host_resize)
     kinds = {"start": types.FLOAT, "end": types.FLOAT, "flip": types.INT32, "size": types.FLOAT,
-             "resize": types.FLOAT, "crop": types.FLOAT}
+             "resize": types.FLOAT, "crop": types.FLOAT, "interp": types.INT32, "vflip": types.INT32,
+             "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
+             "brightness": types.FLOAT, "contrast": types.FLOAT, "saturation": types.FLOAT,
+             "hue": types.FLOAT}
+    recipe = augment.recipe if augment.train else None  # evaluation: the filter alone
 
+    # no DALI randomness: crops and every recipe parameter come from the host; conditionals
+    # only where colour jitter picks each sample's order of adjustments
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
-                  prefetch_queue_depth=prefetch)  # no DALI randomness: crops come from the host
+                  prefetch_queue_depth=prefetch, enable_conditionals=ops.conditional(recipe, augment.train))
     def tiles() -> Any:
         raw, labels, indices, *extras = fn.external_source(
             source=source, num_outputs=3 + len(names), batch=True,
@@ -35,9 +44,12 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
             layout=[None if jpeg else "HWC", None, None, *[None] * len(names)],
             no_copy=not source.dali_copies,
         )
-        inputs = dict(zip(names, extras, strict=True))
+        # by position: as many as num_outputs (AutoGraph, with conditionals on, has no zip(strict=))
+        inputs = {name: extras[k] for k, name in enumerate(names)}
         if not source.host_resize:  # else the pixels arrive cut and resized to the epoch's size
             raw = _decode_and_resize(raw, inputs, augment, gpu=gpu, jpeg=jpeg)
+        if recipe is not None:  # on the uint8 pixels at the output size, before normalising
+            raw = ops.apply(raw, inputs, recipe)
         images = _finish(raw, inputs, augment)
         if gpu:
             labels, indices = labels.gpu(), indices.gpu()
@@ -64,6 +76,9 @@ def _finish(images: Any, inputs: dict[str, Any], a: Augment) -> Any:
 
 
 def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
+    # a recipe's filter per sample (DALI's interp codes, sent as int32); else DALI's default, linear
+    filters = ({"interp_type": fn.reinterpret(inputs["interp"], dtype=types.INTERP_TYPE)}
+               if "interp" in inputs else {})
     if a.windows:
         start, end, size = inputs["start"], inputs["end"], inputs["size"]
         if jpeg:  # decode only the window (nvJPEG when there is a GPU)
@@ -71,14 +86,14 @@ def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: boo
                 raw, start, end - start, axis_names="HW", normalized_anchor=False,
                 normalized_shape=False, device="mixed" if gpu else "cpu", output_type=types.RGB,
                 use_fast_idct=a.fast_idct)
-            return fn.resize(images, size=size, antialias=True)
+            return fn.resize(images, size=size, antialias=True, **filters)
         images = raw.gpu() if gpu else raw  # lossless tiles: one host-to-device copy per batch
         return fn.resize(images, size=size, roi_start=start, roi_end=end, roi_relative=False,
-                         antialias=True)
+                         antialias=True, **filters)
     if jpeg:
         images = fn.decoders.image(raw, device="mixed" if gpu else "cpu", output_type=types.RGB,
                                    use_fast_idct=a.fast_idct)
     else:
         images = raw.gpu() if gpu else raw
     # at the tile's own size this is the identity, pixel for pixel (so is the centre crop)
-    return fn.resize(images, size=inputs["resize"], antialias=True)
+    return fn.resize(images, size=inputs["resize"], antialias=True, **filters)

@@ -22,7 +22,9 @@ import torch
 from tilefeed.pipeline.engine import graph_pool as pool
 from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, EpochSampler, absent, dataset_of
-from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
+from tilefeed.pipeline.engine.crops import window_inputs
+from tilefeed.pipeline.recipe.draws import draw, graph_inputs
+from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
@@ -163,6 +165,12 @@ class Loader:
         decode less (``tilefeed bench loader --sizes``). False always decodes at full size.
     stats : bool, default True
         Time each stage of every batch for ``stats()`` (``tilefeed bench stats``); False: no clocks.
+    recipe : Recipe, optional
+        A training recipe (``pipeline.recipe.Recipe``): the resize filter, horizontal and vertical
+        flip probabilities, random grayscale and colour jitter, with torchvision v2's and timm's
+        meanings, each drawn per sample from the seed as the crops are. Evaluation takes only
+        its filter. Default: bilinear, horizontal flip at 0.5, nothing else (the crops and flips
+        are then those of a recipe ``Recipe()`` too). Part of the resume state's identity.
     """
 
     batch_size: Setting[int] = Setting()
@@ -180,6 +188,7 @@ class Loader:
     shuffle_window: Setting[int] = Setting()
     pin_memory: Setting[bool] = Setting()
     persistent_workers: Setting[bool] = Setting()
+    recipe: Setting[Recipe | None] = Setting()
 
     def __init__(  # one keyword a line: DataLoader's options, then tilefeed's
         self,
@@ -217,6 +226,7 @@ class Loader:
         fast_idct: bool = False,
         scaled_decode: bool = True,
         stats: bool = True,
+        recipe: Recipe | None = None,
         **dataloader_options: Any,
     ) -> None:
         require_dali()
@@ -229,7 +239,7 @@ class Loader:
             ledger=ledger, scale=scale, ratio=ratio, mean=mean, std=std,
             shuffle_window=shuffle_window, storage_options=storage_options, cache_dir=cache_dir,
             cache_limit=cache_limit, fast_idct=fast_idct, scaled_decode=scaled_decode, stats=stats,
-            **dataloader_options)
+            recipe=recipe, **dataloader_options)
         self._owns_reader = not isinstance(store, StoreReader)
         self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
         self.reader = self.mixture.reader if self.mixture else s.open_store(store)  # type: ignore[arg-type]
@@ -379,8 +389,13 @@ class Loader:
         Of a ``Mix``, crops are drawn from positions: ``samples`` are those (``epoch_positions``)."""
         keys = None if self.mixture is None else np.asarray(samples, dtype=np.int64)
         located = samples if self.mixture is None else self.mixture.locate(epoch, samples)
-        return window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located, self.size_of(epoch),
-                             keys)
+        start, end, flip = window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located,
+                                         self.size_of(epoch), keys)
+        recipe = self.augment.recipe
+        if recipe is not None and self.augment.train:  # a flip probability other than 0.5 draws its own
+            drawn = draw(recipe, self.seed, epoch, located if keys is None else keys)
+            flip = flip if drawn.hflip is None else drawn.hflip
+        return start, end, flip
 
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is

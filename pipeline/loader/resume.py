@@ -43,7 +43,10 @@ def identity(settings: LoaderSettings, samples: int, subset: np.ndarray | None,
     # .value: a plain str, which torch.save and JSON store as they did before Shuffle
     return {"seed": settings.seed, "shuffle": settings.shuffle.value, "samples": samples, "subset": digest,
             "window": settings.shuffle_window if settings.shuffle is Shuffle.SHARD else None,
-            "mixture": None if mixture is None else mixture.identity()}
+            "mixture": None if mixture is None else mixture.identity(),
+            # the recipe decides each sample's pixels as the seed does its crop: a resume under
+            # another would deliver other samples than the run it continues
+            "recipe": None if settings.recipe is None else settings.recipe.identity()}
 
 
 def saved(settings: LoaderSettings, mine: dict[str, Any], epoch: int, segments: list[Segment],
@@ -80,7 +83,7 @@ def load(state: dict[str, Any], mine: dict[str, Any]) -> Loaded:
         if state.get(key) != value:
             raise ConfigError(
                 f"state_dict was saved with {key}={state.get(key)!r}, this Loader has {value!r}; "
-                "resume with the same store (or mixture), seed, shuffle and indices (world size and "
+                "resume with the same store (or mixture), seed, shuffle, indices and recipe (world size and "
                 "batch size may differ)")
     segments = [_segment(s) for s in state.get("segments", [])]
     size = check_size(state.get("size"), "state_dict size")

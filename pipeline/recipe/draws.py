@@ -1,0 +1,130 @@
+"""A recipe's per-sample parameters, drawn on the host from (seed, epoch, sample key) alone.
+
+They come from ``pipeline.engine.crops.uniforms`` on a stream of their own (the seed mixed with a
+constant), so the crop windows and horizontal flips the Loader drew before recipes existed are
+untouched: ``hflip=0.5`` keeps the window's own flip, any other probability draws it here. Each
+parameter has a fixed slot among a sample's draws, whichever options are on, so turning one
+option on or off leaves the draws of the others as they were. A resumed epoch, another world
+size or another batch size sees exactly the parameters an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tilefeed.pipeline.engine import crops
+from tilefeed.pipeline.engine.crops import uniforms
+from tilefeed.pipeline.recipe.recipe import (INTERP_CODES, JITTER_ADJUSTMENTS, RANDOM_CHOICES, Interpolation,
+                                             Recipe)
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.engine.augment import Augment
+    from tilefeed.pipeline.reading.mixed import MixedArray
+
+STREAM = 0x5EC1_9E5D_A7A0_0001  # xor-ed into the seed: the recipe's stream, apart from the crops'
+# a sample's draws, by slot: a new parameter takes a spare slot, never another's
+HFLIP, VFLIP, GRAYSCALE, JITTER, FACTORS, ORDER, INTERP = 0, 1, 2, 3, 4, 8, 12
+DRAWS = 16  # slots 13..15 spare
+NEUTRAL = (1.0, 1.0, 1.0, 0.0)  # brightness, contrast, saturation, hue factors that change nothing
+
+
+@dataclass(frozen=True)
+class Draws:
+    """Per sample, as numpy arrays of length n (int32 bits are 1 = apply).
+
+    ``hflip`` is None where the recipe keeps the crop window's own flip (``hflip=0.5``).
+    ``factors``: (n, 4) float32 brightness, contrast, saturation and hue factors (neutral for an
+    adjustment left out); ``order``: (n, 4) int32, the adjustments in the order they are applied
+    (torchvision's ``randperm(4)``); ``interp``: DALI's filter code of each sample's resize.
+    """
+
+    hflip: np.ndarray | None
+    vflip: np.ndarray
+    grayscale: np.ndarray
+    jitter: np.ndarray
+    factors: np.ndarray
+    order: np.ndarray
+    interp: np.ndarray
+
+    def inputs(self, recipe: Recipe, train: bool) -> tuple[np.ndarray, ...]:
+        """The graph's per-sample inputs for ``recipe``, in the order ``input_names`` names them."""
+        named = {"interp": self.interp, "vflip": self.vflip, "grayscale": self.grayscale,
+                 "jitter": self.jitter, "order": self.order,
+                 **{name: self.factors[:, k] for k, name in enumerate(JITTER_ADJUSTMENTS)}}
+        return tuple(np.ascontiguousarray(named[name]) for name in input_names(recipe, train))
+
+
+def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:
+    """The recipe's per-sample graph inputs: the resize filter, then (training) each pixel
+    operation's parameters, only for the operations the recipe can apply."""
+    if not train:
+        return ("interp",)
+    names = ["interp"]
+    if recipe.vflip > 0:
+        names.append("vflip")
+    if recipe.grayscale > 0:
+        names.append("grayscale")
+    jitter = recipe.jitter
+    if jitter is not None:
+        names += ["jitter", "order"] if jitter.p < 1 else ["order"]
+        names += [name for name, span in jitter.ranges().items() if span is not None]
+    return tuple(names)
+
+
+def sent_names(a: Augment) -> tuple[str, ...]:
+    """Names of what ``graph_inputs`` returns for ``a``, in order: the windows' or evaluation
+    framing's inputs (``crops.graph_inputs``), then the recipe's (``input_names``)."""
+    base = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
+    return base if a.recipe is None else base + input_names(a.recipe, a.train)
+
+
+def draw(recipe: Recipe, seed: int, epoch: int, keys: np.ndarray, train: bool = True) -> Draws:
+    """``recipe``'s parameters for the samples of ``keys`` in ``epoch``; in evaluation only the
+    filter (``Recipe.eval_interpolation``) and nothing applied."""
+    n = len(keys)
+    zeros = np.zeros(n, dtype=np.int32)
+    if not train:
+        code = INTERP_CODES[recipe.eval_interpolation()]
+        return Draws(None, zeros, zeros, zeros, np.tile(np.asarray(NEUTRAL, np.float32), (n, 1)),
+                     np.tile(np.arange(4, dtype=np.int32), (n, 1)), np.full(n, code, np.int32))
+    u = uniforms(seed ^ STREAM, epoch, np.asarray(keys), DRAWS)
+    hflip = None if recipe.hflip == 0.5 else (u[:, HFLIP] < recipe.hflip).astype(np.int32)
+    factors = np.tile(np.asarray(NEUTRAL, dtype=np.float64), (n, 1))
+    jitter = recipe.jitter
+    if jitter is not None:
+        for k, span in enumerate(jitter.ranges().values()):
+            if span is not None:  # torch's uniform_(low, high): low + (high - low) * u
+                factors[:, k] = span[0] + (span[1] - span[0]) * u[:, FACTORS + k]
+    if recipe.interpolation is Interpolation.RANDOM:
+        choice = np.minimum((u[:, INTERP] * len(RANDOM_CHOICES)).astype(np.int64), len(RANDOM_CHOICES) - 1)
+        interp = np.array([INTERP_CODES[i] for i in RANDOM_CHOICES], np.int32)[choice]
+    else:
+        interp = np.full(n, INTERP_CODES[recipe.interpolation], np.int32)
+    return Draws(
+        hflip=hflip,
+        vflip=(u[:, VFLIP] < recipe.vflip).astype(np.int32),
+        grayscale=(u[:, GRAYSCALE] < recipe.grayscale).astype(np.int32),
+        jitter=(u[:, JITTER] < (jitter.p if jitter is not None else 0.0)).astype(np.int32),
+        factors=factors.astype(np.float32),
+        # four independent uniforms sorted: a uniformly random permutation, as randperm(4)
+        order=np.argsort(u[:, ORDER : ORDER + 4], axis=1, kind="stable").astype(np.int32),
+        interp=interp,
+    )
+
+
+def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
+                 samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """``crops.graph_inputs`` followed by the recipe's inputs (``input_names``); without a
+    recipe, exactly ``crops.graph_inputs``. A recipe's ``hflip`` other than 0.5 replaces the
+    window's flip with its own draw."""
+    base = crops.graph_inputs(boxes, a, seed, epoch, size, samples, keys)
+    recipe = a.recipe
+    if recipe is None:
+        return base
+    drawn = draw(recipe, seed, epoch, samples if keys is None else keys, train=a.train)
+    if a.windows and drawn.hflip is not None:
+        base = (*base[:2], drawn.hflip, *base[3:])
+    return (*base, *drawn.inputs(recipe, a.train))

@@ -1,0 +1,177 @@
+"""``Recipe``: the settings of a training recipe's per-sample operations, checked.
+
+Each option means what it means in torchvision v2 and timm: probabilities are probabilities of
+applying, ``ColorJitter`` takes torchvision's ``brightness``, ``contrast``, ``saturation`` and
+``hue`` (a number or a (min, max) pair, checked as torchvision checks them) and timm's
+``color_jitter_prob``; ``Interpolation`` names torchvision's filters, plus timm's ``random``. No
+DALI and no torch here: the per-sample parameters are drawn in ``pipeline.recipe.draws``, applied
+in ``pipeline.recipe.ops``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tilefeed.store.errors import ConfigError
+
+
+class Interpolation(StrEnum):
+    """The resize filter of the training crop and of evaluation; a member equals its string.
+
+    As torchvision's PIL path, antialiased when shrinking. ``RANDOM`` is timm's: each sample
+    drawn between bilinear and bicubic (training); evaluation then uses bilinear, as timm's
+    transforms do where ``random`` has no meaning.
+    """
+
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    LANCZOS = "lanczos"
+    NEAREST = "nearest"
+    RANDOM = "random"
+
+
+# DALI's DALIInterpType codes (INTERP_NN, INTERP_LINEAR, INTERP_CUBIC, INTERP_LANCZOS3): what the
+# per-sample filter input carries, numbered here so the host draws them without loading DALI
+# (tests/pipeline/recipe checks them against DALI's own)
+INTERP_CODES = {Interpolation.NEAREST: 0, Interpolation.BILINEAR: 1, Interpolation.BICUBIC: 2,
+                Interpolation.LANCZOS: 3}
+RANDOM_CHOICES = (Interpolation.BILINEAR, Interpolation.BICUBIC)  # timm's _RANDOM_INTERPOLATION
+
+Range = tuple[float, float]
+
+
+def _jitter_range(name: str, value: Any, center: float, bound: Range, clip_first_on_zero: bool) -> Range | None:
+    """torchvision v2 ``ColorJitter._check_input``, with a one-line ConfigError for its errors."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"color_jitter {name}: a single number must be non-negative, got {value!r}")
+        low, high = center - float(value), center + float(value)
+        if clip_first_on_zero:
+            low = max(low, 0.0)
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        try:
+            low, high = (float(v) for v in value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"color_jitter {name}={value!r}: the pair must hold two numbers") from None
+    else:
+        raise ConfigError(f"color_jitter {name}={value!r} should be a single number or a sequence of length 2")
+    if not bound[0] <= low <= high <= bound[1] or math.isnan(low) or math.isnan(high):
+        raise ConfigError(f"color_jitter {name} values should be between {bound} and increasing, "
+                          f"got {[low, high]}")
+    return None if low == high == center else (low, high)
+
+
+def _probability(name: str, value: Any) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= float(value) <= 1:
+        raise ConfigError(f"{name} must be a probability in [0, 1], got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ColorJitter:
+    """torchvision v2's ``ColorJitter``, applied with probability ``p`` (timm's ``color_jitter_prob``).
+
+    Each of ``brightness``, ``contrast``, ``saturation`` is a number ``x`` (factor uniform in
+    [max(0, 1 - x), 1 + x]) or a (min, max) pair of non-negative factors; ``hue`` a number in
+    [0, 0.5] (shift uniform in [-x, x], in turns of the hue circle) or a pair within [-0.5, 0.5].
+    ``None``, 0, or a pair at the identity leave that adjustment out. Held as the checked
+    (min, max) ranges; the four are applied in a random order per sample.
+    """
+
+    brightness: float | Range | None = None
+    contrast: float | Range | None = None
+    saturation: float | Range | None = None
+    hue: float | Range | None = None
+    p: float = 1.0
+
+    def __post_init__(self) -> None:
+        checked = {
+            "brightness": _jitter_range("brightness", self.brightness, 1.0, (0.0, math.inf), True),
+            "contrast": _jitter_range("contrast", self.contrast, 1.0, (0.0, math.inf), True),
+            "saturation": _jitter_range("saturation", self.saturation, 1.0, (0.0, math.inf), True),
+            "hue": _jitter_range("hue", self.hue, 0.0, (-0.5, 0.5), False),
+            "p": _probability("color_jitter p", self.p),
+        }
+        for name, value in checked.items():  # frozen: the checked form replaces what was given
+            object.__setattr__(self, name, value)
+
+    def ranges(self) -> dict[str, Range | None]:
+        """The four adjustments' (min, max) factor ranges, in torchvision's order (None: left out)."""
+        return {name: getattr(self, name) for name in JITTER_ADJUSTMENTS}
+
+    @property
+    def active(self) -> bool:
+        """Some adjustment is on and may be applied."""
+        return self.p > 0 and any(r is not None for r in self.ranges().values())
+
+
+JITTER_ADJUSTMENTS = ("brightness", "contrast", "saturation", "hue")  # torchvision's fn_idx 0..3
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A training recipe's per-sample operations beside the random-resized crop.
+
+    Parameters
+    ----------
+    interpolation : Interpolation or str, default "bilinear"
+        The filter of the training crop's resize and of evaluation's resize (see
+        ``Interpolation``); the only field that applies in evaluation.
+    hflip : float, default 0.5
+        Probability of a horizontal flip (torchvision's ``RandomHorizontalFlip(p)``). At 0.5 the
+        flip is the one the Loader drew before recipes existed, bit for bit.
+    vflip : float, default 0
+        Probability of a vertical flip (``RandomVerticalFlip(p)``).
+    grayscale : float, default 0
+        Probability of ``RandomGrayscale(p)``: the image becomes its luma in all three channels.
+    color_jitter : ColorJitter, optional
+        torchvision's colour jitter, applied with probability ``color_jitter.p``.
+
+    Notes
+    -----
+    In a sample the operations follow timm's training transform: crop and resize, flips,
+    colour jitter, grayscale. A field added later takes a default that leaves today's
+    samples as they are, its own check in ``__post_init__``, a draw in
+    ``pipeline.recipe.draws`` and an op in ``pipeline.recipe.ops``.
+    """
+
+    interpolation: Interpolation = Interpolation.BILINEAR
+    hflip: float = 0.5
+    vflip: float = 0.0
+    grayscale: float = 0.0
+    color_jitter: ColorJitter | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in set(Interpolation):
+            names = ", ".join(i.value for i in Interpolation)
+            raise ConfigError(f"interpolation must be one of {names}, got {self.interpolation!r}")
+        object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
+        for name in ("hflip", "vflip", "grayscale"):
+            object.__setattr__(self, name, _probability(name, getattr(self, name)))
+        if self.color_jitter is not None and not isinstance(self.color_jitter, ColorJitter):
+            raise ConfigError(f"color_jitter must be a ColorJitter or None, got {self.color_jitter!r}")
+
+    @property
+    def jitter(self) -> ColorJitter | None:
+        """The colour jitter when it can change a sample, else None."""
+        return self.color_jitter if self.color_jitter is not None and self.color_jitter.active else None
+
+    def eval_interpolation(self) -> Interpolation:
+        """The evaluation filter: ``random`` means bilinear there (timm's no-augmentation rule)."""
+        return Interpolation.BILINEAR if self.interpolation is Interpolation.RANDOM else self.interpolation
+
+    def identity(self) -> dict[str, Any]:
+        """The recipe as plain JSON-able values: what a resumed run must agree on."""
+        described = asdict(self)
+        described["interpolation"] = self.interpolation.value
+        if self.color_jitter is not None:
+            described["color_jitter"] = {k: list(v) if isinstance(v, tuple) else v
+                                         for k, v in asdict(self.color_jitter).items()}
+        return described

@@ -1,0 +1,82 @@
+"""What the recipe tests share: tiles, the ops run in a real CPU DALI graph, torchvision's own
+kernels applied with the same drawn parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+from tilefeed.pipeline.recipe import ops
+from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
+from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
+
+# Kolmogorov-Smirnov critical constants c(alpha): reject at alpha when D > c * sqrt((n + m) / (n m))
+KS_C = {0.01: 1.628, 0.001: 1.949}
+
+
+def ks_critical(n: int, m: int, alpha: float) -> float:
+    return KS_C[alpha] * float(np.sqrt((n + m) / (n * m)))
+
+
+def tiles(count: int = 48, side: int = 32, seed: int = 0) -> list[np.ndarray]:
+    """Smooth, saturated colour pictures: upsampled noise, as photographs are smooth at a pixel."""
+    rng = np.random.default_rng(seed)
+    return [np.asarray(Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
+                       .resize((side, side), Image.Resampling.BICUBIC)) for _ in range(count)]
+
+
+def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int = 64) -> list[np.ndarray]:
+    """``ops.apply`` in a CPU DALI pipeline over ``images`` with the per-sample ``drawn`` inputs."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    names = tuple(n for n in input_names(recipe, True) if n != "interp")
+    kinds = {"order": types.INT32, "vflip": types.INT32, "grayscale": types.INT32, "jitter": types.INT32}
+    inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
+    n = len(images)
+    out: list[np.ndarray] = []
+
+    def batches() -> Any:
+        for s in range(0, n, batch):
+            yield (images[s : s + batch], *[inputs[k][s : s + batch] for k in names])
+
+    it = batches()
+
+    @pipeline_def(batch_size=batch, num_threads=1, device_id=None,
+                  enable_conditionals=ops.conditional(recipe, True))
+    def pipe() -> Any:
+        raw, *extras = fn.external_source(source=lambda: next(it), num_outputs=1 + len(names), batch=True,
+                                          layout=["HWC", *[None] * len(names)],
+                                          dtype=[types.UINT8, *(kinds.get(k, types.FLOAT) for k in names)])
+        return ops.apply(raw, {name: extras[k] for k, name in enumerate(names)}, recipe)
+
+    p = pipe()
+    p.build()
+    for s in range(0, n, batch):
+        result = p.run()[0]
+        out += [np.array(result[k]) for k in range(min(batch, n - s))]
+    return out
+
+
+def torchvision_direct(image: np.ndarray, recipe: Recipe, drawn: Draws, k: int) -> np.ndarray:
+    """Sample ``k`` of ``drawn`` through torchvision v2's kernels, in timm's order."""
+    x = torch.from_numpy(image).permute(2, 0, 1).contiguous()
+    if drawn.vflip[k]:
+        x = F.vertical_flip(x)
+    jitter = recipe.jitter
+    if jitter is not None and drawn.jitter[k]:
+        kernels = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
+        ranges = jitter.ranges()
+        for which in drawn.order[k].tolist():
+            if ranges[JITTER_ADJUSTMENTS[which]] is not None:
+                x = kernels[which](x, float(drawn.factors[k, which]))
+    if drawn.grayscale[k]:
+        x = F.rgb_to_grayscale(x, num_output_channels=3)
+    return x.permute(1, 2, 0).numpy()
+
+
+def drawn_for(recipe: Recipe, n: int, seed: int = 0, epoch: int = 0) -> Draws:
+    return draw(recipe, seed, epoch, np.arange(n))

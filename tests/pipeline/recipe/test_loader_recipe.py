@@ -1,0 +1,94 @@
+"""A Loader with a recipe: its CPU graph gives what torchvision's kernels give on the same drawn
+parameters, a resumed epoch is the same bit for bit, and a resume under another recipe is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tilefeed.pipeline import Loader, StoreReader
+from tilefeed.pipeline.recipe.draws import draw
+from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
+from tilefeed.store.errors import ConfigError
+from tests.pipeline.recipe.helpers import torchvision_direct
+
+RECIPE = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2,
+                color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8))
+UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1, train=True, seed=3)
+
+
+def test_the_cpu_graph_gives_torchvisions_kernels_on_the_same_draws(store: Path) -> None:
+    """Each delivered image against: its window resized by PIL with its drawn filter, then
+    torchvision v2's kernels with its drawn parameters, then its horizontal flip. Tolerance as
+    measured for the kernels (tests/pipeline/recipe/test_ops.py): 3 levels, under 1e-3 of values."""
+    with Loader(store, 10, size=40, recipe=RECIPE, **UINT8) as loader:
+        batches = list(loader)
+        samples = np.concatenate([b[2].numpy() for b in batches])
+        windows = loader.windows(0, samples)
+    with StoreReader(store) as reader:
+        pixels = reader.read_batch_into(samples.tolist(), np.empty((len(samples), 32, 32, 3), np.uint8))
+    drawn = draw(RECIPE, 3, 0, samples)
+    filters = {1: Image.Resampling.BILINEAR, 2: Image.Resampling.BICUBIC}
+    ours = np.concatenate([b[0].numpy() for b in batches]).astype(int)
+    worst, differing = 0, 0
+    for k in range(len(samples)):
+        (y0, x0), (y1, x1) = windows[0][k].tolist(), windows[1][k].tolist()
+        cut = np.asarray(Image.fromarray(pixels[k]).resize((40, 40), filters[int(drawn.interp[k])],
+                                                           box=(x0, y0, x1, y1)))
+        ref = torchvision_direct(cut, RECIPE, drawn, k)
+        if windows[2][k]:
+            ref = ref[:, ::-1]
+        diff = np.abs(ours[k] - ref)
+        worst, differing = max(worst, int(diff.max())), differing + int((diff > 0).sum())
+    assert worst <= 3
+    assert differing <= 1e-3 * ours.size
+    assert drawn.hflip is not None and np.array_equal(windows[2], drawn.hflip)
+
+
+def test_a_resumed_epoch_with_a_recipe_delivers_the_same_samples_bit_for_bit(store: Path) -> None:
+    opts = dict(UINT8, size=24, recipe=RECIPE, shuffle=True)
+    with Loader(store, 8, **opts) as loader:
+        whole = [(b[0].clone(), b[2].clone()) for b in loader]
+    with Loader(store, 8, **opts) as loader:
+        first = []
+        for n, b in enumerate(loader):
+            first.append((b[0].clone(), b[2].clone()))
+            if n == 2:
+                state = loader.state_dict()
+                break
+    with Loader(store, 5, **opts) as loader:  # another batch size: the same samples, cut anew
+        loader.load_state_dict(state)
+        rest = {int(i): img for imgs, _, idx in loader for img, i in zip(imgs, idx, strict=True)}
+    delivered = {int(i): img for imgs, idx in whole for img, i in zip(imgs, idx, strict=True)}
+    resumed = {int(i): img for imgs, idx in first for img, i in zip(imgs, idx, strict=True)} | rest
+    assert resumed.keys() == delivered.keys()
+    assert all(torch.equal(resumed[i], delivered[i]) for i in delivered)
+
+
+def test_a_state_saved_under_another_recipe_is_refused(store: Path) -> None:
+    with Loader(store, 8, recipe=RECIPE, **UINT8) as loader:
+        state = loader.state_dict()
+    for other in (None, Recipe(), Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2)):
+        with Loader(store, 8, recipe=other, **UINT8) as loader:
+            with pytest.raises(ConfigError, match="recipe"):
+                loader.load_state_dict(state)
+    with Loader(store, 8, recipe=RECIPE, **UINT8) as loader:
+        loader.load_state_dict(state)
+
+
+def test_evaluation_takes_only_the_filter_and_a_bad_recipe_is_refused(store: Path) -> None:
+    opts = dict(size=24, with_index=True, num_workers=1, dtype=torch.uint8, layout="NHWC")
+    with Loader(store, 8, recipe=RECIPE, **opts) as loader:  # random is bilinear in evaluation
+        jittered = [b[0] for b in loader]
+    with Loader(store, 8, **opts) as loader:
+        plain = [b[0] for b in loader]
+    assert all(torch.equal(a, b) for a, b in zip(jittered, plain, strict=True))
+    with Loader(store, 8, recipe=Recipe("nearest"), **opts) as loader:
+        nearest = [b[0] for b in loader]
+    assert not all(torch.equal(a, b) for a, b in zip(nearest, plain, strict=True))
+    with pytest.raises(ConfigError, match="recipe must be"):
+        Loader(store, 8, recipe={"hflip": 0.5})  # type: ignore[arg-type]
