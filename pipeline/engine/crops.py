@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tilefeed.pipeline.planning.counters import uniforms
+from tilefeed.pipeline.recipe.draws import draw, input_names
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.reading.mixed import MixedArray
@@ -105,9 +106,9 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
             np.zeros(len(samples), dtype=np.int32))
 
 
-def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
+def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
                  samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-    """Everything the graph takes per sample besides the pixels, for an epoch at ``size``.
+    """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``.
 
     With windows: (start, end, flip, output [h, w]). Without (evaluation framing of whole
     tiles by fixed ops): (resize [h, w], centre crop [h, w]). The size travels as an input, so
@@ -117,3 +118,25 @@ def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
     if a.windows:
         return (*window_inputs(boxes, a, seed, epoch, samples, size, keys), np.full((n, 2), size, np.float32))
     return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)
+
+
+def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
+                 samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Everything the graph takes per sample besides the pixels: ``frame_inputs``, then the
+    recipe's inputs (``draws.input_names``); without a recipe, ``frame_inputs`` alone. A
+    recipe's ``hflip`` other than 0.5 replaces the window's flip with its own draw."""
+    base = frame_inputs(boxes, a, seed, epoch, size, samples, keys)
+    recipe = a.recipe
+    if recipe is None:
+        return base
+    drawn = draw(recipe, seed, epoch, samples if keys is None else keys, train=a.train)
+    if a.windows and drawn.hflip is not None:
+        base = (*base[:2], drawn.hflip, *base[3:])
+    return (*base, *drawn.inputs(recipe, a.train))
+
+
+def sent_names(a: Augment) -> tuple[str, ...]:
+    """Names of what ``graph_inputs`` returns for ``a``, in order: the windows' or evaluation
+    framing's inputs (``frame_inputs``), then the recipe's (``input_names``)."""
+    base = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
+    return base if a.recipe is None else base + input_names(a.recipe, a.train)

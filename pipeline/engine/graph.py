@@ -9,12 +9,12 @@ from nvidia.dali import fn, pipeline_def, types
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import HOST_CUT, BatchSource
 from tilefeed.pipeline.recipe import ops
-from tilefeed.pipeline.recipe.draws import sent_names
+from tilefeed.pipeline.engine.crops import sent_names
 
 
 def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
     """The per-sample inputs after the pixels, labels and indices, in the order the batch source
-    sends them (``draws.graph_inputs``, less what the source used itself to cut and resize)."""
+    sends them (``crops.graph_inputs``, less what the source used itself to cut and resize)."""
     names = sent_names(augment)
     if host_resize and augment.windows:
         return tuple(n for n in names if n not in HOST_CUT)

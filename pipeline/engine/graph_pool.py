@@ -29,7 +29,7 @@ from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch
-from tilefeed.pipeline.recipe.draws import sent_names
+from tilefeed.pipeline.engine.crops import sent_names
 
 MAX_IDLE = 4
 _idle: dict[Hashable, list[Graph]] = {}

@@ -22,8 +22,8 @@ import torch
 from tilefeed.pipeline.engine import graph_pool as pool
 from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, EpochSampler, absent, dataset_of
-from tilefeed.pipeline.engine.crops import window_inputs
-from tilefeed.pipeline.recipe.draws import draw, graph_inputs
+from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
+from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following

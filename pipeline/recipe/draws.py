@@ -1,6 +1,6 @@
 """A recipe's per-sample parameters, drawn on the host from (seed, epoch, sample key) alone.
 
-They come from ``pipeline.engine.crops.uniforms`` on a stream of their own (the seed mixed with a
+They come from ``pipeline.planning.counters.uniforms`` on a stream of their own (the seed mixed with a
 constant), so the crop windows and horizontal flips the Loader drew before recipes existed are
 untouched: ``hflip=0.5`` keeps the window's own flip, any other probability draws it here. Each
 parameter has a fixed slot among a sample's draws, whichever options are on, so turning one
@@ -11,20 +11,14 @@ size or another batch size sees exactly the parameters an uninterrupted run woul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tilefeed.pipeline.engine import crops
-from tilefeed.pipeline.engine.crops import uniforms
+from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.pipeline.recipe.recipe import (INTERP_CODES, JITTER_ADJUSTMENTS, RANDOM_CHOICES, Interpolation,
                                              Recipe)
 
-if TYPE_CHECKING:
-    from tilefeed.pipeline.engine.augment import Augment
-    from tilefeed.pipeline.reading.mixed import MixedArray
-
-STREAM = 0x5EC1_9E5D_A7A0_0001  # xor-ed into the seed: the recipe's stream, apart from the crops'
+STREAM = "tilefeed.recipe.draws"  # the recipe's draw stream, apart from the crops' (planning.counters)
 # a sample's draws, by slot: a new parameter takes a spare slot, never another's
 HFLIP, VFLIP, GRAYSCALE, JITTER, FACTORS, ORDER, INTERP = 0, 1, 2, 3, 4, 8, 12
 DRAWS = 16  # slots 13..15 spare
@@ -74,13 +68,6 @@ def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:
     return tuple(names)
 
 
-def sent_names(a: Augment) -> tuple[str, ...]:
-    """Names of what ``graph_inputs`` returns for ``a``, in order: the windows' or evaluation
-    framing's inputs (``crops.graph_inputs``), then the recipe's (``input_names``)."""
-    base = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
-    return base if a.recipe is None else base + input_names(a.recipe, a.train)
-
-
 def draw(recipe: Recipe, seed: int, epoch: int, keys: np.ndarray, train: bool = True) -> Draws:
     """``recipe``'s parameters for the samples of ``keys`` in ``epoch``; in evaluation only the
     filter (``Recipe.eval_interpolation``) and nothing applied."""
@@ -90,7 +77,7 @@ def draw(recipe: Recipe, seed: int, epoch: int, keys: np.ndarray, train: bool = 
         code = INTERP_CODES[recipe.eval_interpolation()]
         return Draws(None, zeros, zeros, zeros, np.tile(np.asarray(NEUTRAL, np.float32), (n, 1)),
                      np.tile(np.arange(4, dtype=np.int32), (n, 1)), np.full(n, code, np.int32))
-    u = uniforms(seed ^ STREAM, epoch, np.asarray(keys), DRAWS)
+    u = uniforms(stream_seed(seed, STREAM), epoch, np.asarray(keys), DRAWS)
     hflip = None if recipe.hflip == 0.5 else (u[:, HFLIP] < recipe.hflip).astype(np.int32)
     factors = np.tile(np.asarray(NEUTRAL, dtype=np.float64), (n, 1))
     jitter = recipe.jitter
@@ -113,18 +100,3 @@ def draw(recipe: Recipe, seed: int, epoch: int, keys: np.ndarray, train: bool = 
         order=np.argsort(u[:, ORDER : ORDER + 4], axis=1, kind="stable").astype(np.int32),
         interp=interp,
     )
-
-
-def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-    """``crops.graph_inputs`` followed by the recipe's inputs (``input_names``); without a
-    recipe, exactly ``crops.graph_inputs``. A recipe's ``hflip`` other than 0.5 replaces the
-    window's flip with its own draw."""
-    base = crops.graph_inputs(boxes, a, seed, epoch, size, samples, keys)
-    recipe = a.recipe
-    if recipe is None:
-        return base
-    drawn = draw(recipe, seed, epoch, samples if keys is None else keys, train=a.train)
-    if a.windows and drawn.hflip is not None:
-        base = (*base[:2], drawn.hflip, *base[3:])
-    return (*base, *drawn.inputs(recipe, a.train))

@@ -12,9 +12,10 @@ from PIL import Image
 
 from tilefeed.pipeline import Loader
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.crops import graph_inputs as crop_inputs
+from tilefeed.pipeline.engine.crops import frame_inputs as crop_inputs
+from tilefeed.pipeline.engine.crops import graph_inputs
 from tilefeed.pipeline.engine.crops import random_resized_crops
-from tilefeed.pipeline.recipe.draws import draw, graph_inputs
+from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.recipe import INTERP_CODES, ColorJitter, Interpolation, Recipe
 from tilefeed.store.errors import ConfigError
 from tests.pipeline.recipe.helpers import tiles
