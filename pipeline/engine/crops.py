@@ -129,10 +129,17 @@ def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
     recipe = a.recipe
     if recipe is None:
         return base
-    drawn = draw(recipe, seed, epoch, samples if keys is None else keys, train=a.train)
+    keyed = samples if keys is None else keys
+    drawn = draw(recipe, seed, epoch, keyed, train=a.train)
     if a.windows and drawn.hflip is not None:
         base = (*base[:2], drawn.hflip, *base[3:])
-    return (*base, *drawn.inputs(recipe, a.train))
+    policy = recipe.auto_augment if a.train else None
+    if policy is None:
+        return (*base, *drawn.inputs(recipe, a.train))
+    # the policy's inputs close the recipe's (draws.input_names), drawn at the epoch's size
+    made = policy.draw(seed, epoch, np.asarray(keyed), size)
+    policy_inputs = tuple(np.ascontiguousarray(made[name]) for name in policy.input_names())
+    return (*base, *drawn.inputs(recipe, a.train), *policy_inputs)
 
 
 def sent_names(a: Augment) -> tuple[str, ...]:

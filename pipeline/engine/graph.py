@@ -30,11 +30,11 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
              "resize": types.FLOAT, "crop": types.FLOAT, "interp": types.INT32, "vflip": types.INT32,
              "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
              "brightness": types.FLOAT, "contrast": types.FLOAT, "saturation": types.FLOAT,
-             "hue": types.FLOAT}
+             "hue": types.FLOAT, "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT}
     recipe = augment.recipe if augment.train else None  # evaluation: the filter alone
 
     # no DALI randomness: crops and every recipe parameter come from the host; conditionals
-    # only where colour jitter picks each sample's order of adjustments
+    # only where colour jitter picks each sample's order of adjustments or a policy its ops
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
                   prefetch_queue_depth=prefetch, enable_conditionals=ops.conditional(recipe, augment.train))
     def tiles() -> Any:

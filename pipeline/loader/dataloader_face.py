@@ -53,7 +53,6 @@ ABSENT = {
     "generator": "order and augmentation come from (seed, epoch, sample), not a torch Generator",
     "timeout": "the Loader has no worker processes to time out",
     "multiprocessing_context": "the Loader's workers are threads, not processes",
-    "mixup_enabled": "the Loader applies no mixup or cutmix",
 }
 
 

@@ -12,6 +12,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
@@ -24,6 +25,7 @@ from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, EpochSampler, absent, dataset_of
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
+from tilefeed.pipeline.recipe.batch_mix import batch_position
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
@@ -167,10 +169,13 @@ class Loader:
         Time each stage of every batch for ``stats()`` (``tilefeed bench stats``); False: no clocks.
     recipe : Recipe, optional
         A training recipe (``pipeline.recipe.Recipe``): the resize filter, horizontal and vertical
-        flip probabilities, random grayscale and colour jitter, with torchvision v2's and timm's
-        meanings, each drawn per sample from the seed as the crops are. Evaluation takes only
-        its filter. Default: bilinear, horizontal flip at 0.5, nothing else (the crops and flips
-        are then those of a recipe ``Recipe()`` too). Part of the resume state's identity.
+        flip probabilities, auto-augment policy, colour jitter, random grayscale and random
+        erasing, with torchvision v2's and timm's meanings, each drawn per sample from the seed
+        as the crops are; and mixup/cutmix per batch, drawn from the batch's position in the
+        epoch (a batch then yields float32 soft targets in place of its labels). Evaluation
+        takes only its filter. Default: bilinear, horizontal flip at 0.5, nothing else (the
+        crops and flips are then those of a recipe ``Recipe()`` too). Part of the resume
+        state's identity.
     """
 
     batch_size: Setting[int] = Setting()
@@ -230,6 +235,7 @@ class Loader:
         **dataloader_options: Any,
     ) -> None:
         require_dali()
+        self._mixing_off = False  # mixup_enabled = False: timm's --mixup-off-epoch
         s = self.settings = LoaderSettings.check(
             batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
             world_size=world_size, device=device, train=train, size=size, crop_pct=crop_pct,
@@ -332,6 +338,20 @@ class Loader:
         """DataLoader's name for ``prefetch``: batches prepared ahead."""
         return self.prefetch
 
+    @property
+    def mixup_enabled(self) -> bool:
+        """The recipe's mixup/cutmix is applied to the batches handed over from now on (timm's
+        prefetcher's attribute: its ``train.py`` sets it False from ``--mixup-off-epoch`` on,
+        at the start of an epoch). False without one. Not part of the resume state: a script
+        sets it again, from the epoch, when it resumes."""
+        return self.recipe is not None and self.recipe.mix is not None and not self._mixing_off
+
+    @mixup_enabled.setter
+    def mixup_enabled(self, enabled: bool) -> None:
+        if enabled and (self.recipe is None or self.recipe.mix is None):
+            raise ConfigError("mixup_enabled=True needs a recipe with mixup or cutmix (Recipe(mix=...))")
+        self._mixing_off = not enabled
+
     def __getattr__(self, name: str) -> Any:
         # only names found nowhere else arrive here: DataLoader's that mean nothing to a Loader
         # fail in one line saying why, the rest as Python's own AttributeError
@@ -378,7 +398,7 @@ class Loader:
                     recorder.handed(tag.timing, time.perf_counter() - began, feed.ready())
                 last = tag.last
                 plan.batches += 1  # counted once handed over: a state_dict() taken while
-                yield self._convert(out)  # the batch is trained on resumes after it
+                yield self._convert(out, plan)  # the batch is trained on resumes after it
         self._record(complete=True)
         self.epochs.end()
 
@@ -463,13 +483,34 @@ class Loader:
         labels = None if self.mixture is None else self.reader.labels[plan.indices]
         return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys, labels)
 
-    def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _convert(self, out: dict[str, torch.Tensor], plan: OpenEpoch) -> tuple[torch.Tensor, ...]:
         images = out["images"]  # already bfloat16 where asked: cast by the feed, off this thread
         if self.layout is Layout.CHANNELS_LAST:  # HWC from DALI, seen as NCHW: no copy, no transpose
             images = images.permute(0, 3, 1, 2)
         labels = out["labels"].reshape(-1)
+        recipe = self.recipe
+        if recipe is not None and recipe.per_batch and self.train:
+            images, labels = self._per_batch(recipe, images, labels, out["indices"].reshape(-1), plan)
         if self.with_index:
             return images, labels, out["indices"].reshape(-1)
+        return images, labels
+
+    def _per_batch(self, recipe: Recipe, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
+                   plan: OpenEpoch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random erasing of each sample, then mixup/cutmix of the batch, on the batch's device,
+        in place (the batch is the caller's and fresh). Erasing is keyed as the crops are (the
+        sample, or a mixture's position); mixing by the batch's global position in the epoch
+        (``batch_mix``'s rule for resume)."""
+        step = plan.batches - 1  # this stretch's batch just handed over
+        layout = "NHWC" if self.layout is Layout.NHWC else "NCHW"  # channels_last: an NCHW view here
+        if recipe.erasing is not None:
+            keys = (indices.cpu().numpy() if plan.keys is None
+                    else plan.keys[step * self.batch_size : step * self.batch_size + len(images)])
+            images = replace(recipe.erasing, inplace=True).erase(images, keys, self.seed, plan.epoch, layout)
+        if recipe.mix is not None and self.mixup_enabled:
+            before = sum(s.world_size * s.batches for s in plan.prior)
+            position = batch_position(step, self.rank, self.world_size, before=before)
+            images, labels = recipe.mix.apply(images, labels, self.seed, plan.epoch, position, layout)
         return images, labels
 
     # -- resume ---------------------------------------------------------------------------------

@@ -23,7 +23,10 @@ from tilefeed.store.errors import ConfigError
 # 5: a Loader may read a mixture of stores: the state names it (sources, sizes, subsets, quotas,
 # labels, shard size), its samples count the mixture's positions, and under shuffle="shard" it
 # names the shuffle window (the order depends on it)
-STATE_VERSION = 5
+# 6: a Loader may apply a training recipe: the state names it (each sample's operations are
+# drawn from the seed and the sample, mixup/cutmix from the batch's position in the epoch), and
+# an epoch resumed under another recipe would not deliver what the interrupted run would have
+STATE_VERSION = 6
 
 
 @dataclass(frozen=True)

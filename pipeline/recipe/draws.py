@@ -44,11 +44,12 @@ class Draws:
     interp: np.ndarray
 
     def inputs(self, recipe: Recipe, train: bool) -> tuple[np.ndarray, ...]:
-        """The graph's per-sample inputs for ``recipe``, in the order ``input_names`` names them."""
+        """The graph's per-sample inputs for ``recipe``, in the order ``input_names`` names them,
+        less the auto-augment policy's (which close that order: ``AutoAugment.draw``)."""
         named = {"interp": self.interp, "vflip": self.vflip, "grayscale": self.grayscale,
                  "jitter": self.jitter, "order": self.order,
                  **{name: self.factors[:, k] for k, name in enumerate(JITTER_ADJUSTMENTS)}}
-        return tuple(np.ascontiguousarray(named[name]) for name in input_names(recipe, train))
+        return tuple(np.ascontiguousarray(named[name]) for name in input_names(recipe, train) if name in named)
 
 
 def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:
@@ -65,6 +66,8 @@ def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:
     if jitter is not None:
         names += ["jitter", "order"] if jitter.p < 1 else ["order"]
         names += [name for name, span in jitter.ranges().items() if span is not None]
+    if recipe.auto_augment is not None:  # drawn by the policy itself (AutoAugment.draw)
+        names += recipe.auto_augment.input_names()
     return tuple(names)
 
 

@@ -13,8 +13,9 @@ operation, float32 arithmetic and truncation back to uint8 included:
   from torchvision's HSV shift: not used);
 - grayscale: the truncated luma (0.2989 R + 0.587 G + 0.114 B) in all three channels;
 
-and colour jitter applies its adjustments in each sample's drawn order (DALI conditionals:
-the graph is built with ``enable_conditionals`` when a recipe jitters colour, ``conditional``).
+and colour jitter applies its adjustments in each sample's drawn order, an auto-augment policy
+its drawn ops (``policy_ops``), both by DALI conditionals: the graph is built with
+``enable_conditionals`` when a recipe has either (``conditional``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import nvidia.dali.math as dmath
 from nvidia.dali import fn, types
 
+from tilefeed.pipeline.recipe.policy_ops import apply_policy
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 LUMA = (0.2989, 0.587, 0.114)  # torchvision's _rgb_to_grayscale_image weights
@@ -34,15 +36,17 @@ Node = Any  # a DALI DataNode
 
 def conditional(recipe: Recipe | None, train: bool) -> bool:
     """The graph needs DALI conditionals (``enable_conditionals=True``) for ``recipe``."""
-    return recipe is not None and train and recipe.jitter is not None
+    return recipe is not None and train and (recipe.jitter is not None or recipe.auto_augment is not None)
 
 
 def apply(images: Node, inputs: dict[str, Node], recipe: Recipe) -> Node:
     """``recipe``'s training operations on uint8 HWC ``images``, in timm's order (vertical flip,
-    colour jitter, grayscale); the horizontal flip is left to ``crop_mirror_normalize``.
-    ``inputs`` holds the per-sample inputs ``draws.input_names`` names."""
+    auto-augment, colour jitter, grayscale); the horizontal flip is left to
+    ``crop_mirror_normalize``. ``inputs`` holds the per-sample inputs ``draws.input_names`` names."""
     if "vflip" in inputs:
         images = fn.flip(images, horizontal=0, vertical=inputs["vflip"])
+    if recipe.auto_augment is not None:
+        images = apply_policy(images, inputs, recipe.auto_augment)
     jitter = recipe.jitter
     if jitter is not None:
         if jitter.p < 1:

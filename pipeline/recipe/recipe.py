@@ -4,8 +4,9 @@ Each option means what it means in torchvision v2 and timm: probabilities are pr
 applying, ``ColorJitter`` takes torchvision's ``brightness``, ``contrast``, ``saturation`` and
 ``hue`` (a number or a (min, max) pair, checked as torchvision checks them) and timm's
 ``color_jitter_prob``; ``Interpolation`` names torchvision's filters, plus timm's ``random``. No
-DALI and no torch here: the per-sample parameters are drawn in ``pipeline.recipe.draws``, applied
-in ``pipeline.recipe.ops``.
+DALI here: the per-sample parameters are drawn in ``pipeline.recipe.draws`` (auto-augment's in
+``policies``), applied in the graph by ``pipeline.recipe.ops``; random erasing and mixup/cutmix
+act on the batch after the graph (``erasing``, ``batch_mix``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
+from enum import Enum
 from typing import Any
 
+from tilefeed.pipeline.recipe.batch_mix import BatchMix
+from tilefeed.pipeline.recipe.erasing import RandomErasing
+from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.store.errors import ConfigError
 
 
@@ -133,13 +138,27 @@ class Recipe:
         Probability of ``RandomGrayscale(p)``: the image becomes its luma in all three channels.
     color_jitter : ColorJitter, optional
         torchvision's colour jitter, applied with probability ``color_jitter.p``.
+    auto_augment : AutoAugment or str, optional
+        An auto-augment policy (``pipeline.recipe.policies``): TrivialAugmentWide, RandAugment or
+        AutoAugment's ImageNet policy; a string is parsed by ``AutoAugment.parse`` (torchvision's
+        ``ta_wide``, ``ra``, ``imagenet``; timm's ``rand-m9-mstd0.5-inc1``, ``original``, ...).
+    erasing : RandomErasing, optional
+        Random erasing of each normalised sample (``pipeline.recipe.erasing``); needs a float
+        output dtype.
+    mix : BatchMix, optional
+        Mixup or cutmix of each batch (``pipeline.recipe.batch_mix``); the Loader then yields
+        float32 soft targets (batch x ``num_classes``) in place of the labels. Needs a float
+        output dtype.
 
     Notes
     -----
-    In a sample the operations follow timm's training transform: crop and resize, flips,
-    colour jitter, grayscale. A field added later takes a default that leaves today's
-    samples as they are, its own check in ``__post_init__``, a draw in
-    ``pipeline.recipe.draws`` and an op in ``pipeline.recipe.ops``.
+    In a sample the operations follow timm's and torchvision's training transforms: crop and
+    resize, vertical flip, auto-augment, colour jitter, grayscale, normalisation (with the
+    horizontal flip), random erasing; then the batch is mixed. The horizontal flip comes last
+    in the graph rather than first: every auto-augment operation it does not commute with
+    (shear, translate and rotate along x) has a sign drawn at even odds, so the samples'
+    distribution is the same. A field added later takes a default that leaves today's samples
+    as they are, its own check in ``__post_init__``, a draw on a stream of its own and an op.
     """
 
     interpolation: Interpolation = Interpolation.BILINEAR
@@ -147,6 +166,9 @@ class Recipe:
     vflip: float = 0.0
     grayscale: float = 0.0
     color_jitter: ColorJitter | None = field(default=None)
+    auto_augment: AutoAugment | None = None
+    erasing: RandomErasing | None = None
+    mix: BatchMix | None = None
 
     def __post_init__(self) -> None:
         if self.interpolation not in set(Interpolation):
@@ -157,6 +179,17 @@ class Recipe:
             object.__setattr__(self, name, _probability(name, getattr(self, name)))
         if self.color_jitter is not None and not isinstance(self.color_jitter, ColorJitter):
             raise ConfigError(f"color_jitter must be a ColorJitter or None, got {self.color_jitter!r}")
+        if isinstance(self.auto_augment, str):
+            object.__setattr__(self, "auto_augment", AutoAugment.parse(self.auto_augment))
+        for name, kind in (("auto_augment", AutoAugment), ("erasing", RandomErasing), ("mix", BatchMix)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(f"{name} must be a {kind.__name__} or None, got {value!r}")
+
+    @property
+    def per_batch(self) -> bool:
+        """Some operation acts on the normalised batch after the graph (erasing, mixing)."""
+        return self.erasing is not None or self.mix is not None
 
     @property
     def jitter(self) -> ColorJitter | None:
@@ -169,9 +202,21 @@ class Recipe:
 
     def identity(self) -> dict[str, Any]:
         """The recipe as plain JSON-able values: what a resumed run must agree on."""
-        described = asdict(self)
-        described["interpolation"] = self.interpolation.value
-        if self.color_jitter is not None:
-            described["color_jitter"] = {k: list(v) if isinstance(v, tuple) else v
-                                         for k, v in asdict(self.color_jitter).items()}
-        return described
+        plain = _plain(self)
+        assert isinstance(plain, dict)
+        return plain
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would give it back: dataclasses as dicts of their fields (private
+    ones left out), enums as their values, tuples as lists, infinities as strings."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {name: _plain(getattr(value, name)) for name in value.__dataclass_fields__
+                if not name.startswith("_")}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return str(value)
+    return value

@@ -157,7 +157,7 @@ def test_a_bad_shuffle_or_layout_is_refused_in_the_same_words(store: Path) -> No
 def test_a_state_of_another_version_is_refused_with_what_to_do(store: Path) -> None:
     with Loader(store, 4, seed=1) as loader:
         state = loader.state_dict()
-        assert state["version"] == STATE_VERSION == 5
+        assert state["version"] == STATE_VERSION == 6
         loader.load_state_dict(json.loads(json.dumps(state)))  # its own version loads
         # what tilefeed wrote before the order changed: version 2, and version 1 without segments;
         # version 3, before sizes could change between epochs; version 4, before mixtures
