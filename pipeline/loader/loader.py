@@ -489,7 +489,7 @@ class Loader:
             images = images.permute(0, 3, 1, 2)
         labels = out["labels"].reshape(-1)
         recipe = self.recipe
-        if recipe is not None and recipe.per_batch and self.train:
+        if recipe is not None and recipe.per_batch and self.settings.train:
             images, labels = self._per_batch(recipe, images, labels, out["indices"].reshape(-1), plan)
         if self.with_index:
             return images, labels, out["indices"].reshape(-1)
