@@ -18,8 +18,9 @@ setup: $(STAMP)
 TORCH_SPEC ?= torch==2.14.1
 TORCHVISION_SPEC ?= torchvision==0.29.1
 TIMM_SPEC ?= timm==1.0.31
-# DALI's build: cuda12 also runs CPU-only; a CUDA 13 node takes CUDA=13.
-CUDA ?= 12
+# DALI's build for the pinned torch's CUDA major (13); a CUDA 12 torch takes CUDA=12 (that
+# build also runs CPU-only).
+CUDA ?= 13
 PIL_PLUGINS := pillow-avif-plugin==1.6.0 pillow-heif==1.8.1
 
 $(STAMP): pyproject.toml
