@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tilefeed.cli.arguments import add_renamed, positive_list
+from tilefeed.cli.arguments import add_renamed, positive, positive_list, whole_number
 from tilefeed.cli.bench_options import STEP_MS, WORKERS_HELP, data_args, form_parser, loop_args, out_arg
 from tilefeed.cli.demo_data import cache_dir, demo_images, demo_store
 
@@ -423,6 +423,41 @@ GPU_REPORT = Form(
     "ran (the hardware engine or CUDA), peak and growing device memory, and the stall "
     "at a bf16 ResNet-50 step against synthetic data; one JSON report, failures "
     "recorded in it.", _gpu_report_options, _gpu_report)
+
+
+def _recipe_options(p: argparse.ArgumentParser) -> None:
+    data_args(p, count=1600)
+    p.add_argument("--batch-size", type=positive, default=64, help="samples per batch, both sides")
+    p.add_argument("--workers", type=whole_number, default=None,
+                   help="DataLoader processes and Loader threads (default: the usable cores, as "
+                   "users of each run them)")
+    p.add_argument("--step-ms", type=float, default=50.0, help="the emulated step the stall is measured at, "
+                   "in ms per batch")
+    p.add_argument("--steps", type=positive, default=40, help="measured steps per run")
+    p.add_argument("--rounds", type=positive, default=3, help="interleaved rounds; medians reported")
+    p.add_argument("--operations", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure each operation alone (crop and flip, then each one added)")
+
+
+def _recipe(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.recipe import bench_recipe
+    from tilefeed.preprocess.sources.finding import find_sources
+
+    images = args.images or demo_images(args.count)
+    store = args.store or demo_store(images)
+    classes = len(set(find_sources(images).labels))
+    return bench_recipe(images, store, classes=classes, batch_size=args.batch_size, workers=args.workers,
+                        step_ms=args.step_ms, steps=args.steps, rounds=args.rounds,
+                        operations=args.operations)
+
+
+RECIPE = Form(
+    "recipe", "torchvision's ResNet-50 recipe: the Loader against its reference DataLoader",
+    "torchvision's ResNet-50 training recipe (TrivialAugmentWide, random erasing 0.1, mixup 0.2 / "
+    "cutmix 1.0, crop 176) through the Loader, built by the adapter a swapped train.py calls, "
+    "against the DataLoader torchvision's reference script builds (its presets' transforms v2 "
+    "and MixUp/CutMix collate, num_workers = cores) on the same samples: images/s with no step, "
+    "the stall at --step-ms, and what each operation costs on each side.", _recipe_options, _recipe)
 
 
 def _sides(text: str) -> list[int]:

@@ -76,11 +76,12 @@ def load(state: dict[str, Any], mine: dict[str, Any]) -> Loaded:
     """``state`` checked against this version and this Loader's ``identity`` ``mine``."""
     version = state.get("version")
     if version != STATE_VERSION:
-        # another version orders the epoch otherwise: its count of delivered batches would
-        # name other samples here, and exactly-once would silently break
+        # another version orders or augments the epoch otherwise: its count of delivered batches
+        # would name other samples here (or the same samples otherwise cut), and exactly-once or
+        # the bit-identical resume would silently break
         raise ConfigError(
             f"state_dict is version {version!r}, this Loader reads version {STATE_VERSION} (their "
-            "epoch orders differ); start the epoch afresh (set_epoch without load_state_dict) or "
+            "epochs deliver other samples); start the epoch afresh (set_epoch without load_state_dict) or "
             "resume with the tilefeed that saved it")
     for key, value in mine.items():
         if state.get(key) != value:

@@ -3,10 +3,11 @@ namespace and ``resolve_data_config``'s output) and torchvision's reference
 ``references/classification/train.py`` (its argparse namespace, as its ``presets.py`` applies it).
 
 Every flag of either script that reaches its data loading is a row of that script's table
-(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``): ``HONOURED`` (mapped onto a Loader option, or of no
-effect on a Loader, said so) or ``REFUSED`` (not applied yet). A refused flag stops the script in
-one ``ConfigError`` naming it, and only where the script would apply it (a colour jitter that
-timm turns off under an ``--aa`` policy is not named); nothing is silently dropped. Flipping a
+(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``): ``HONOURED`` (mapped onto a Loader option or the
+training ``Recipe``, or of no effect on a Loader, said so) or ``REFUSED`` (not applied). A
+refused flag stops the script in one ``ConfigError`` naming it, and only where the script would
+apply it (a colour jitter that timm turns off under an ``--aa`` policy is not named); nothing is
+silently dropped. Flipping a
 row to ``HONOURED`` is the change that goes with the Loader learning that option: the row's
 ``active`` test is what the script itself looks at, and the mapping lives in
 ``timm_options``/``torchvision_options``.
@@ -15,12 +16,17 @@ row to ``HONOURED`` is the change that goes with the Loader learning that option
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 import torch
 
+from tilefeed.pipeline.recipe.batch_mix import BatchMix
+from tilefeed.pipeline.recipe.erasing import RandomErasing
+from tilefeed.pipeline.recipe.policies import AutoAugment
+from tilefeed.pipeline.recipe.policies import Interpolation as PolicyInterpolation
+from tilefeed.pipeline.recipe.recipe import ColorJitter, Interpolation, Recipe
 from tilefeed.store.errors import ConfigError
 
 
@@ -111,37 +117,37 @@ TIMM_FLAGS: dict[str, Flag] = {
     "crop_pct": Flag("--crop-pct", H, "data_config['crop_pct']: crop_pct of evaluation"),
     "crop_mode": Flag("crop_mode (model config)", R, "evaluation crop other than 'center'",
                       lambda a, c, t: not t and c.get("crop_mode") not in (None, "center")),
-    "interpolation": Flag("--interpolation", R, "evaluation resize other than bilinear",
-                          lambda a, c, t: not t and c["interpolation"] != "bilinear"),
-    "train_interpolation": Flag("--train-interpolation", R,
-                                "training resize other than bilinear (timm's default 'random' too)",
-                                lambda a, c, t: t and _timm_train_interpolation(a, c) != "bilinear"),
+    "interpolation": Flag("--interpolation", H, "data_config['interpolation']: the evaluation resize's filter"),
+    "train_interpolation": Flag("--train-interpolation", H,
+                                "the training resize's filter, 'random' as timm's (bilinear or bicubic per "
+                                "sample): Recipe.interpolation"),
     "scale": Flag("--scale", H, "random-resized-crop area range: scale"),
     "ratio": Flag("--ratio", H, "random-resized-crop aspect range: ratio"),
-    "hflip": Flag("--hflip", R, "horizontal flip probability other than 0.5 (the Loader's)",
-                  _train_aug(lambda a: float(getattr(a, "hflip", 0.5)) != 0.5)),
-    "vflip": Flag("--vflip", R, "vertical flip", _train_aug(lambda a: float(getattr(a, "vflip", 0.0)) > 0)),
+    "hflip": Flag("--hflip", H, "horizontal flip probability: Recipe.hflip"),
+    "vflip": Flag("--vflip", H, "vertical flip probability: Recipe.vflip"),
     "train_crop_mode": Flag("--train-crop-mode", R, "crop modes other than rrc (rkrc, rkrr)",
                             _train_aug(lambda a: getattr(a, "train_crop_mode", None) not in (None, "rrc"))),
     "no_aug": Flag("--no-aug", R, "training without augmentation (resize and centre crop)",
                    lambda a, c, t: t and bool(getattr(a, "no_aug", False))),
-    "color_jitter": Flag("--color-jitter/--color-jitter-prob", R,
-                         "colour jitter (off under --aa policies but '3a'; 0 is off)", _timm_colour_jitter),
-    "grayscale_prob": Flag("--grayscale-prob", R, "random grayscale",
-                           _train_aug(lambda a: bool(getattr(a, "grayscale_prob", None)))),
+    "color_jitter": Flag("--color-jitter/--color-jitter-prob", H,
+                         "colour jitter, off under --aa policies as timm turns it off: Recipe.color_jitter"),
+    "grayscale_prob": Flag("--grayscale-prob", H, "random grayscale: Recipe.grayscale"),
     "gaussian_blur_prob": Flag("--gaussian-blur-prob", R, "random gaussian blur",
                                _train_aug(lambda a: bool(getattr(a, "gaussian_blur_prob", None)))),
-    "aa": Flag("--aa", R, "auto-augment, RandAugment, AugMix, TrivialAugment policies",
-               _train_aug(lambda a: bool(getattr(a, "aa", None)))),
-    "reprob": Flag("--reprob/--remode/--recount/--resplit", R, "random erasing",
-                   _train_aug(lambda a: float(getattr(a, "reprob", 0.0)) > 0)),
+    "aa": Flag("--aa", H, "RandAugment and AutoAugment strings (timm's img_mean fill): Recipe.auto_augment; "
+               "AugMix and '3a' refused in one line by the parser"),
+    "reprob": Flag("--reprob/--remode/--recount", H, "random erasing as timm's: Recipe.erasing"),
+    "resplit": Flag("--resplit", R, "erasing spared on the first augmentation split",
+                    _train_aug(lambda a: float(getattr(a, "reprob", 0.0)) > 0
+                               and bool(getattr(a, "resplit", False)))),
     "aug_splits": Flag("--aug-splits", R, "augmentation splits (AugMix's JSD)",
                        lambda a, c, t: t and int(getattr(a, "aug_splits", 0)) > 0),
     "aug_repeats": Flag("--aug-repeats", R, "repeated-augmentation sampler",
                         lambda a, c, t: t and float(getattr(a, "aug_repeats", 0)) > 0),
-    "mixup": Flag("--mixup/--cutmix/--cutmix-minmax", R, "mixup and cutmix",
-                  lambda a, c, t: t and (float(a.mixup) > 0 or float(a.cutmix) > 0
-                                         or a.cutmix_minmax is not None)),
+    "mixup": Flag("--mixup/--cutmix/--cutmix-minmax/--mixup-*/--smoothing", H,
+                  "mixup and cutmix with timm's soft targets: Recipe.mix under the prefetcher (the "
+                  "default; --mixup-off-epoch sets loader.mixup_enabled), the script's own Mixup "
+                  "with --no-prefetcher"),
     "train_img_sizes": Flag("--train-img-sizes/--train-batch-sizes/--train-size-*", R,
                             "scheduled resolutions and batch sizes",
                             lambda a, c, t: t and getattr(a, "train_img_sizes", None) is not None),
@@ -218,9 +224,56 @@ def timm_options(args: Any, data_config: Mapping[str, Any], *, train: bool) -> d
     if train:
         options["scale"] = tuple(getattr(args, "scale", None) or (0.08, 1.0))
         options["ratio"] = tuple(getattr(args, "ratio", None) or (3 / 4, 4 / 3))
+        options["recipe"] = _timm_recipe(args, data_config)
     else:
         options["crop_pct"] = float(data_config["crop_pct"])
+        chosen = _timm_filter(str(data_config["interpolation"]))
+        options["recipe"] = None if chosen is Interpolation.BILINEAR else Recipe(interpolation=chosen)
     return options
+
+
+def _timm_filter(name: str) -> Interpolation:
+    if name not in set(Interpolation):
+        raise ConfigError(f"timm train.py interpolation {name!r}: the Loader resizes with "
+                          f"{', '.join(i.value for i in Interpolation)}")
+    return Interpolation(name)
+
+
+def _timm_recipe(args: Any, data_config: Mapping[str, Any]) -> Recipe:
+    """The training recipe ``create_loader(is_training=True)`` builds from timm's flags."""
+    if getattr(args, "no_aug", False):  # refused above
+        raise ConfigError("timm train.py --no-aug: the Loader trains with its random-resized crop")
+    interpolation = _timm_train_interpolation(args, data_config)
+    jitter = None
+    if _timm_colour_jitter(args, data_config, True):
+        values = args.color_jitter if isinstance(args.color_jitter, (list, tuple)) else [args.color_jitter] * 3
+        if len(values) not in (3, 4):
+            raise ConfigError(f"timm train.py --color-jitter takes 1, 3 or 4 values, got {len(values)}")
+        prob = getattr(args, "color_jitter_prob", None)
+        jitter = ColorJitter(*(float(v) for v in values), p=1.0 if prob is None else float(prob))
+    policy = None
+    if getattr(args, "aa", None):
+        size = int(data_config["input_size"][-1])
+        hparams: dict[str, Any] = {"translate_const": int(size * 0.45),
+                                   "img_mean": tuple(min(255, round(255 * x)) for x in data_config["mean"])}
+        if interpolation != "random":
+            hparams["interpolation"] = interpolation
+        policy = AutoAugment.parse(str(args.aa), hparams)
+    erasing = None
+    if float(getattr(args, "reprob", 0.0)) > 0:
+        erasing = RandomErasing.from_timm(probability=float(args.reprob), mode=getattr(args, "remode", "pixel"),
+                                          max_count=int(getattr(args, "recount", 1)))
+    mix = None
+    mixing = float(args.mixup) > 0 or float(args.cutmix) > 0 or args.cutmix_minmax is not None
+    if mixing and not getattr(args, "no_prefetcher", False):  # else the script's own Mixup mixes
+        mix = BatchMix.from_timm(
+            mixup_alpha=float(args.mixup), cutmix_alpha=float(args.cutmix), cutmix_minmax=args.cutmix_minmax,
+            prob=float(args.mixup_prob), switch_prob=float(args.mixup_switch_prob), mode=args.mixup_mode,
+            label_smoothing=float(args.smoothing), num_classes=int(args.num_classes))
+    return Recipe(interpolation=_timm_filter(interpolation), hflip=float(getattr(args, "hflip", 0.5)),
+                  vflip=float(getattr(args, "vflip", 0.0)),
+                  grayscale=float(getattr(args, "grayscale_prob", 0.0) or 0.0),
+                  color_jitter=jitter, auto_augment=policy, erasing=erasing, mix=mix)
 
 
 def _tv(test: Callable[[Any], bool], train_only: bool = True) -> Active:
@@ -236,17 +289,16 @@ TORCHVISION_FLAGS: dict[str, Flag] = {
     "train_crop_size": Flag("--train-crop-size", H, "RandomResizedCrop's size: size of training"),
     "val_crop_size": Flag("--val-crop-size", H, "CenterCrop's size: size of evaluation"),
     "val_resize_size": Flag("--val-resize-size", H, "Resize before the centre crop: crop_pct = crop / resize"),
-    "interpolation": Flag("--interpolation", R, "resizes other than bilinear",
-                          _tv(lambda a: getattr(a, "interpolation", "bilinear") != "bilinear",
-                              train_only=False)),
-    "auto_augment": Flag("--auto-augment/--ra-magnitude/--augmix-severity", R,
-                         "AutoAugment, RandAugment, TrivialAugmentWide, AugMix",
-                         _tv(lambda a: bool(getattr(a, "auto_augment", None)))),
-    "random_erase": Flag("--random-erase", R, "random erasing",
-                         _tv(lambda a: float(getattr(a, "random_erase", 0.0)) > 0)),
-    "mixup_alpha": Flag("--mixup-alpha/--cutmix-alpha", R, "mixup and cutmix in the collate function",
-                        _tv(lambda a: float(getattr(a, "mixup_alpha", 0.0)) > 0
-                            or float(getattr(a, "cutmix_alpha", 0.0)) > 0)),
+    "interpolation": Flag("--interpolation", H, "the filter of every resize (and of the policy's geometric "
+                          "ops): Recipe.interpolation"),
+    "auto_augment": Flag("--auto-augment/--ra-magnitude", H,
+                         "ta_wide, ra (its magnitude) and imagenet: Recipe.auto_augment"),
+    "augmix": Flag("--auto-augment augmix/cifar10/svhn", R,
+                   "AugMix, and AutoAugment's CIFAR-10 and SVHN tables",
+                   _tv(lambda a: getattr(a, "auto_augment", None) in ("augmix", "cifar10", "svhn"))),
+    "random_erase": Flag("--random-erase", H, "RandomErasing(p) after normalisation: Recipe.erasing"),
+    "mixup_alpha": Flag("--mixup-alpha/--cutmix-alpha", H, "the collate function's RandomChoice of MixUp and "
+                        "CutMix: Recipe.mix (soft targets; --label-smoothing stays in the loss)"),
     "ra_sampler": Flag("--ra-sampler/--ra-reps", R, "repeated-augmentation sampler",
                        _tv(lambda a: bool(getattr(a, "ra_sampler", False)))),
     "weights": Flag("--weights (with --test-only)", R, "evaluation preprocessing from the weights' transforms",
@@ -261,7 +313,7 @@ TORCHVISION_FLAGS: dict[str, Flag] = {
 }
 
 
-def torchvision_options(args: Any, *, train: bool) -> dict[str, Any]:
+def torchvision_options(args: Any, *, train: bool, num_classes: int | None = None) -> dict[str, Any]:
     """Loader keyword arguments (all but the store) for torchvision's classification reference.
 
     Parameters
@@ -271,6 +323,9 @@ def torchvision_options(args: Any, *, train: bool) -> dict[str, Any]:
     train : bool
         ``data_loader`` (``ClassificationPresetTrain``, a random sampler) or ``data_loader_test``
         (``ClassificationPresetEval``, sequential).
+    num_classes : int, optional
+        The classes of the training set (the script's ``len(dataset.classes)``): needed when
+        ``--mixup-alpha`` or ``--cutmix-alpha`` mixes batches into soft targets.
 
     Returns
     -------
@@ -289,15 +344,47 @@ def torchvision_options(args: Any, *, train: bool) -> dict[str, Any]:
         "num_workers": max(1, int(args.workers)), "pin_memory": True, "device": getattr(args, "device", None),
         "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),  # the presets' defaults
     }
+    interpolation = str(getattr(args, "interpolation", "bilinear"))
+    if interpolation not in set(Interpolation) or interpolation == Interpolation.RANDOM:
+        raise ConfigError(f"torchvision train.py --interpolation {interpolation}: the Loader resizes with "
+                          "nearest, bilinear, bicubic or lanczos")
     if train:
         options["size"] = int(args.train_crop_size)
+        options["recipe"] = _torchvision_recipe(args, Interpolation(interpolation), num_classes)
     else:
+        filtered = Interpolation(interpolation)
+        options["recipe"] = None if filtered is Interpolation.BILINEAR else Recipe(interpolation=filtered)
         crop, resize = int(args.val_crop_size), int(args.val_resize_size)
         if not 0 < crop <= resize:
             raise ConfigError(f"torchvision train.py --val-crop-size {crop} with --val-resize-size {resize}: "
                               "the Loader centre-crops inside the resized picture (crop <= resize)")
         options["size"], options["crop_pct"] = crop, crop / resize
     return options
+
+
+def _torchvision_recipe(args: Any, interpolation: Interpolation, num_classes: int | None) -> Recipe:
+    """``ClassificationPresetTrain``'s recipe and ``train.py``'s collate, from its flags."""
+    policy = None
+    chosen = getattr(args, "auto_augment", None)
+    if chosen:
+        policy = AutoAugment.parse(str(chosen))
+        # presets.py hands the policy the script's --interpolation (the class default is nearest)
+        if interpolation.value not in set(PolicyInterpolation):
+            raise ConfigError(f"torchvision train.py --interpolation {interpolation.value} with "
+                              "--auto-augment: the policy's geometric ops resize nearest or bilinear here")
+        policy = replace(policy, interpolation=PolicyInterpolation(interpolation.value))
+        if chosen == "ra":
+            policy = replace(policy, magnitude=int(getattr(args, "ra_magnitude", 9)))
+    erase = float(getattr(args, "random_erase", 0.0))
+    mixup, cutmix = float(getattr(args, "mixup_alpha", 0.0)), float(getattr(args, "cutmix_alpha", 0.0))
+    mix = None
+    if mixup > 0 or cutmix > 0:
+        if num_classes is None:
+            raise ConfigError("torchvision train.py --mixup-alpha/--cutmix-alpha: give torchvision_options "
+                              "num_classes= (the script's num_classes) for the soft targets")
+        mix = BatchMix.from_torchvision(num_classes, mixup_alpha=mixup, cutmix_alpha=cutmix)
+    return Recipe(interpolation=interpolation, auto_augment=policy,
+                  erasing=RandomErasing(p=erase) if erase > 0 else None, mix=mix)
 
 
 def table(flags: Mapping[str, Flag]) -> list[tuple[str, str, str]]:

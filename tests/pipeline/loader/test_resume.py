@@ -166,13 +166,14 @@ def test_a_state_of_another_version_is_refused_with_what_to_do(store: Path) -> N
         unmarked = {k: v for k, v in state.items() if k != "version"}
         sizeless = {k: v for k, v in state.items() if k not in ("size", "set_size", "mixture")} | {"version": 3}
         unmixed = {k: v for k, v in state.items() if k != "mixture"} | {"version": 4}
-        for saved, says in ((older, "2"), (first, "1"), (sizeless, "3"), (unmixed, "4"),
-                            (dict(state, version=6), "6"), (unmarked, "None")):
+        plain = {k: v for k, v in state.items() if k != "recipe"} | {"version": 5}  # before recipes
+        for saved, says in ((older, "2"), (first, "1"), (sizeless, "3"), (unmixed, "4"), (plain, "5"),
+                            (dict(state, version=7), "7"), (unmarked, "None")):
             with pytest.raises(ConfigError) as refused:
                 loader.load_state_dict(saved)
             message = str(refused.value)
             assert "\n" not in message
-            assert f"state_dict is version {says}, this Loader reads version 5" in message
+            assert f"state_dict is version {says}, this Loader reads version 6" in message
             assert "start the epoch afresh" in message and "tilefeed that saved it" in message
         assert loader.next_epoch_indices().tolist() == loader.epoch_indices(0).tolist()  # nothing loaded
 
