@@ -26,7 +26,9 @@ def timm_args(**changes: Any) -> argparse.Namespace:
                   cutmix=0.0, cutmix_minmax=None, train_interpolation="bilinear", train_img_sizes=None,
                   train_batches_per_epoch=None, naflex_loader=False, epoch_repeats=0.0,
                   train_num_samples=None, val_num_samples=None, input_img_mode=None, model_dtype=None,
-                  channels_last=False, device="cpu")
+                  channels_last=False, device="cpu", remode="pixel", recount=1, resplit=False,
+                  mixup_prob=1.0, mixup_switch_prob=0.5, mixup_mode="batch", smoothing=0.1, num_classes=10,
+                  no_prefetcher=False)
     values.update(changes)
     return argparse.Namespace(**values)
 
@@ -58,15 +60,11 @@ def test_timm_options_build_a_loader_that_normalises_as_timm(store: Path) -> Non
 
 
 @pytest.mark.parametrize("changes, config, train, named", [
-    ({"aa": "rand-m9-mstd0.5"}, {}, True, "--aa"),
-    ({"color_jitter": 0.4}, {}, True, "--color-jitter"),
-    ({"color_jitter": 0.4, "aa": "3a"}, {}, True, "--color-jitter"),  # '3a' keeps the jitter
-    ({"reprob": 0.25}, {}, True, "--reprob"),
-    ({"mixup": 0.8}, {}, True, "--mixup"),
-    ({"vflip": 0.5}, {}, True, "--vflip"),
-    ({"hflip": 0.0}, {}, True, "--hflip"),
-    ({"train_interpolation": "random"}, {}, True, "--train-interpolation"),
-    ({}, {"interpolation": "bicubic"}, False, "--interpolation"),
+    ({"aa": "augmix-m5-w4-d2"}, {}, True, "augmix"),  # the policy parser's own one line
+    ({"aa": "3a"}, {}, True, "3a"),
+    ({"reprob": 0.25, "resplit": True}, {}, True, "--resplit"),
+    ({"mixup": 0.8, "mixup_mode": "elem"}, {}, True, "mode='elem'"),
+    ({"gaussian_blur_prob": 0.1}, {}, True, "--gaussian-blur-prob"),
     ({}, {"crop_mode": "squash"}, False, "crop_mode"),
     ({"aug_repeats": 3}, {}, True, "--aug-repeats"),
     ({"train_crop_mode": "rkrr"}, {}, True, "--train-crop-mode"),
@@ -92,11 +90,32 @@ def test_a_flag_the_script_does_not_apply_is_not_refused(changes: dict[str, Any]
     timm_options(timm_args(**changes), timm_config(), train=train)
 
 
-def test_colour_jitter_under_a_randaugment_policy_is_named_for_the_policy_only() -> None:
-    """timm turns the jitter off under every --aa policy but '3a': only --aa is named."""
-    with pytest.raises(ConfigError) as caught:
-        timm_options(timm_args(aa="rand-m9-mstd0.5", color_jitter=0.4), timm_config(), train=True)
-    assert "--aa" in str(caught.value) and "--color-jitter" not in str(caught.value)
+def test_timm_recipe_flags_become_the_recipe_as_timm_applies_them() -> None:
+    from tilefeed.pipeline.recipe.batch_mix import MixStyle
+    from tilefeed.pipeline.recipe.erasing import Fill
+    from tilefeed.pipeline.recipe.policies import Family, Policy
+
+    recipe = timm_options(timm_args(aa="rand-m9-mstd0.5-inc1", color_jitter=0.4, reprob=0.25, mixup=0.8,
+                                    cutmix=1.0, train_interpolation="random", hflip=0.3, vflip=0.1,
+                                    grayscale_prob=0.2), timm_config(), train=True)["recipe"]
+    assert recipe.interpolation == "random"
+    assert (recipe.hflip, recipe.vflip, recipe.grayscale) == (0.3, 0.1, 0.2)
+    assert recipe.color_jitter is None  # timm turns the jitter off under a RandAugment policy
+    policy = recipe.auto_augment
+    assert (policy.policy, policy.family, policy.magnitude, policy.mstd) == (Policy.RAND, Family.TIMM, 9, 0.5)
+    assert policy.increasing and policy.fill == (124, 116, 104)  # timm's img_mean from the config's mean
+    assert recipe.erasing.p == 0.25 and recipe.erasing.value is Fill.RANDOM  # --remode pixel
+    mix = recipe.mix
+    assert (mix.mixup_alpha, mix.cutmix_alpha, mix.label_smoothing, mix.num_classes) == (0.8, 1.0, 0.1, 10)
+    assert mix.style is MixStyle.TIMM
+    jitter = timm_options(timm_args(color_jitter=0.4, color_jitter_prob=0.8), timm_config(),
+                          train=True)["recipe"].color_jitter
+    assert jitter.brightness == (0.6, 1.4) and jitter.hue is None and jitter.p == 0.8
+    # without the prefetcher the script mixes with its own Mixup: the Loader must not mix again
+    unfetched = timm_options(timm_args(mixup=0.8, no_prefetcher=True), timm_config(), train=True)
+    assert unfetched["recipe"].mix is None
+    evaluation = timm_options(timm_args(), timm_config(interpolation="bicubic"), train=False)
+    assert evaluation["recipe"].interpolation == "bicubic"
 
 
 def tv_args(**changes: Any) -> argparse.Namespace:
@@ -117,12 +136,29 @@ def test_torchvision_options_give_crop_pct_from_the_val_sizes() -> None:
     assert train["size"] == 176 and train["train"] and train["mean"] == (0.485, 0.456, 0.406)
 
 
+def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> None:
+    from tilefeed.pipeline.recipe.batch_mix import MixStyle
+    from tilefeed.pipeline.recipe.policies import Policy
+
+    recipe = torchvision_options(tv_args(auto_augment="ta_wide", random_erase=0.1, mixup_alpha=0.2,
+                                         cutmix_alpha=1.0), train=True, num_classes=7)["recipe"]
+    assert recipe.auto_augment.policy is Policy.TRIVIAL_WIDE
+    assert recipe.auto_augment.interpolation == "bilinear"  # presets pass --interpolation to the policy
+    assert recipe.erasing.p == 0.1 and recipe.erasing.value == 0.0
+    assert recipe.mix.style is MixStyle.TORCHVISION and recipe.mix.num_classes == 7
+    assert recipe.mix.label_smoothing == 0.0  # torchvision smooths in the loss
+    ra = torchvision_options(tv_args(auto_augment="ra", ra_magnitude=5), train=True)["recipe"].auto_augment
+    assert ra.policy is Policy.RAND and ra.magnitude == 5
+    evaluation = torchvision_options(tv_args(interpolation="bicubic"), train=False)
+    assert evaluation["recipe"].interpolation == "bicubic"
+    with pytest.raises(ConfigError, match="num_classes"):
+        torchvision_options(tv_args(mixup_alpha=0.2), train=True)
+
+
 @pytest.mark.parametrize("changes, train, named", [
-    ({"auto_augment": "ta_wide"}, True, "--auto-augment"),
-    ({"random_erase": 0.1}, True, "--random-erase"),
-    ({"mixup_alpha": 0.2}, True, "--mixup-alpha"),
+    ({"auto_augment": "augmix"}, True, "--auto-augment"),
+    ({"auto_augment": "ta_wide", "interpolation": "bicubic"}, True, "--interpolation"),
     ({"ra_sampler": True}, True, "--ra-sampler"),
-    ({"interpolation": "bicubic"}, False, "--interpolation"),
     ({"weights": "ResNet18_Weights.DEFAULT", "test_only": True}, False, "--weights"),
 ])
 def test_a_refused_torchvision_flag_is_named_in_one_line(changes: dict[str, Any], train: bool,
