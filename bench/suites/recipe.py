@@ -50,7 +50,7 @@ def script_args(flags: RecipeFlags, *, batch_size: int, workers: int) -> argpars
         val_crop_size=224, interpolation="bilinear", auto_augment=flags.auto_augment,
         ra_magnitude=9, augmix_severity=3, random_erase=flags.random_erase,
         mixup_alpha=flags.mixup_alpha, cutmix_alpha=flags.cutmix_alpha, ra_sampler=False, ra_reps=3,
-        backend="pil", use_v2=True, label_smoothing=0.1)
+        backend="pil", use_v2=True, label_smoothing=0.1, device="cpu")
 
 
 @dataclass
@@ -148,7 +148,7 @@ def bench_recipe(images: Path, store: Path, *, classes: int, batch_size: int = 6
             return recipe_dataloader(images, batch_size, workers=workers, flags=chosen, classes=classes)
         options = torchvision_options(script_args(chosen, batch_size=batch_size, workers=workers),
                                       train=True, num_classes=classes)
-        return Loader(store, device=device, **options)
+        return Loader(store, **{**options, "device": device})
 
     def run(name: str, chosen: RecipeFlags, ms: float) -> RunResult:
         loader = side(name, chosen)
