@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.loader.loader import Loader
     from tilefeed.pipeline.mixing.mix import Mix
     from tilefeed.pipeline.reading.reader import StoreReader
+    from tilefeed.pipeline.recipe.batch_mix import BatchMix
+    from tilefeed.pipeline.recipe.erasing import RandomErasing
+    from tilefeed.pipeline.recipe.policies import AutoAugment
+    from tilefeed.pipeline.recipe.recipe import ColorJitter, Interpolation, Recipe
     from tilefeed.store.errors import (
         ConfigError,
         CorruptChunkError,
@@ -41,6 +45,12 @@ _PUBLIC = {
     "Loader": ("tilefeed.pipeline.loader.loader", "Loader"),
     "Mix": ("tilefeed.pipeline.mixing.mix", "Mix"),
     "StoreReader": ("tilefeed.pipeline.reading.reader", "StoreReader"),
+    "Recipe": ("tilefeed.pipeline.recipe.recipe", "Recipe"),
+    "ColorJitter": ("tilefeed.pipeline.recipe.recipe", "ColorJitter"),
+    "Interpolation": ("tilefeed.pipeline.recipe.recipe", "Interpolation"),
+    "AutoAugment": ("tilefeed.pipeline.recipe.policies", "AutoAugment"),
+    "RandomErasing": ("tilefeed.pipeline.recipe.erasing", "RandomErasing"),
+    "BatchMix": ("tilefeed.pipeline.recipe.batch_mix", "BatchMix"),
     "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
     "SourceOptions": ("tilefeed.preprocess.sources.scanning", "SourceOptions"),
@@ -52,7 +62,8 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "ConfigError", "CorruptChunkError", "DaliMissingError", "Loader", "Mix", "RunResult", "SourceError",
+    "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "DaliMissingError",
+    "Interpolation", "Loader", "Mix", "RandomErasing", "Recipe", "RunResult", "SourceError",
     "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
     "StoreWriteError", "Summary", "TileDataset", "TileSettings", "TilefeedError", "__version__",
     "measure", "preprocess_images", "watch",
