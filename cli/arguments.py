@@ -153,6 +153,7 @@ VOCABULARY: dict[str, Term] = {
     "--over": Term("swept setting", "the setting a sweep varies", "choice"),
     "--values": Term("swept values", "the values a sweep takes", "numbers, comma list"),
     "--mixture": Term("mixture row", "add the row of a 50/50 Mix of the store's two halves", "-"),
+    "--operations": Term("operation rows", "add the rows of each recipe operation alone", "-"),
     "--latency-ms": Term("request latency", "added to every request to the bucket", "milliseconds"),
     "--rate-mb": Term("connection rate", "the cap of each connection to the bucket", "MB/s"),
     "--limit-kb": Term("growth limit", "the growth that still passes", "KB"),
