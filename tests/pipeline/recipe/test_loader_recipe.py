@@ -12,6 +12,8 @@ from PIL import Image
 
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.recipe.draws import draw
+from tilefeed.pipeline.recipe.batch_mix import BatchMix
+from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
 from tilefeed.store.errors import ConfigError
 from tests.pipeline.recipe.helpers import torchvision_direct
@@ -92,3 +94,62 @@ def test_evaluation_takes_only_the_filter_and_a_bad_recipe_is_refused(store: Pat
     assert not all(torch.equal(a, b) for a, b in zip(nearest, plain, strict=True))
     with pytest.raises(ConfigError, match="recipe must be"):
         Loader(store, 8, recipe={"hflip": 0.5})  # type: ignore[arg-type]
+
+
+FULL = Recipe("random", hflip=0.3, vflip=0.2, grayscale=0.2, color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1),
+              auto_augment="ta_wide", erasing=RandomErasing(p=0.5, value="random"))
+FLOAT = dict(with_index=True, num_workers=1, train=True, seed=5, size=24, shuffle=True)
+
+
+def by_sample(batches: list[tuple[torch.Tensor, ...]]) -> dict[int, torch.Tensor]:
+    return {int(i): img for imgs, _, idx in batches for img, i in zip(imgs, idx, strict=True)}
+
+
+def test_an_elastic_resume_with_every_per_sample_operation_is_bit_identical(store: Path) -> None:
+    """Two ranks hand over part of the epoch; three ranks, at another batch size, finish it: every
+    sample comes out as the uninterrupted run gave it, policy, jitter and erasing noise included."""
+    whole: dict[int, torch.Tensor] = {}
+    for rank in range(2):
+        with Loader(store, 4, rank=rank, world_size=2, recipe=FULL, **FLOAT) as loader:
+            whole |= by_sample([tuple(t.clone() for t in b) for b in loader])
+    first: dict[int, torch.Tensor] = {}
+    states = []
+    for rank in range(2):
+        with Loader(store, 4, rank=rank, world_size=2, recipe=FULL, **FLOAT) as loader:
+            batches = []
+            for n, b in enumerate(loader):
+                batches.append(tuple(t.clone() for t in b))
+                if n == 1:
+                    states.append(loader.state_dict())
+                    break
+            first |= by_sample(batches)
+    assert states[0]["segments"] == states[1]["segments"]
+    rest: dict[int, torch.Tensor] = {}
+    for rank in range(3):
+        with Loader(store, 3, rank=rank, world_size=3, recipe=FULL, **FLOAT) as loader:
+            loader.load_state_dict(states[0])
+            rest |= by_sample([tuple(t.clone() for t in b) for b in loader])
+    assert not first.keys() & rest.keys() and (first | rest).keys() == whole.keys()
+    assert all(torch.equal((first | rest)[i], whole[i]) for i in whole)
+
+
+def test_mixing_repeats_on_the_same_settings_and_gives_soft_targets_on_others(store: Path) -> None:
+    """batch_mix's rule at the Loader: the same world size and batch size mix every batch as before;
+    another batch size composes new batches, still mixed into targets that sum to one."""
+    with StoreReader(store) as reader:
+        classes = int(np.max(reader.labels[:])) + 1
+    recipe = Recipe(mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes))
+    opts = dict(FLOAT, with_index=False)
+    with Loader(store, 4, recipe=recipe, **opts) as loader:
+        once = [tuple(t.clone() for t in b) for b in loader]
+    with Loader(store, 4, recipe=recipe, **opts) as loader:
+        again = [tuple(t.clone() for t in b) for b in loader]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(once, again, strict=True))
+    assert all(t.dtype == torch.float32 and t.shape == (len(x), classes) for x, t in once)
+    with Loader(store, 3, recipe=recipe, **opts) as loader:
+        other = [tuple(t.clone() for t in b) for b in loader]
+    assert all(torch.allclose(t.sum(1), torch.ones(len(t))) for _, t in other)
+    with Loader(store, 4, recipe=recipe, **opts) as loader:
+        loader.mixup_enabled = False  # timm's --mixup-off-epoch: plain labels' one-hot targets
+        plain = next(iter(loader))
+    assert plain[1].dtype == torch.int64
