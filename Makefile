@@ -99,3 +99,4 @@ gpu-check:
 	@mkdir -p bench-out
 	-$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --junitxml bench-out/gpu-tests.xml
 	$(TF) bench gpu-report --tests-xml bench-out/gpu-tests.xml --out bench-out/gpu-report.json
+	$(TF) bench recipe --count 4800 --out bench-out/recipe.json

@@ -28,6 +28,7 @@ from tilefeed.bench.harness.steps import EmulatedStep
 from tilefeed.bench.harness.watch import RunResult, measure
 from tilefeed.bench.peers.torchvision_recipe import RecipeFlags, recipe_dataloader
 from tilefeed.pipeline import Loader
+from tilefeed.pipeline.device import default_device
 from tilefeed.pipeline.recipe.adapters import torchvision_options
 from tilefeed.store.host import usable_cores
 
@@ -50,7 +51,7 @@ def script_args(flags: RecipeFlags, *, batch_size: int, workers: int) -> argpars
         val_crop_size=224, interpolation="bilinear", auto_augment=flags.auto_augment,
         ra_magnitude=9, augmix_severity=3, random_erase=flags.random_erase,
         mixup_alpha=flags.mixup_alpha, cutmix_alpha=flags.cutmix_alpha, ra_sampler=False, ra_reps=3,
-        backend="pil", use_v2=True, label_smoothing=0.1, device="cpu")
+        backend="pil", use_v2=True, label_smoothing=0.1)
 
 
 @dataclass
@@ -141,11 +142,12 @@ def bench_recipe(images: Path, store: Path, *, classes: int, batch_size: int = 6
     RecipeResult
     """
     workers = usable_cores() if workers is None else workers
-    device = torch.device("cpu")
+    device = default_device()  # a GPU where there is one (make gpu-check), else the CPU
 
     def side(name: str, chosen: RecipeFlags) -> Iterable[Any]:
         if name == DATALOADER:
-            return recipe_dataloader(images, batch_size, workers=workers, flags=chosen, classes=classes)
+            return recipe_dataloader(images, batch_size, workers=workers, flags=chosen, classes=classes,
+                                     pin_memory=device.type == "cuda")
         options = torchvision_options(script_args(chosen, batch_size=batch_size, workers=workers),
                                       train=True, num_classes=classes)
         return Loader(store, **{**options, "device": device})
@@ -178,6 +180,7 @@ def bench_recipe(images: Path, store: Path, *, classes: int, batch_size: int = 6
                     continue
                 costs[op][name].append(run(name, replace(flags, **changes), 0.0).samples_per_s)
     settings = {"batch_size": batch_size, "workers": workers, "steps": steps, "rounds": rounds,
+                "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
                 "classes": classes, "images": str(images), "store": str(store), "cores": usable_cores(),
                 "torch": torch.__version__}
     return RecipeResult(flags, step_ms, {k: Figure(v) for k, v in rate.items()},
