@@ -19,6 +19,12 @@ class ConfigError(TilefeedError, ValueError):
     """An option has a value tilefeed cannot use."""
 
 
+class ConfigAttributeError(ConfigError, AttributeError):
+    """An attribute that means nothing for this configuration (a Loader over a ``Mix`` has no
+    single ``dataset``). Also an ``AttributeError``, so ``hasattr`` and ``getattr(obj, name,
+    default)`` answer as for any object without it, and the message says why."""
+
+
 class SourceError(TilefeedError, ValueError):
     """The image source (folder tree or manifest) is missing, empty or malformed."""
 

@@ -25,7 +25,7 @@ import numpy as np
 from tilefeed.pipeline.planning.order import samples_per_rank
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.reading.reader import StoreReader
-from tilefeed.store.errors import ConfigError
+from tilefeed.store.errors import ConfigAttributeError
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.loader.loader import Loader
@@ -38,7 +38,7 @@ def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> Any:
     from tilefeed.pipeline.reading.dataset import TileDataset
 
     if not isinstance(reader, StoreReader):
-        raise ConfigError("a Loader over a Mix has no single Dataset: len(loader) and loader.samples "
+        raise ConfigAttributeError("a Loader over a Mix has no single Dataset: len(loader) and loader.samples "
                           "count its epoch, loader.source_of names a sample's store")
     full = TileDataset(reader)
     return full if subset is None else Subset(full, subset.tolist())

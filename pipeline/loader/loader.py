@@ -357,6 +357,12 @@ class Loader:
         # fail in one line saying why, the rest as Python's own AttributeError
         if name in ABSENT:
             raise absent(name)
+        face = getattr(type(self), name, None)
+        if isinstance(face, (property, cached_property)):
+            # a property of ours raised an AttributeError (a ConfigAttributeError: ``dataset``
+            # over a Mix) and Python came here instead, dropping its message: asked again, it
+            # raises that error itself, so the caller reads why
+            return face.__get__(self, type(self))
         raise AttributeError(f"'Loader' object has no attribute {name!r}")
 
     def __len__(self) -> int:

@@ -281,16 +281,20 @@ def _tv(test: Callable[[Any], bool], train_only: bool = True) -> Active:
     return lambda args, config, train: (train or not train_only) and test(args)
 
 
-# torchvision references/classification/train.py: every flag that reaches its datasets' presets
-# (presets.ClassificationPresetTrain/Eval), its samplers, its collate function and DataLoaders
+# torchvision references/classification/train.py (the one that runs with torchvision 0.29): every
+# flag that reaches its datasets' presets (presets.ClassificationPresetTrain/Eval: RandomResizedCrop
+# with torchvision's default scale and ratio, flip 0.5, ImageNet mean/std; Resize(shorter side) then
+# CenterCrop), its samplers, its collate function and its two DataLoaders
 TORCHVISION_FLAGS: dict[str, Flag] = {
     "batch_size": Flag("-b/--batch-size", H, "batch size per rank (training and evaluation): batch_size"),
     "workers": Flag("-j/--workers", H, "loader workers: num_workers (DALI's threads)"),
-    "train_crop_size": Flag("--train-crop-size", H, "RandomResizedCrop's size: size of training"),
+    "train_crop_size": Flag("--train-crop-size", H,
+                            "RandomResizedCrop's size (scale 0.08-1, ratio 3/4-4/3): size of training"),
     "val_crop_size": Flag("--val-crop-size", H, "CenterCrop's size: size of evaluation"),
-    "val_resize_size": Flag("--val-resize-size", H, "Resize before the centre crop: crop_pct = crop / resize"),
-    "interpolation": Flag("--interpolation", H, "the filter of every resize (and of the policy's geometric "
-                          "ops): Recipe.interpolation"),
+    "val_resize_size": Flag("--val-resize-size", H,
+                            "Resize of the shorter side before the centre crop: crop_pct = crop / resize"),
+    "interpolation": Flag("--interpolation", H, "the filter of every resize, training and evaluation (and of "
+                          "the policy's geometric ops): Recipe.interpolation"),
     "auto_augment": Flag("--auto-augment/--ra-magnitude", H,
                          "ta_wide, ra (its magnitude) and imagenet: Recipe.auto_augment"),
     "augmix": Flag("--auto-augment augmix/cifar10/svhn", R,
@@ -299,14 +303,18 @@ TORCHVISION_FLAGS: dict[str, Flag] = {
     "random_erase": Flag("--random-erase", H, "RandomErasing(p) after normalisation: Recipe.erasing"),
     "mixup_alpha": Flag("--mixup-alpha/--cutmix-alpha", H, "the collate function's RandomChoice of MixUp and "
                         "CutMix: Recipe.mix (soft targets; --label-smoothing stays in the loss)"),
-    "ra_sampler": Flag("--ra-sampler/--ra-reps", R, "repeated-augmentation sampler",
-                       _tv(lambda a: bool(getattr(a, "ra_sampler", False)))),
+    "ra_sampler": Flag("--ra-sampler/--ra-reps", R,
+                       "repeated-augmentation sampler (the script uses it only when distributed)",
+                       _tv(lambda a: bool(getattr(a, "ra_sampler", False))
+                           and bool(getattr(a, "distributed", False)))),
     "weights": Flag("--weights (with --test-only)", R, "evaluation preprocessing from the weights' transforms",
                     lambda a, c, t: not t and bool(getattr(a, "weights", None))
                     and bool(getattr(a, "test_only", False))),
     "device": Flag("--device", H, "the device batches land on: device"),
-    "backend": Flag("--backend", H, "no effect: tiles are decoded by the Loader (PIL or tensor alike)"),
-    "use_v2": Flag("--use-v2", H, "no effect: the same transforms either way"),
+    "backend": Flag("--backend", H, "no effect: the Loader decodes and resizes the tiles itself "
+                    "(PIL or tensor alike)"),
+    "use_v2": Flag("--use-v2", H, "no effect: the same transforms either way (v2's MixUp/CutMix: "
+                   "see --mixup-alpha)"),
     "cache_dataset": Flag("--cache-dataset", H, "no effect on the Loader (caches the script's own datasets)"),
     "distributed": Flag("(distributed launch)", H,
                         "rank and world_size from torch.distributed (DistributedSampler's split)"),
@@ -331,7 +339,10 @@ def torchvision_options(args: Any, *, train: bool, num_classes: int | None = Non
     -------
     dict
         ``Loader(store, **options)``'s options: mean and std are the presets' ImageNet values in
-        0..1 units, the horizontal flip the presets' 0.5, pin_memory as the script's DataLoaders.
+        0..1 units, scale and ratio ``RandomResizedCrop``'s defaults, the horizontal flip the
+        presets' 0.5, pin_memory as the script's DataLoaders; the training order reshuffles each
+        epoch and keeps its tail (``RandomSampler``, ``DistributedSampler``), evaluation is in
+        store order (``SequentialSampler``).
 
     Raises
     ------
@@ -350,6 +361,7 @@ def torchvision_options(args: Any, *, train: bool, num_classes: int | None = Non
                           "nearest, bilinear, bicubic or lanczos")
     if train:
         options["size"] = int(args.train_crop_size)
+        options["scale"], options["ratio"] = (0.08, 1.0), (3 / 4, 4 / 3)  # RandomResizedCrop's defaults
         options["recipe"] = _torchvision_recipe(args, Interpolation(interpolation), num_classes)
     else:
         filtered = Interpolation(interpolation)

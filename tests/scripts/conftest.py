@@ -39,11 +39,11 @@ def run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complete
                           timeout=timeout, env=env)
 
 
-def image_set(root: Path, val_name: str) -> Path:
-    """``train/`` (3 classes x 8 pictures) and ``{val_name}/`` (3 x 4) image folders, each
-    preprocessed into ``store-train`` and ``store-{val_name}`` (32 px tiles)."""
+def image_set(root: Path, val_name: str, classes: int = 3) -> Path:
+    """``train/`` (``classes`` x 8 pictures) and ``{val_name}/`` (``classes`` x 4) image folders,
+    each preprocessed into ``store-train`` and ``store-{val_name}`` (32 px tiles)."""
     for split, per_class, seed in (("train", 8, 1), (val_name, 4, 2)):
-        src = write_folder(root / split, classes=3, per_class=per_class, size=(48, 40), seed=seed)
+        src = write_folder(root / split, classes=classes, per_class=per_class, size=(48, 40), seed=seed)
         preprocess(src, root / f"store-{split}", TileSettings(tile=32, fit="crop"),
                    StoreSettings(codec="lz4", shard_size=8), workers=1)
     return root

@@ -16,7 +16,7 @@ from tilefeed.pipeline import Loader
 from tilefeed.pipeline.audit.ledger import audit, format_audit
 from tilefeed.pipeline.mixing.mix import Mix
 from tilefeed.pipeline.reading.mixed import LabelRule
-from tilefeed.store.errors import ConfigError
+from tilefeed.store.errors import ConfigAttributeError, ConfigError
 from tests.helpers import assert_plain, killed_and_resumed, make_store, train_until_killed
 
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1)
@@ -167,6 +167,22 @@ def test_refusals(stores: dict[str, Path]) -> None:
         Loader(mix(stores), 8, indices=[0, 1], **UINT8)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="Dataset"):
         _ = Loader(mix(stores), 8, **UINT8).dataset  # type: ignore[arg-type]
+
+
+def test_a_mix_has_no_dataset_for_hasattr_yet_says_why(stores: dict[str, Path]) -> None:
+    """timm's ``_set_loader_epoch`` and torchvision's ``evaluate`` ask ``hasattr(loader.dataset,
+    ...)``-style questions: over a Mix, ``dataset`` is absent (an AttributeError, so ``hasattr``
+    is False) and reading it still names the reason in one line."""
+    with Loader(mix(stores), 8, **UINT8) as loader:  # type: ignore[arg-type]
+        assert not hasattr(loader, "dataset") and getattr(loader, "dataset", "none") == "none"
+        with pytest.raises(ConfigAttributeError) as caught:
+            loader.dataset  # noqa: B018
+        assert isinstance(caught.value, ConfigError) and isinstance(caught.value, AttributeError)
+        assert "no single Dataset" in str(caught.value) and "\n" not in str(caught.value)
+        with pytest.raises(AttributeError, match="no attribute 'datasets'"):  # a typo stays Python's
+            loader.datasets  # noqa: B018
+    with Loader(mix(stores), 8, **UINT8) as loader, pytest.raises(ConfigError):  # type: ignore[arg-type]
+        loader.dataset  # noqa: B018  # still a ConfigError for those who catch that
 
 
 def test_per_source_counts_agree_in_both_forms_of_the_tally() -> None:

@@ -124,7 +124,7 @@ def tv_args(**changes: Any) -> argparse.Namespace:
                   interpolation="bilinear", auto_augment=None, ra_magnitude=9, augmix_severity=3,
                   random_erase=0.0, mixup_alpha=0.0, cutmix_alpha=0.0, ra_sampler=False, ra_reps=3,
                   weights=None, test_only=False, device="cpu", backend="pil", use_v2=False,
-                  cache_dataset=False)
+                  cache_dataset=False, distributed=False)
     values.update(changes)
     return argparse.Namespace(**values)
 
@@ -134,6 +134,15 @@ def test_torchvision_options_give_crop_pct_from_the_val_sizes() -> None:
     assert val["size"] == 224 and val["crop_pct"] == pytest.approx(224 / 232)
     train = torchvision_options(tv_args(train_crop_size=176), train=True)
     assert train["size"] == 176 and train["train"] and train["mean"] == (0.485, 0.456, 0.406)
+    assert train["scale"] == (0.08, 1.0) and train["ratio"] == (3 / 4, 4 / 3)  # RandomResizedCrop's
+    assert train["shuffle"] and not train["drop_last"] and not val["shuffle"]
+
+
+def test_ra_sampler_is_refused_only_where_the_script_uses_it() -> None:
+    """train.py builds its RASampler only under a distributed launch; alone it is ignored."""
+    torchvision_options(tv_args(ra_sampler=True), train=True)
+    with pytest.raises(ConfigError, match="--ra-sampler"):
+        torchvision_options(tv_args(ra_sampler=True, distributed=True), train=True)
 
 
 def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> None:
@@ -158,7 +167,7 @@ def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> N
 @pytest.mark.parametrize("changes, train, named", [
     ({"auto_augment": "augmix"}, True, "--auto-augment"),
     ({"auto_augment": "ta_wide", "interpolation": "bicubic"}, True, "--interpolation"),
-    ({"ra_sampler": True}, True, "--ra-sampler"),
+    ({"ra_sampler": True, "distributed": True}, True, "--ra-sampler"),
     ({"weights": "ResNet18_Weights.DEFAULT", "test_only": True}, False, "--weights"),
 ])
 def test_a_refused_torchvision_flag_is_named_in_one_line(changes: dict[str, Any], train: bool,
