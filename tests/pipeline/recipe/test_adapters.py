@@ -185,3 +185,20 @@ def test_every_row_says_honoured_or_refused_and_refused_rows_can_fire() -> None:
             assert flag and meaning and verdict in (Verdict.HONOURED, Verdict.REFUSED)
         for row in flags.values():
             assert (row.active is not None) == (row.verdict is Verdict.REFUSED), row.flag
+
+
+def test_the_integrations_page_shows_the_committed_swaps_and_tables() -> None:
+    """docs/integrations.md's swaps and flag tables are what tools/integration_docs.py makes of the
+    patches and TIMM_FLAGS / TORCHVISION_FLAGS; a changed row shows up as a difference."""
+    import importlib.util
+
+    root = Path(__file__).parents[3]
+    spec = importlib.util.spec_from_file_location("integration_docs", root / "tools" / "integration_docs.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    page = (root / "docs" / "integrations.md").read_text()
+    assert tool.rendered(page) == page, "run python tools/integration_docs.py"
+    assert page.count("<!-- /generated -->") == 4
+    stale = page.replace("| `--aa` | honoured", "| `--aa` | refused")
+    assert tool.rendered(stale) != stale  # the negative control: an edited row is rewritten
