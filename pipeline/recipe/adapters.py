@@ -250,7 +250,9 @@ def _timm_recipe(args: Any, data_config: Mapping[str, Any]) -> Recipe:
         if len(values) not in (3, 4):
             raise ConfigError(f"timm train.py --color-jitter takes 1, 3 or 4 values, got {len(values)}")
         prob = getattr(args, "color_jitter_prob", None)
-        jitter = ColorJitter(*(float(v) for v in values), p=1.0 if prob is None else float(prob))
+        brightness, contrast, saturation, *hue = (float(v) for v in values)
+        jitter = ColorJitter(brightness, contrast, saturation, hue[0] if hue else None,
+                             p=1.0 if prob is None else float(prob))
     policy = None
     if getattr(args, "aa", None):
         size = int(data_config["input_size"][-1])
