@@ -112,7 +112,7 @@ def record(command: list[str], repeat: int = 1) -> Path:
     facts = machine()  # before the command: its load average is the other tenants'
     before = load_average()
     runs = [_run(command, path) for _ in range(repeat)]
-    data = runs[0] if repeat == 1 else {"repeats": runs}
+    data: dict[str, Any] = runs[0] if repeat == 1 else {"repeats": runs}
     data["provenance"] = {"command": " ".join(command), "commit": commit(),
                           "date": began.isoformat(timespec="seconds"), "machine": facts,
                           "load_before": before, "load_after": load_average(), "repeat": repeat}
