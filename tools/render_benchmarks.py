@@ -100,6 +100,18 @@ def loader_table(files: list[Json]) -> str:
     return markdown(LoaderBenchResult(**_fields(files[0])).table())
 
 
+def ffcv_table(files: list[Json]) -> str:
+    """The loader form with ``--peer ffcv``: its comparison with FFCV, then its own uint8 lines."""
+    from tilefeed.bench.suites.loader import LoaderBenchResult
+
+    result = LoaderBenchResult(**_fields(files[0]))
+    if not result.peer:
+        raise ValueError("the loader JSON has no FFCV figures: record it with --peer ffcv")
+    own, peer = result.table().split("\n\n| figure (img/s)")
+    ratios = [line for line in own.splitlines() if line.startswith("uint8:")]
+    return markdown("| figure (img/s)" + peer + "\n" + "\n".join(ratios))
+
+
 def parts_table(files: list[Json]) -> str:
     """The parts form prints one line per pair; on the page each pair is a row."""
     from tilefeed.bench.suites.parts import PartsResult
@@ -240,6 +252,7 @@ class Table:
 TABLES: dict[str, Table] = {
     "preprocess": Table(("docs/data/preprocess.json",), preprocess_table),
     "loader": Table(("docs/data/loader.json",), loader_table),
+    "ffcv": Table(("docs/data/ffcv.json",), ffcv_table),
     "parts": Table(("docs/data/parts.json",), parts_table),
     "stall": Table(("docs/data/stall-50ms.json", "docs/data/stall-80ms.json"), stall_table),
     "outputs": Table(("docs/data/output-float32.json", "docs/data/output-channels_last.json",
