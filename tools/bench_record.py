@@ -108,12 +108,14 @@ def record(command: list[str], repeat: int = 1) -> Path:
     if repeat < 1:
         raise SystemExit("record: --repeat takes 1 or more")
     path = json_path(command)
+    # the tree as the command found it: its own --out may be a tracked file it then rewrites
+    tree = commit()
     began = datetime.datetime.now(datetime.UTC)
     facts = machine()  # before the command: its load average is the other tenants'
     before = load_average()
     runs = [_run(command, path) for _ in range(repeat)]
     data: dict[str, Any] = runs[0] if repeat == 1 else {"repeats": runs}
-    data["provenance"] = {"command": " ".join(command), "commit": commit(),
+    data["provenance"] = {"command": " ".join(command), "commit": tree,
                           "date": began.isoformat(timespec="seconds"), "machine": facts,
                           "load_before": before, "load_after": load_average(), "repeat": repeat}
     path.write_text(json.dumps(data, indent=2) + "\n")
