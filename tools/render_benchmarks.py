@@ -60,8 +60,8 @@ def provenance_line(data: Json) -> str:
 
 
 def sources_text(files: list[tuple[str, Json]]) -> str:
-    """The lines under a table: one per JSON file it is drawn from."""
-    return "\n".join(f"<sub>{provenance_line(data)}</sub>  " for _, data in files).rstrip()
+    """The lines under a table: one paragraph per JSON file it is drawn from."""
+    return "\n\n".join(f"<sub>{provenance_line(data)}</sub>" for _, data in files)
 
 
 # -- a form's terminal text as Markdown ------------------------------------------------------------
