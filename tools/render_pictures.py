@@ -6,9 +6,10 @@
     python tools/render_pictures.py flow   [docs/img/flow.png]
     python tools/render_pictures.py all    # the three above from the committed JSON
 
-``record`` runs a ``tilefeed bench`` command that writes ``--out FILE`` and adds to that JSON where and
-how it was made (``provenance``: the command, the commit, the date, the machine), so a figure
-drawn from it can say so. Drawing needs no bench run: the figures come from the JSON alone
+``record`` is ``tools/bench_record.py``: it runs a ``tilefeed bench`` command that writes ``--out FILE``
+and adds to that JSON where and how it was made (``provenance``: the command, the commit, the
+date, the machine, the load average), so a figure drawn from it can say so. Drawing needs no
+bench run: the figures come from the JSON alone
 (``tilefeed.bench.harness.plots``). Run it with the repository's ``src`` on PYTHONPATH or
 tilefeed installed; matplotlib is the ``plot`` extra.
 """
@@ -16,11 +17,7 @@ tilefeed installed; matplotlib is the ``plot`` extra.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,82 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "img"
 
 
-# -- record: a bench's JSON, with where and how it was made ----------------------------------------
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
-    return done.stdout.strip()
-
-
-def commit() -> str:
-    """The tree's commit, '-dirty' added when tracked files differ from it."""
-    head = _git("rev-parse", "HEAD") or "unknown"
-    return head + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def machine() -> dict[str, Any]:
-    """The facts a bench's figures depend on: CPU model and cores, memory, GPU, versions."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    memory = None
-    try:
-        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError, AttributeError):
-        pass
-    # what else ran: a bench's figures on a shared machine move with its load
-    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-    from tilefeed.store.host import usable_cores
-
-    cores = usable_cores()
-    facts: dict[str, Any] = {"host": platform.node(), "cpu": cpu, "cores": cores, "memory_gib": memory,
-                             "load_average_1m": load, "os": platform.platform(),
-                             "python": platform.python_version()}
-    for name, module in (("torch", "torch"), ("dali", "nvidia.dali"), ("pil", "PIL")):
-        try:
-            facts[name] = __import__(module, fromlist=["__version__"]).__version__
-        except ImportError:
-            facts[name] = None
-    try:
-        import torch
-
-        facts["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        facts["gpu"] = None
-    return facts
-
-
-def json_path(command: list[str]) -> Path:
-    """Where ``command`` writes its JSON: its ``--out`` option's value (``--json PATH``, the
-    spelling before, too)."""
-    for k, word in enumerate(command):
-        for option in ("--out", "--json"):
-            if word == option and k + 1 < len(command):
-                return Path(command[k + 1])
-            if word.startswith(f"{option}="):
-                return Path(word.split("=", 1)[1])
-    raise SystemExit("record: the command names no --out FILE to stamp")
-
-
-def record(command: list[str]) -> Path:
-    """Run ``command`` (``tilefeed ...`` runs with this Python) and stamp its JSON."""
-    if not command:
-        raise SystemExit("record: give the command after --")
-    path = json_path(command)
-    began = datetime.datetime.now(datetime.UTC)
-    facts = machine()  # before the command: its load average is the other tenants'
-    argv = [sys.executable, "-m", "tilefeed", *command[1:]] if command[0] == "tilefeed" else command
-    done = subprocess.run(argv, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"record: the command failed (exit {done.returncode}); nothing stamped")
-    data = json.loads(path.read_text())
-    data["provenance"] = {"command": " ".join(command), "commit": commit(),
-                          "date": began.isoformat(timespec="seconds"), "machine": facts}
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"stamped: {path}")
-    return path
+# -- record: the same stamp as every table's data (tools/bench_record.py) -----------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_record import record  # noqa: E402 - the tool beside this one, found through its folder
 
 
 # -- the data-flow diagram -------------------------------------------------------------------------
