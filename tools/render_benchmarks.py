@@ -235,6 +235,12 @@ def soak_table(files: list[Json]) -> str:
     return markdown(SoakResult(patterns, data["limit_kb"]).table())
 
 
+def recipe_table(files: list[Json]) -> str:
+    from tilefeed.bench.suites.recipe import RecipeResult
+
+    return markdown(RecipeResult.from_dict(_fields(files[0])).table())
+
+
 def _fields(data: Json) -> Json:
     """A bench's JSON without what the record added."""
     return {k: v for k, v in data.items() if k != "provenance"}
@@ -263,6 +269,7 @@ TABLES: dict[str, Table] = {
     "cloud": Table(("docs/data/cloud.json",), cloud_table),
     "clients": Table(("docs/data/clients.json",), clients_table),
     "soak": Table(("docs/data/soak.json",), soak_table),
+    "recipe": Table(("docs/data/recipe.json",), recipe_table),
 }
 
 

@@ -93,6 +93,16 @@ class RecipeResult:
         d["speedup"] = self.speedup
         return d
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RecipeResult:
+        """The result again from ``as_dict``'s data (what ``--out`` wrote)."""
+        def figures(sides: dict[str, Any]) -> dict[str, Figure]:
+            return {side: Figure(**figure) for side, figure in sides.items()}
+
+        return cls(RecipeFlags(**data["flags"]), data["step_ms"], figures(data["rate"]), figures(data["stall"]),
+                   {op: figures(sides) for op, sides in data["operations"].items()}, data["settings"],
+                   data.get("runs", []))
+
     def table(self) -> str:
         """The whole recipe's figures, then each operation's cost."""
         lines = [f"torchvision's ResNet-50 recipe, {self.settings['rounds']} interleaved rounds "
@@ -101,9 +111,10 @@ class RecipeResult:
                  "| --- | ---: | ---: |"]
         for side in (LOADER, DATALOADER):
             lines.append(f"| {side} | {self.rate[side].text(',.0f')} | {self.stall[side].text('.1%')} |")
-        lines += [f"Loader / DataLoader: {self.speedup:.1f}x", "",
-                  "what each operation costs (img/s, no step):",
-                  f"| operations | {LOADER} | {DATALOADER} |", "| --- | ---: | ---: |"]
+        lines.append(f"Loader / DataLoader: {self.speedup:.1f}x")
+        if self.operations:
+            lines += ["", "what each operation costs (img/s, no step):",
+                      f"| operations | {LOADER} | {DATALOADER} |", "| --- | ---: | ---: |"]
         for name, sides in self.operations.items():
             lines.append(f"| {name} | {sides[LOADER].text(',.0f')} | {sides[DATALOADER].text(',.0f')} |")
         return "\n".join(lines)
