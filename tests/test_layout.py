@@ -53,3 +53,21 @@ def test_no_module_imports_itself_back() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "import_cycles.py")], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def unlisted_packages(listed: list[str], root: Path) -> list[str]:
+    """Folders of the packages (each with an ``__init__.py``) the wheel's package list leaves out."""
+    found = [".".join(("tilefeed", *p.parent.relative_to(root).parts)) for package in PACKAGES
+             for p in sorted((root / package).rglob("__init__.py"))]
+    return [name for name in found if name not in listed]
+
+
+def test_the_wheel_lists_every_package_folder() -> None:
+    """setuptools installs only the packages pyproject.toml lists: a new room left out of it is a
+    wheel that cannot import the Loader."""
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert unlisted_packages(listed, ROOT) == []
+    short = [name for name in listed if name != "tilefeed.pipeline.recipe"]
+    assert unlisted_packages(short, ROOT) == ["tilefeed.pipeline.recipe"]  # the check sees a room left out
