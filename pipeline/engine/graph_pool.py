@@ -143,7 +143,8 @@ def take(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: b
     readers = s.threads if host_resize and reader.is_image_coded else max(1, s.threads // 2)
     source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
                          host_resize=host_resize, fast_idct=augment.fast_idct,
-                         scaled_decode=augment.scaled_decode, names=sent_names(augment))
+                         scaled_decode=augment.scaled_decode, names=sent_names(augment),
+                         recipe=augment.recipe if augment.train else None)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
                           device_id=s.device_id, prefetch=s.prefetch,
                           jpeg=reader.is_image_coded and not source.decodes)
