@@ -110,9 +110,9 @@ class BatchSource:
     that change between epochs reuse them; ``names`` say which extra is which (the window's
     ``start`` and ``end``, a recipe's per-sample filter ``interp``, else bilinear); a training
     ``recipe``'s pixel operations are then applied here too (``recipe.host_ops``, with the
-    sample's drawn inputs): the inputs ``HOST_USED`` names stay here, the rest go on to the graph. Either way the threads here decode JPEG tiles too
-    (``decodes``; ``fast_idct``: see ``codec.decode_jpeg``; ``scaled_decode``: see
-    ``decode_scale``).
+    sample's drawn inputs): the inputs ``HOST_USED`` names stay here, the rest go on to the
+    graph. Either way the threads here decode JPEG tiles too (``decodes``; ``fast_idct``: see
+    ``codec.decode_jpeg``; ``scaled_decode``: see ``decode_scale``).
     """
 
     def __init__(self, reader: AnyReader, batch_size: int, threads: int, ahead: int,

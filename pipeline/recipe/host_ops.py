@@ -114,8 +114,8 @@ def policy_op(image: Image.Image, op: Op, param: float, matrix: np.ndarray, poli
     if op is Op.POSTERIZE:  # ImageOps.posterize: the AND mask, as a table
         mask = int(param)
         return image.point([i & mask for i in range(256)] * 3)
-    if op is Op.SOLARIZE:  # ImageOps.solarize: i < threshold kept, else 255 - i
-        return ImageOps.solarize(image, param)
+    if op is Op.SOLARIZE:  # ImageOps.solarize's table: i below the threshold kept, else 255 - i
+        return image.point([i if i < param else 255 - i for i in range(256)] * 3)
     if op is Op.SOLARIZE_ADD:  # timm's solarize_add
         add = int(param)
         return image.point([min(255, i + add) if i < SOLARIZE_ADD_BELOW else i for i in range(256)] * 3)

@@ -21,6 +21,7 @@ Measured tolerances (the asserts hold them):
 from __future__ import annotations
 
 import math
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +38,11 @@ from tilefeed.pipeline.engine.crops import sent_names
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.graph import input_names as graph_input_names
 from tilefeed.pipeline.recipe import host_ops
-from tilefeed.pipeline.recipe.draws import draw, input_names
+from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
 from tilefeed.pipeline.recipe.policies import (
-    GEOMETRIC, OPS, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask)
-from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, ColorJitter, Recipe
-from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles
+    GEOMETRIC, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask)
+from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
+from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles, torchvision_pil
 from tests.pipeline.recipe.test_policies import SIDE, _all_ops, pictures, run_dali, single_op_draws
 
 pytest.importorskip("nvidia.dali")
@@ -59,7 +60,8 @@ CASES: list[tuple[Op, float, int, float]] = [
 ]
 
 
-def tv_pil(img: PIL.Image.Image, op: Op, m: float, interpolation: str, fill: list[float] | None) -> PIL.Image.Image:
+def tv_pil(img: PIL.Image.Image, op: Op, m: float, interpolation: str,
+           fill: list[float] | None) -> PIL.Image.Image:
     """torchvision v2's op at magnitude ``m`` on a PIL picture, as its auto-augment applies it."""
     geo = {"interpolation": T.InterpolationMode(interpolation), "fill": fill}
     shear = math.degrees(math.atan(m))
@@ -162,27 +164,11 @@ def test_timm_ops_equal_timms(two_pictures: list[np.ndarray]) -> None:
         assert (big & ~at_fill).sum() == 0 and (diff > 0).mean() <= 0.1, (op, param, diff.max())
 
 
-def _pil_jitter(img: PIL.Image.Image, recipe: Recipe, drawn: object, k: int) -> np.ndarray:
-    """Sample ``k`` of ``drawn`` through torchvision v2's functional ops on a PIL picture."""
-    d = drawn
-    if d.vflip[k]:  # type: ignore[attr-defined]
-        img = F.vertical_flip(img)
-    jitter = recipe.jitter
-    if jitter is not None and d.jitter[k]:  # type: ignore[attr-defined]
-        kernels = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
-        for which in d.order[k].tolist():  # type: ignore[attr-defined]
-            if jitter.ranges()[JITTER_ADJUSTMENTS[which]] is not None:
-                img = kernels[which](img, float(d.factors[k, which]))  # type: ignore[attr-defined]
-    if d.grayscale[k]:  # type: ignore[attr-defined]
-        img = F.rgb_to_grayscale(img, num_output_channels=3)
-    return np.asarray(img).astype(np.int16)
-
-
-def _host_recipe(images: list[np.ndarray], recipe: Recipe, seed: int = 0) -> tuple[list[np.ndarray], object]:
+def _host_recipe(images: list[np.ndarray], recipe: Recipe, seed: int = 0) -> tuple[list[np.ndarray], Draws]:
     drawn = drawn_for(recipe, len(images), seed=seed)
     inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
-    out = [np.asarray(host_ops.apply(PIL.Image.fromarray(x), host_ops.sample(inputs, k), recipe)).astype(np.int16)
-           for k, x in enumerate(images)]
+    out = [np.asarray(host_ops.apply(PIL.Image.fromarray(x), host_ops.sample(inputs, k), recipe))
+           .astype(np.int16) for k, x in enumerate(images)]
     return out, drawn
 
 
@@ -201,16 +187,16 @@ def test_jitter_flip_and_grayscale_equal_torchvisions_pil_kernels_and_are_near_d
     recipe = Recipe(color_jitter=jitter, grayscale=0.3, vflip=0.5)
     ours, drawn = _host_recipe(images, recipe)
     for k, x in enumerate(images):
-        assert np.array_equal(ours[k], _pil_jitter(PIL.Image.fromarray(x), recipe, drawn, k)), k
-    dali = np.stack(run_graph(images, recipe, drawn)).astype(np.int16)  # type: ignore[arg-type]
+        assert np.array_equal(ours[k], torchvision_pil(PIL.Image.fromarray(x), recipe, drawn, k)), k
+    dali = np.stack(run_graph(images, recipe, drawn)).astype(np.int16)
     diff = np.abs(np.stack(ours) - dali)
     assert diff.max() <= worst and (diff > 0).mean() <= share and diff.mean() <= mean, \
         (diff.max(), (diff > 0).mean(), diff.mean())
 
 
 def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
-    recipe = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2, color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8),
-                    auto_augment="ta_wide")
+    recipe = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2,
+                    color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), auto_augment="ta_wide")
     augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
                       recipe=recipe)
     assert graph_input_names(augment, host_resize=True) == ("flip",)
@@ -218,7 +204,8 @@ def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
     assert "aa_op" in graph_input_names(augment, host_resize=False)  # a GPU graph applies them
 
 
-UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1, train=True, seed=3)
+UINT8: dict[str, Any] = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1, train=True,
+                             seed=3)
 
 
 @pytest.mark.parametrize("recipe", [
