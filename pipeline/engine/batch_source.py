@@ -5,8 +5,8 @@ Threads reading whole batches ahead overlap it with DALI's own threads, with no 
 processes, no pickling and no shared-memory segments to leak. On the CPU the threads also do
 what DALI's CPU operators do slowly: decoding JPEG tiles (simplejpeg) and cutting and resizing
 training windows (pillow-simd, ``host_resize``), a JPEG tile at the smallest DCT scale that
-still covers its window at the epoch's output size; how many threads each path gets is
-``pool.take``'s choice.
+still covers its window at the epoch's output size, then applying a training recipe's pixel
+operations (``recipe.host_ops``); how many threads each path gets is ``pool.take``'s choice.
 """
 
 from __future__ import annotations
