@@ -40,7 +40,7 @@ from tilefeed.pipeline.engine.graph import input_names as graph_input_names
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
 from tilefeed.pipeline.recipe.policies import (
-    GEOMETRIC, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask)
+    GEOMETRIC, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
 from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
 from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles, torchvision_pil
 from tests.pipeline.recipe.test_policies import SIDE, _all_ops, pictures, run_dali, single_op_draws
@@ -116,6 +116,25 @@ def test_each_policy_op_equals_torchvisions_pil_kernel_and_is_near_the_dali_op(
     img = PIL.Image.fromarray(two_pictures[0])
     off = np.asarray(tv_pil(img, Op.SHEAR_X, 0.31, "nearest", None)).astype(np.int16)
     assert np.abs(host(img, single_op_draws([(Op.SHEAR_X, 0.3)]), 0, policy) - off).mean() > 1.0
+
+
+def test_every_solarize_bin_equals_torchvisions(two_pictures: list[np.ndarray]) -> None:
+    """TrivialAugmentWide's solarize at each of its 31 bins, with the threshold the policy draws,
+    against torchvision's ``solarize(img, 255.0 * m)``; the control, the threshold 255 * m held
+    as float32, inverts the pixels equal to it at even bins."""
+    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE))
+    img = PIL.Image.fromarray(two_pictures[0])
+    table = np.linspace(1.0, 0.0, 31, dtype=np.float32)
+    missed = 0
+    for b in range(31):
+        op, param, _ = _tv_param("Solarize", b, 1.0, np.array([SIDE, SIDE]), True, 31)
+        ref = np.asarray(F.solarize(img, 255.0 * float(table[b])))
+        ours = host_ops.policy_op(img, op, param, np.eye(2, 3), policy)
+        assert np.array_equal(np.asarray(ours), ref), b
+        rounded = float(np.float32(255.0 * float(table[b])))
+        plain = host_ops.policy_op(img, op, rounded, np.eye(2, 3), policy)
+        missed += not np.array_equal(np.asarray(plain), ref)
+    assert missed >= 10, missed
 
 
 def test_bilinear_warps_with_an_rgb_fill_equal_torchvisions(two_pictures: list[np.ndarray]) -> None:
