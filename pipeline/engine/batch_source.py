@@ -5,8 +5,8 @@ Threads reading whole batches ahead overlap it with DALI's own threads, with no 
 processes, no pickling and no shared-memory segments to leak. On the CPU the threads also do
 what DALI's CPU operators do slowly: decoding JPEG tiles (simplejpeg) and cutting and resizing
 training windows (pillow-simd, ``host_resize``), a JPEG tile at the smallest DCT scale that
-still covers its window at the epoch's output size; how many threads each path gets is
-``pool.take``'s choice.
+still covers its window at the epoch's output size, then applying a training recipe's pixel
+operations (``recipe.host_ops``); how many threads each path gets is ``pool.take``'s choice.
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.stats import Reading, Timing
 from tilefeed.store.format import ceil_div
 from tilefeed.store.codec import decode_jpeg
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.recipe.recipe import Recipe
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
 # (sample indices, the keys their crops and flips are drawn from) -> per-sample graph inputs
@@ -34,6 +38,9 @@ Extras = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
 # the per-sample extras a host resize uses itself (the window, the output side, the filter) and
 # does not pass on to the graph
 HOST_CUT = ("start", "end", "size", "interp")
+# all the extras that stay here on the host-resize path: the cut's, then the recipe's pixel
+# operations' (``recipe.host_ops``); the graph declares the rest (the horizontal flip)
+HOST_USED = HOST_CUT + host_ops.INPUTS
 # DALI's interp codes (``recipe.INTERP_CODES``) as PIL's filters: torchvision's PIL path
 PIL_FILTERS = {0: 0, 1: 2, 2: 3, 3: 1}  # NEAREST, BILINEAR, BICUBIC, LANCZOS in PIL's numbering
 
@@ -101,18 +108,22 @@ class BatchSource:
     their epoch's size here, with pillow-simd, rather than in the graph; the ring's slots then
     hold a batch at the largest size asked so far (``reserve`` sizes them up front), so sizes
     that change between epochs reuse them; ``names`` say which extra is which (the window's
-    ``start`` and ``end``, a recipe's per-sample filter ``interp``, else bilinear): those and the
-    ``size`` stay here, the rest go on to the graph. Either way the threads here decode JPEG tiles too
-    (``decodes``; ``fast_idct``: see ``codec.decode_jpeg``; ``scaled_decode``: see
-    ``decode_scale``).
+    ``start`` and ``end``, a recipe's per-sample filter ``interp``, else bilinear); a training
+    ``recipe``'s pixel operations are then applied here too (``recipe.host_ops``, with the
+    sample's drawn inputs): the inputs ``HOST_USED`` names stay here, the rest go on to the
+    graph. Either way the threads here decode JPEG tiles too (``decodes``; ``fast_idct``: see
+    ``codec.decode_jpeg``; ``scaled_decode``: see ``decode_scale``).
     """
 
     def __init__(self, reader: AnyReader, batch_size: int, threads: int, ahead: int,
                  dali_depth: int, handed_out: bool = False, host_resize: bool = False,
                  fast_idct: bool = False, scaled_decode: bool = True,
-                 names: tuple[str, ...] = ("start", "end", "flip", "size")) -> None:
+                 names: tuple[str, ...] = ("start", "end", "flip", "size"),
+                 recipe: Recipe | None = None) -> None:
         self.reader = reader
         self.names = names
+        # a training recipe whose pixel operations the host-resize path applies (None: none)
+        self.recipe = recipe if host_ops.applies(recipe) else None
         self.fast_idct = fast_idct
         self.scaled_decode = scaled_decode
         self.reserve = 0  # the side ring slots are made for at least (the schedule's largest)
@@ -297,9 +308,10 @@ class BatchSource:
             elif self.host_resize:
                 named = dict(zip(self.names, extras, strict=True))
                 self._cut_and_resize(indices, named["start"], named["end"], images, timing,
-                                     named.get("interp"))
-                # the flips and pixel operations' inputs: the graph has no window left to cut
-                extras = tuple(v for n, v in named.items() if n not in HOST_CUT)
+                                     named.get("interp"), named)
+                # the horizontal flip's input: the graph has no window left to cut, nor pixel
+                # operations left to apply
+                extras = tuple(v for n, v in named.items() if n not in HOST_USED)
             else:
                 reader.read_batch_into(indices.tolist(), images, self.fast_idct)
                 if timing is not None:  # one pass reads, checks and decodes each tile
@@ -309,11 +321,13 @@ class BatchSource:
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,
                         out: np.ndarray, timing: Timing | None = None,
-                        interp: np.ndarray | None = None) -> None:
+                        interp: np.ndarray | None = None,
+                        inputs: dict[str, np.ndarray] | None = None) -> None:
         """Each tile's window (start, end: [y, x] in tile pixels) resized into ``out[k]``:
         bilinear (else each sample's filter in ``interp``, DALI's codes), antialiased when
         shrinking, as torchvision's PIL path does (several times as fast as DALI's CPU resize:
-        ``tilefeed bench parts``). A JPEG tile is decoded at the
+        ``tilefeed bench parts``); then, with a recipe, its pixel operations with each sample's
+        drawn values of ``inputs`` (``host_ops.apply``). A JPEG tile is decoded at the
         smallest DCT scale its window allows (``decode_scale``), the window scaled with it."""
         from PIL import Image
 
@@ -325,6 +339,7 @@ class BatchSource:
         tiles = {f: np.empty((-(-height // f), -(-width // f), 4 if jpeg else 3), dtype=np.uint8)
                  for f in ((1, *DCT_SCALES) if jpeg and self.scaled_decode else (1,))}
         mode = "RGBX" if jpeg else "RGB"
+        recipe = self.recipe
         clock = time.perf_counter
         t0 = clock()
         payloads = reader.payloads(indices.tolist())
@@ -347,6 +362,8 @@ class BatchSource:
             sy, sx = tile.shape[0] / height, tile.shape[1] / width  # the window, in decoded pixels
             resized = picture.resize((side, side), filters[k],
                                      box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
+            if recipe is not None:  # timed with the resize: the same threads' pixel work
+                resized = host_ops.apply(resized, host_ops.sample(inputs or {}, k), recipe)
             out[k] = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(out.shape[1:])
             t3 = clock()
             decoding += t2 - t1

@@ -7,17 +7,18 @@ from typing import Any
 from nvidia.dali import fn, pipeline_def, types
 
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.batch_source import HOST_CUT, BatchSource
+from tilefeed.pipeline.engine.batch_source import HOST_USED, BatchSource
 from tilefeed.pipeline.recipe import ops
 from tilefeed.pipeline.engine.crops import sent_names
 
 
 def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
     """The per-sample inputs after the pixels, labels and indices, in the order the batch source
-    sends them (``crops.graph_inputs``, less what the source used itself to cut and resize)."""
+    sends them (``crops.graph_inputs``, less what the source used itself to cut, resize and
+    apply a recipe's pixel operations: ``HOST_USED``)."""
     names = sent_names(augment)
     if host_resize and augment.windows:
-        return tuple(n for n in names if n not in HOST_CUT)
+        return tuple(n for n in names if n not in HOST_USED)
     return names
 
 
@@ -31,7 +32,9 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
              "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
              "brightness": types.FLOAT, "contrast": types.FLOAT, "saturation": types.FLOAT,
              "hue": types.FLOAT, "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT}
-    recipe = augment.recipe if augment.train else None  # evaluation: the filter alone
+    # evaluation: the filter alone; on the host-resize path the batch source applies the
+    # recipe's pixel operations (recipe.host_ops) and the graph only flips and normalises
+    recipe = augment.recipe if augment.train and not (source.host_resize and augment.windows) else None
 
     # no DALI randomness: crops and every recipe parameter come from the host; conditionals
     # only where colour jitter picks each sample's order of adjustments or a policy its ops

@@ -1,6 +1,8 @@
 """A recipe's pixel operations as DALI graph functions, on uint8 HWC images after the resize.
 
-They run on the CPU and on the GPU backend alike; their parameters are the per-sample inputs
+The Loader applies them on a GPU; on the CPU its batch source applies the same draws with PIL
+instead (``host_ops``), and the graph only flips and normalises. They run on the CPU and on the
+GPU backend alike; their parameters are the per-sample inputs
 ``pipeline.recipe.draws`` computes on the host (CPU nodes, moved next to the images where
 arithmetic needs them). Each follows torchvision v2's kernel for uint8 images operation by
 operation, float32 arithmetic and truncation back to uint8 included:

@@ -551,7 +551,10 @@ def _tv_param(name: str, bin_: float, sign: float, hw: np.ndarray, wide: bool,
         bits = np.round(np.float32(8) - np.float32(b) / np.float32((bins - 1) / steps))
         return op, _posterize_mask(int(bits)), 0.0
     if op is Op.SOLARIZE:
-        return op, 255.0 * float(np.linspace(1.0, 0.0, bins, dtype=np.float32)[b]), 0.0
+        # torchvision keeps the pixels below 255 * m (float64); for integer pixels "at or above"
+        # that is "at or above" its ceiling, which float32 holds exactly (255 * m rounded to
+        # float32 falls on an integer at even bins, 238.000001 to 238, inverting a pixel of 238)
+        return op, float(math.ceil(255.0 * float(np.linspace(1.0, 0.0, bins, dtype=np.float32)[b]))), 0.0
     top = {Op.SHEAR_X: 0.99 if wide else 0.3, Op.SHEAR_Y: 0.99 if wide else 0.3,
            Op.TRANSLATE_X: 32.0 if wide else 150.0 / 331.0 * w,
            Op.TRANSLATE_Y: 32.0 if wide else 150.0 / 331.0 * h, Op.ROTATE: 135.0 if wide else 30.0}

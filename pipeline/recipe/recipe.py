@@ -5,8 +5,9 @@ applying, ``ColorJitter`` takes torchvision's ``brightness``, ``contrast``, ``sa
 ``hue`` (a number or a (min, max) pair, checked as torchvision checks them) and timm's
 ``color_jitter_prob``; ``Interpolation`` names torchvision's filters, plus timm's ``random``. No
 DALI here: the per-sample parameters are drawn in ``pipeline.recipe.draws`` (auto-augment's in
-``policies``), applied in the graph by ``pipeline.recipe.ops``; random erasing and mixup/cutmix
-act on the batch after the graph (``erasing``, ``batch_mix``).
+``policies``), applied in the graph by ``pipeline.recipe.ops`` on a GPU and by the batch
+source's threads with PIL (``pipeline.recipe.host_ops``) on the CPU; random erasing and
+mixup/cutmix act on the batch after the graph (``erasing``, ``batch_mix``).
 """
 
 from __future__ import annotations

@@ -78,5 +78,22 @@ def torchvision_direct(image: np.ndarray, recipe: Recipe, drawn: Draws, k: int) 
     return x.permute(1, 2, 0).numpy()
 
 
+def torchvision_pil(image: Image.Image, recipe: Recipe, drawn: Draws, k: int) -> np.ndarray:
+    """Sample ``k`` of ``drawn`` through torchvision v2's functional ops on a PIL picture (its
+    PIL kernels), in timm's order."""
+    if drawn.vflip[k]:
+        image = F.vertical_flip(image)
+    jitter = recipe.jitter
+    if jitter is not None and drawn.jitter[k]:
+        kernels = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
+        ranges = jitter.ranges()
+        for which in drawn.order[k].tolist():
+            if ranges[JITTER_ADJUSTMENTS[which]] is not None:
+                image = kernels[which](image, float(drawn.factors[k, which]))
+    if drawn.grayscale[k]:
+        image = F.rgb_to_grayscale(image, num_output_channels=3)
+    return np.asarray(image)
+
+
 def drawn_for(recipe: Recipe, n: int, seed: int = 0, epoch: int = 0) -> Draws:
     return draw(recipe, seed, epoch, np.arange(n))

@@ -1,0 +1,262 @@
+"""The recipe's host kernels (``recipe.host_ops``): each op at fixed parameters against
+torchvision's functional op on the same PIL picture (and timm's, for its own ops), against the
+DALI op on the same input, and the Loader's CPU output against the host kernels on its draws.
+
+Measured tolerances (the asserts hold them):
+
+- against torchvision's and timm's PIL kernels: every op exact, bit for bit (the same PIL calls
+  with the same parameters), but the bilinear warps: the drawn matrix is float32, PIL's own
+  float64, so one level at up to 8% of values, and a line of border pixels where a source
+  position on the picture's edge falls the other side of it (nearest warps: exact here);
+- against the DALI ops (torchvision's tensor kernels): brightness, posterize, solarize,
+  autocontrast, invert, translate, the vertical flip exact; color, contrast, saturation and
+  grayscale one level (PIL rounds its luma and contrast's mean, the tensor kernels floor them)
+  on up to 90% of values; sharpness one level on under 10% (PIL's smoothing rounds once);
+  equalize up to 6 levels (DALI's follows OpenCV's table, PIL its own); hue up to 15 levels
+  (PIL turns a uint8 hue, torchvision's tensor kernel a float one) on 45% of values, mean 0.8;
+  the nearest warps take the other source pixel where the source position falls on a pixel
+  boundary (PIL floors, DALI breaks the tie otherwise) on up to 18% of pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from pathlib import Path
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+import torchvision.transforms.v2 as T
+import torchvision.transforms.v2.functional as F
+from timm.data import auto_augment as timm_aa
+
+from tilefeed.pipeline import Loader, StoreReader
+from tilefeed.pipeline.engine.batch_source import HOST_USED
+from tilefeed.pipeline.engine.crops import sent_names
+from tilefeed.pipeline.engine.augment import Augment
+from tilefeed.pipeline.engine.graph import input_names as graph_input_names
+from tilefeed.pipeline.recipe import host_ops
+from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
+from tilefeed.pipeline.recipe.policies import (
+    GEOMETRIC, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
+from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
+from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles, torchvision_pil
+from tests.pipeline.recipe.test_policies import SIDE, _all_ops, pictures, run_dali, single_op_draws
+
+pytest.importorskip("nvidia.dali")
+
+# (op, torchvision magnitude, DALI: largest difference, share of differing values)
+CASES: list[tuple[Op, float, int, float]] = [
+    (Op.IDENTITY, 0, 0, 0.0), (Op.SHEAR_X, 0.3, 255, 0.2), (Op.SHEAR_X, -0.99, 255, 0.2),
+    (Op.SHEAR_Y, 0.2, 255, 0.2), (Op.TRANSLATE_X, 20.0, 0, 0.0), (Op.TRANSLATE_Y, -31.0, 0, 0.0),
+    (Op.ROTATE, 30.0, 255, 0.2), (Op.ROTATE, -135.0, 255, 0.2), (Op.ROTATE, 90.0, 255, 0.2),
+    (Op.BRIGHTNESS, 0.5, 0, 0.0), (Op.BRIGHTNESS, -0.9, 0, 0.0), (Op.COLOR, 0.7, 1, 0.9),
+    (Op.COLOR, -0.99, 1, 0.9), (Op.CONTRAST, -0.5, 1, 0.9), (Op.CONTRAST, 0.9, 1, 0.9),
+    (Op.SHARPNESS, 0.9, 1, 0.1), (Op.SHARPNESS, -0.9, 1, 0.1), (Op.POSTERIZE, 4, 0, 0.0),
+    (Op.POSTERIZE, 2, 0, 0.0), (Op.SOLARIZE, 0.5, 0, 0.0), (Op.SOLARIZE, 1.0, 0, 0.0),
+    (Op.AUTO_CONTRAST, 0, 0, 0.0), (Op.EQUALIZE, 0, 6, 1.0), (Op.INVERT, 0, 0, 0.0),
+]
+
+
+def tv_pil(img: PIL.Image.Image, op: Op, m: float, interpolation: str,
+           fill: list[float] | None) -> PIL.Image.Image:
+    """torchvision v2's op at magnitude ``m`` on a PIL picture, as its auto-augment applies it."""
+    geo = {"interpolation": T.InterpolationMode(interpolation), "fill": fill}
+    shear = math.degrees(math.atan(m))
+    if op is Op.SHEAR_X:
+        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[shear, 0.0], center=[0, 0], **geo)
+    if op is Op.SHEAR_Y:
+        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[0.0, shear], center=[0, 0], **geo)
+    if op is Op.TRANSLATE_X:
+        return F.affine(img, angle=0.0, translate=[int(m), 0], scale=1.0, shear=[0.0, 0.0], **geo)
+    if op is Op.TRANSLATE_Y:
+        return F.affine(img, angle=0.0, translate=[0, int(m)], scale=1.0, shear=[0.0, 0.0], **geo)
+    if op is Op.ROTATE:
+        return F.rotate(img, m, **geo)
+    enhance = {Op.BRIGHTNESS: F.adjust_brightness, Op.COLOR: F.adjust_saturation,
+               Op.CONTRAST: F.adjust_contrast, Op.SHARPNESS: F.adjust_sharpness}
+    if op in enhance:
+        return enhance[op](img, 1.0 + m)
+    if op is Op.POSTERIZE:
+        return F.posterize(img, int(m))
+    if op is Op.SOLARIZE:
+        return F.solarize(img, 255.0 * m)
+    plain = {Op.AUTO_CONTRAST: F.autocontrast, Op.EQUALIZE: F.equalize, Op.INVERT: F.invert}
+    return plain[op](img) if op in plain else img
+
+
+def host(img: PIL.Image.Image, d: dict[str, np.ndarray], i: int, policy: AutoAugment) -> np.ndarray:
+    out = host_ops.apply_policy(img, d["aa_op"][i], d["aa_param"][i], d["aa_matrix"][i], policy)
+    return np.asarray(out).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def two_pictures() -> list[np.ndarray]:
+    return pictures(2)
+
+
+def test_each_policy_op_equals_torchvisions_pil_kernel_and_is_near_the_dali_op(
+        two_pictures: list[np.ndarray]) -> None:
+    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE))  # one slot, nearest, fill 0
+    cases = [(op, m) for op, m, _, _ in CASES]
+    d = single_op_draws(cases)
+    for picture in two_pictures:
+        img = PIL.Image.fromarray(picture)
+        dali = run_dali(policy, [picture] * len(cases), d, batch=len(cases))
+        for i, (op, m, worst, share) in enumerate(CASES):
+            ours = host(img, d, i, policy)
+            ref = np.asarray(tv_pil(img, op, m, "nearest", None)).astype(np.int16)
+            assert np.array_equal(ours, ref), (op, m, np.abs(ours - ref).max())
+            diff = np.abs(ours - dali[i].astype(np.int16))
+            differing = np.any(diff > 0, axis=2).mean() if op in GEOMETRIC else (diff > 0).mean()
+            assert diff.max() <= worst and differing <= share, (op, m, diff.max(), differing)
+    # negative control: the magnitude reaches the kernel (shear 0.3 against torchvision's 0.31)
+    img = PIL.Image.fromarray(two_pictures[0])
+    off = np.asarray(tv_pil(img, Op.SHEAR_X, 0.31, "nearest", None)).astype(np.int16)
+    assert np.abs(host(img, single_op_draws([(Op.SHEAR_X, 0.3)]), 0, policy) - off).mean() > 1.0
+
+
+def test_every_solarize_bin_equals_torchvisions(two_pictures: list[np.ndarray]) -> None:
+    """TrivialAugmentWide's solarize at each of its 31 bins, with the threshold the policy draws,
+    against torchvision's ``solarize(img, 255.0 * m)``; the control, the threshold 255 * m held
+    as float32, inverts the pixels equal to it at even bins."""
+    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE))
+    img = PIL.Image.fromarray(two_pictures[0])
+    table = np.linspace(1.0, 0.0, 31, dtype=np.float32)
+    missed = 0
+    for b in range(31):
+        op, param, _ = _tv_param("Solarize", b, 1.0, np.array([SIDE, SIDE]), True, 31)
+        ref = np.asarray(F.solarize(img, 255.0 * float(table[b])))
+        ours = host_ops.policy_op(img, op, param, np.eye(2, 3), policy)
+        assert np.array_equal(np.asarray(ours), ref), b
+        rounded = float(np.float32(255.0 * float(table[b])))
+        plain = host_ops.policy_op(img, op, rounded, np.eye(2, 3), policy)
+        missed += not np.array_equal(np.asarray(plain), ref)
+    assert missed >= 10, missed
+
+
+def test_bilinear_warps_with_an_rgb_fill_equal_torchvisions(two_pictures: list[np.ndarray]) -> None:
+    fill = (124, 116, 104)
+    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=Interpolation.BILINEAR))
+    cases = [(Op.ROTATE, 27.0), (Op.SHEAR_X, -0.25), (Op.TRANSLATE_Y, 40.0), (Op.SHEAR_Y, 0.3)]
+    d = single_op_draws(cases)
+    img = PIL.Image.fromarray(two_pictures[1])
+    for i, (op, m) in enumerate(cases):
+        ref = np.asarray(tv_pil(img, op, m, "bilinear", [float(f) for f in fill])).astype(np.int16)
+        ours = host(img, d, i, policy)
+        assert np.abs(ours - ref).max() <= 1 and (ours != ref).mean() <= 0.05, (op, np.abs(ours - ref).max())
+    assert np.array_equal(host(img, d, 0, policy)[0, 0], fill)  # an uncovered corner takes the fill
+
+
+def test_timm_ops_equal_timms(two_pictures: list[np.ndarray]) -> None:
+    """solarize-add, posterize to 0 bits and timm's PIL geometric ops (bilinear, mean fill) with
+    timm's own parameters, against timm's functions."""
+    img = PIL.Image.fromarray(two_pictures[0])
+    policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
+                                  interpolation=Interpolation.BILINEAR))
+    hw = np.array([SIDE, SIDE])
+    kw = {"fillcolor": (128, 128, 128), "resample": PIL.Image.Resampling.BILINEAR}
+    cases = [(Op.SOLARIZE_ADD, 99.0, timm_aa.solarize_add(img, 99)),
+             (Op.POSTERIZE, _posterize_mask(0), timm_aa.posterize(img, 0)),
+             (Op.POSTERIZE, _posterize_mask(6), timm_aa.posterize(img, 6)),
+             (Op.SOLARIZE, 77.0, timm_aa.solarize(img, 77)),
+             (Op.COLOR, 1.63, timm_aa.color(img, 1.63)), (Op.SHARPNESS, 0.37, timm_aa.sharpness(img, 0.37))]
+    for op, amount, fn in ((Op.ROTATE, 21.0, timm_aa.rotate), (Op.SHEAR_X, -0.21, timm_aa.shear_x),
+                           (Op.SHEAR_Y, 0.12, timm_aa.shear_y), (Op.TRANSLATE_X, 33.6, timm_aa.translate_x_abs),
+                           (Op.TRANSLATE_Y, -20.2, timm_aa.translate_y_abs)):
+        cases.append((op, amount, fn(img, amount, **kw)))
+    for op, param, ref in cases:
+        matrix = _matrix(op, param, hw, Family.TIMM) if op in GEOMETRIC else np.eye(2, 3, dtype=np.float32)
+        ours = host_ops.policy_op(img, op, 0.0 if op in GEOMETRIC else param, matrix, policy)
+        diff = np.abs(np.asarray(ours).astype(np.int16) - np.asarray(ref).astype(np.int16))
+        if op not in GEOMETRIC:
+            assert diff.max() == 0, (op, param, diff.max())
+            continue
+        # the drawn matrix is float32, timm's float64: one level (translate 20.2: 8% of values), where a
+        # source position lies on the picture's edge it may fall the other side of it, one
+        # side taking the fill (shear_y 0.12: the line along the sheared edge, 1.4% of values)
+        mine, theirs = np.asarray(ours), np.asarray(ref)
+        big = diff.max(axis=2) > 1
+        at_fill = np.all(mine == 128, axis=2) | np.all(theirs == 128, axis=2)
+        assert (big & ~at_fill).sum() == 0 and (diff > 0).mean() <= 0.1, (op, param, diff.max())
+
+
+def _host_recipe(images: list[np.ndarray], recipe: Recipe, seed: int = 0) -> tuple[list[np.ndarray], Draws]:
+    drawn = drawn_for(recipe, len(images), seed=seed)
+    inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
+    out = [np.asarray(host_ops.apply(PIL.Image.fromarray(x), host_ops.sample(inputs, k), recipe))
+           .astype(np.int16) for k, x in enumerate(images)]
+    return out, drawn
+
+
+# (jitter, DALI: largest difference, share of differing values, mean difference)
+JITTERS = [
+    (ColorJitter(brightness=0.4), 1, 0.25, 0.25), (ColorJitter(contrast=0.4), 2, 0.3, 0.3),
+    (ColorJitter(saturation=0.4), 2, 0.3, 0.3), (ColorJitter(hue=0.3), 20, 0.5, 1.0),
+    (ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), 20, 0.5, 1.0),
+]
+
+
+@pytest.mark.parametrize("jitter,worst,share,mean", JITTERS)
+def test_jitter_flip_and_grayscale_equal_torchvisions_pil_kernels_and_are_near_dalis(
+        jitter: ColorJitter, worst: int, share: float, mean: float) -> None:
+    images = [tiles()[k % 48] for k in range(128)]
+    recipe = Recipe(color_jitter=jitter, grayscale=0.3, vflip=0.5)
+    ours, drawn = _host_recipe(images, recipe)
+    for k, x in enumerate(images):
+        assert np.array_equal(ours[k], torchvision_pil(PIL.Image.fromarray(x), recipe, drawn, k)), k
+    dali = np.stack(run_graph(images, recipe, drawn)).astype(np.int16)
+    diff = np.abs(np.stack(ours) - dali)
+    assert diff.max() <= worst and (diff > 0).mean() <= share and diff.mean() <= mean, \
+        (diff.max(), (diff > 0).mean(), diff.mean())
+
+
+def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
+    recipe = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2,
+                    color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), auto_augment="ta_wide")
+    augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
+                      recipe=recipe)
+    assert graph_input_names(augment, host_resize=True) == ("flip",)
+    assert set(sent_names(augment)) - set(HOST_USED) == {"flip"}
+    assert "aa_op" in graph_input_names(augment, host_resize=False)  # a GPU graph applies them
+
+
+UINT8: dict[str, Any] = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1, train=True,
+                             seed=3)
+
+
+@pytest.mark.parametrize("recipe", [
+    Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2, color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8),
+           auto_augment="ta_wide"),
+    Recipe(auto_augment=AutoAugment.parse("rand-m9-mstd0.5-inc1"), color_jitter=ColorJitter(0.3, 0.3, 0.3)),
+])
+def test_the_loaders_cpu_output_is_the_host_kernels_on_its_own_draws(store: Path, recipe: Recipe) -> None:
+    """Each delivered image is its window resized by PIL with its drawn filter, then the host
+    kernels with its drawn inputs, then its horizontal flip, bit for bit."""
+    size = 40
+    with Loader(store, 10, size=size, recipe=recipe, **UINT8) as loader:
+        batches = list(loader)
+        samples = np.concatenate([b[2].numpy() for b in batches])
+        windows = loader.windows(0, samples)
+    with StoreReader(store) as reader:
+        pixels = reader.read_batch_into(samples.tolist(), np.empty((len(samples), 32, 32, 3), np.uint8))
+    drawn = draw(recipe, 3, 0, samples)
+    assert recipe.auto_augment is not None
+    inputs = dict(zip(input_names(recipe, True), (*drawn.inputs(recipe, True),
+                                                   *recipe.auto_augment.draw(3, 0, samples, size).values()),
+                      strict=True))
+    filters = {1: PIL.Image.Resampling.BILINEAR, 2: PIL.Image.Resampling.BICUBIC}
+    ours = np.concatenate([b[0].numpy() for b in batches])
+    changed = 0
+    for k in range(len(samples)):
+        (y0, x0), (y1, x1) = windows[0][k].tolist(), windows[1][k].tolist()
+        cut = PIL.Image.fromarray(pixels[k]).resize((size, size), filters[int(drawn.interp[k])],
+                                                    box=(x0, y0, x1, y1))
+        ref = np.asarray(host_ops.apply(cut, host_ops.sample(inputs, k), recipe))
+        if windows[2][k]:
+            ref = ref[:, ::-1]
+        assert np.array_equal(ours[k], ref), k
+        changed += not np.array_equal(ref, np.asarray(cut)[:, ::-1] if windows[2][k] else np.asarray(cut))
+    assert changed >= len(samples) // 2  # the ops did act on most samples (not the bare cut)
