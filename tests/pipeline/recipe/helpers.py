@@ -61,9 +61,9 @@ def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int
     return out
 
 
-def torchvision_direct(image: np.ndarray, recipe: Recipe, drawn: Draws, k: int) -> np.ndarray:
-    """Sample ``k`` of ``drawn`` through torchvision v2's kernels, in timm's order."""
-    x = torch.from_numpy(image).permute(2, 0, 1).contiguous()
+def _torchvision_chain(x: Any, recipe: Recipe, drawn: Draws, k: int) -> Any:
+    """Sample ``k`` of ``drawn`` through torchvision v2's functional ops, in timm's order: on a
+    tensor they are its tensor kernels, on a PIL picture its PIL kernels."""
     if drawn.vflip[k]:
         x = F.vertical_flip(x)
     jitter = recipe.jitter
@@ -75,25 +75,34 @@ def torchvision_direct(image: np.ndarray, recipe: Recipe, drawn: Draws, k: int) 
                 x = kernels[which](x, float(drawn.factors[k, which]))
     if drawn.grayscale[k]:
         x = F.rgb_to_grayscale(x, num_output_channels=3)
-    return x.permute(1, 2, 0).numpy()
+    return x
+
+
+def torchvision_direct(image: np.ndarray, recipe: Recipe, drawn: Draws, k: int) -> np.ndarray:
+    """Sample ``k`` of ``drawn`` through torchvision v2's tensor kernels, in timm's order."""
+    x = torch.from_numpy(image).permute(2, 0, 1).contiguous()
+    return _torchvision_chain(x, recipe, drawn, k).permute(1, 2, 0).numpy()  # type: ignore[no-any-return]
 
 
 def torchvision_pil(image: Image.Image, recipe: Recipe, drawn: Draws, k: int) -> np.ndarray:
     """Sample ``k`` of ``drawn`` through torchvision v2's functional ops on a PIL picture (its
     PIL kernels), in timm's order."""
-    if drawn.vflip[k]:
-        image = F.vertical_flip(image)
-    jitter = recipe.jitter
-    if jitter is not None and drawn.jitter[k]:
-        kernels = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
-        ranges = jitter.ranges()
-        for which in drawn.order[k].tolist():
-            if ranges[JITTER_ADJUSTMENTS[which]] is not None:
-                image = kernels[which](image, float(drawn.factors[k, which]))
-    if drawn.grayscale[k]:
-        image = F.rgb_to_grayscale(image, num_output_channels=3)
-    return np.asarray(image)
+    return np.asarray(_torchvision_chain(image, recipe, drawn, k))
 
 
 def drawn_for(recipe: Recipe, n: int, seed: int = 0, epoch: int = 0) -> Draws:
     return draw(recipe, seed, epoch, np.arange(n))
+
+
+def in_layout(nchw: torch.Tensor, layout: str) -> torch.Tensor:
+    """An N, C, H, W batch laid out as ``layout`` (NCHW, NHWC or channels_last)."""
+    if layout == "NHWC":
+        return nchw.permute(0, 2, 3, 1).contiguous()
+    if layout == "channels_last":
+        return nchw.contiguous(memory_format=torch.channels_last)
+    return nchw.contiguous()
+
+
+def as_nchw(images: torch.Tensor, layout: str) -> torch.Tensor:
+    """The N, C, H, W view of a batch laid out as ``layout``."""
+    return images.permute(0, 3, 1, 2) if layout == "NHWC" else images

@@ -18,23 +18,12 @@ from tilefeed.pipeline.recipe import erasing as erasing_module
 from tilefeed.pipeline.recipe.batch_mix import BatchMix, MixStyle, batch_position
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.store.errors import ConfigError
+from tests.pipeline.recipe.helpers import as_nchw, in_layout
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LAYOUTS = ("NCHW", "NHWC", "channels_last")
 DRAWS = 3000  # batches per distribution check
 SIDE = 16
-
-
-def in_layout(nchw: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "NHWC":
-        return nchw.permute(0, 2, 3, 1).contiguous()
-    if layout == "channels_last":
-        return nchw.contiguous(memory_format=torch.channels_last)
-    return nchw.contiguous()
-
-
-def as_nchw(images: torch.Tensor, layout: str) -> torch.Tensor:
-    return images.permute(0, 3, 1, 2) if layout == "NHWC" else images
 
 
 def positions_of_each_kind(mix: BatchMix, seed: int = 3) -> dict[str, int]:

@@ -16,23 +16,12 @@ from tests.pipeline.recipe.two_sample import chi2_same, ks_same
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.pipeline.recipe.erasing import STREAM, Fill, RandomErasing
 from tilefeed.store.errors import ConfigError
+from tests.pipeline.recipe.helpers import as_nchw, in_layout
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LAYOUTS = ("NCHW", "NHWC", "channels_last")
 SAMPLES = 3000  # images per distribution check
 SIDE = 32
-
-
-def in_layout(nchw: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "NHWC":
-        return nchw.permute(0, 2, 3, 1).contiguous()
-    if layout == "channels_last":
-        return nchw.contiguous(memory_format=torch.channels_last)
-    return nchw.contiguous()
-
-
-def as_nchw(images: torch.Tensor, layout: str) -> torch.Tensor:
-    return images.permute(0, 3, 1, 2) if layout == "NHWC" else images
 
 
 def box_of(mask: torch.Tensor) -> tuple[int, int, int, int] | None:
