@@ -26,6 +26,7 @@ from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, 
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.batch_mix import batch_position
+from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
@@ -501,6 +502,12 @@ class Loader:
             return images, labels, out["indices"].reshape(-1)
         return images, labels
 
+    @cached_property
+    def _erasing(self) -> RandomErasing | None:
+        """The recipe's erasing, in place: the handed-over batch is fresh and the caller's."""
+        erasing = None if self.recipe is None else self.recipe.erasing
+        return None if erasing is None else replace(erasing, inplace=True)
+
     def _per_batch(self, recipe: Recipe, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
                    plan: OpenEpoch) -> tuple[torch.Tensor, torch.Tensor]:
         """Random erasing of each sample, then mixup/cutmix of the batch, on the batch's device,
@@ -509,10 +516,11 @@ class Loader:
         (``batch_mix``'s rule for resume)."""
         step = plan.batches - 1  # this stretch's batch just handed over
         layout = "NHWC" if self.layout is Layout.NHWC else "NCHW"  # channels_last: an NCHW view here
-        if recipe.erasing is not None:
+        erasing = self._erasing
+        if erasing is not None:
             keys = (indices.cpu().numpy() if plan.keys is None
                     else plan.keys[step * self.batch_size : step * self.batch_size + len(images)])
-            images = replace(recipe.erasing, inplace=True).erase(images, keys, self.seed, plan.epoch, layout)
+            images = erasing.erase(images, keys, self.seed, plan.epoch, layout)
         if recipe.mix is not None and self.mixup_enabled:
             before = sum(s.world_size * s.batches for s in plan.prior)
             position = batch_position(step, self.rank, self.world_size, before=before)

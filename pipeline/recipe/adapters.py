@@ -241,8 +241,6 @@ def _timm_filter(name: str) -> Interpolation:
 
 def _timm_recipe(args: Any, data_config: Mapping[str, Any]) -> Recipe:
     """The training recipe ``create_loader(is_training=True)`` builds from timm's flags."""
-    if getattr(args, "no_aug", False):  # refused above
-        raise ConfigError("timm train.py --no-aug: the Loader trains with its random-resized crop")
     interpolation = _timm_train_interpolation(args, data_config)
     jitter = None
     if _timm_colour_jitter(args, data_config, True):
