@@ -28,6 +28,7 @@ from tilefeed.store.format import ceil_div
 from tilefeed.store.codec import decode_jpeg
 
 if TYPE_CHECKING:
+    from tilefeed.pipeline.recipe.batch_ops import BatchOps
     from tilefeed.pipeline.recipe.recipe import Recipe
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
@@ -61,9 +62,10 @@ class Epoch:
     size: int = 0
     keys: np.ndarray | None = None
     labels: np.ndarray | None = None
+    per_batch: BatchOps | None = None  # the recipe's erasing and mixing, applied as a batch is handed over
 
     def same(self, other: Epoch) -> bool:
-        return (self.number == other.number and self.size == other.size
+        return (self.number == other.number and self.size == other.size and self.per_batch == other.per_batch
                 and np.array_equal(self.indices, other.indices))
 
 
@@ -78,6 +80,7 @@ class Tag:
     last: bool  # the epoch's last batch
     slot: int = -1  # the ring slot its pixels occupy (-1: none), free again once DALI is done
     timing: Timing | None = field(default=None, compare=False)  # where its time went (stats)
+    per_batch: BatchOps | None = field(default=None, compare=False)  # its epoch's, for the hand-over
 
 
 def _cancel(futures: deque[tuple[Tag, Future[Batch]]]) -> list[Tag]:
@@ -231,7 +234,7 @@ class BatchSource:
         side = epoch.size or self.reader.tile
         slot, images = self._buffer(len(chunk), side)
         timing = Timing() if self.timed else None
-        tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing)
+        tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing, epoch.per_batch)
         return tag, self._pool.submit(self._read, chunk, keys, labels, images, epoch.extras, timing)
 
     def _buffer(self, n: int, side: int) -> tuple[int, np.ndarray | None]:

@@ -121,6 +121,8 @@ class Feed:
                 raise
             out = {"images": torch.from_numpy(images), "labels": torch.from_numpy(labels),
                    "indices": torch.from_numpy(indices.copy())}
+            if tag.per_batch is not None:
+                tag.per_batch(out, tag.batch)
         else:
             tag, out, ready = self._take()
             if ready is not None:  # a GPU batch: the consumer's stream starts after its copy
@@ -189,7 +191,7 @@ class Feed:
                 ran = time.perf_counter()
                 tag = source.fed.popleft()
                 if tag.generation == source.generation:
-                    item = (tag, *self._hand_over(outputs))
+                    item = (tag, *self._hand_over(outputs, tag))
                     if tag.timing is not None:  # the graph: DALI's time beyond the reads'
                         tag.timing.graph += ran - began - (source.callback_seconds - called)
                         tag.timing.copy += time.perf_counter() - ran
@@ -223,11 +225,15 @@ class Feed:
             self._ready.append(item)
             self._handed.notify_all()
 
-    def _hand_over(self, outputs: Sequence[Any]) -> tuple[Outputs, Any]:
+    def _hand_over(self, outputs: Sequence[Any], tag: Tag) -> tuple[Outputs, Any]:
+        """The batch out of DALI as torch tensors, cast, with its epoch's per-batch operations
+        applied (here, so that they overlap the consumer's step rather than add to its wait)."""
         if self._side is None:
             out = {name: self._host_tensor(tl) for name, tl in zip(NAMES, outputs, strict=True)}
             if self.cast is not None:
                 out["images"] = out["images"].to(self.cast)
+            if tag.per_batch is not None:
+                tag.per_batch(out, tag.batch)
             return out, None
         from nvidia.dali.plugin.pytorch.torch_utils import feed_ndarray, to_torch_type
 
@@ -239,6 +245,8 @@ class Feed:
                 out[name] = feed_ndarray(dense, tensor, cuda_stream=self._side)
             if self.cast is not None:
                 out["images"] = out["images"].to(self.cast)
+            if tag.per_batch is not None:
+                tag.per_batch(out, tag.batch)
             ready = self._side.record_event()
         ready.synchronize()  # DALI may reuse its buffers once they are dropped, here
         return out, ready

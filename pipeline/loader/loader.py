@@ -25,8 +25,7 @@ from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, EpochSampler, absent, dataset_of
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
-from tilefeed.pipeline.recipe.batch_mix import batch_position
-from tilefeed.pipeline.recipe.erasing import RandomErasing
+from tilefeed.pipeline.recipe.batch_ops import BatchOps
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
@@ -341,9 +340,10 @@ class Loader:
 
     @property
     def mixup_enabled(self) -> bool:
-        """The recipe's mixup/cutmix is applied to the batches handed over from now on (timm's
-        prefetcher's attribute: its ``train.py`` sets it False from ``--mixup-off-epoch`` on,
-        at the start of an epoch). False without one. Not part of the resume state: a script
+        """The recipe's mixup/cutmix is applied to the batches of the iterations started from now
+        on (timm's prefetcher's attribute: its ``train.py`` sets it False from
+        ``--mixup-off-epoch`` on, at the start of an epoch; an iteration under way keeps the
+        setting it began with). False without one. Not part of the resume state: a script
         sets it again, from the epoch, when it resumes."""
         return self.recipe is not None and self.recipe.mix is not None and not self._mixing_off
 
@@ -405,7 +405,7 @@ class Loader:
                     recorder.handed(tag.timing, time.perf_counter() - began, feed.ready())
                 last = tag.last
                 plan.batches += 1  # counted once handed over: a state_dict() taken while
-                yield self._convert(out, plan)  # the batch is trained on resumes after it
+                yield self._convert(out)  # the batch is trained on resumes after it
         self._record(complete=True)
         self.epochs.end()
 
@@ -488,43 +488,34 @@ class Loader:
         # a mixture's labels in one gather an epoch: gathered per batch, split by store, they cost
         # the rate a few percent (tilefeed bench loader), far more than their own CPU time
         labels = None if self.mixture is None else self.reader.labels[plan.indices]
-        return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys, labels)
+        return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys, labels, self._batch_ops(plan))
 
-    def _convert(self, out: dict[str, torch.Tensor], plan: OpenEpoch) -> tuple[torch.Tensor, ...]:
-        images = out["images"]  # already bfloat16 where asked: cast by the feed, off this thread
+    def _batch_ops(self, plan: OpenEpoch) -> BatchOps | None:
+        """The recipe's per-batch operations for ``plan``'s stretch (None: it has none, or this
+        is evaluation): random erasing of each sample, keyed as the crops are (the sample, or a
+        mixture's position), then mixup/cutmix keyed by the batch's global position in the
+        epoch (``batch_mix``'s rule for resume). The feed applies them as it hands a batch over."""
+        recipe = self.recipe
+        if recipe is None or not recipe.per_batch or not self.settings.train:
+            return None
+        # in place: the handed-over batch is fresh and the caller's
+        erasing = None if recipe.erasing is None else replace(recipe.erasing, inplace=True)
+        mix = recipe.mix if self.mixup_enabled else None
+        if erasing is None and mix is None:
+            return None
+        return BatchOps(erasing, mix, self.seed, plan.epoch, self.batch_size, self.rank, self.world_size,
+                        before=sum(s.world_size * s.batches for s in plan.prior),
+                        layout="NCHW" if self.layout is Layout.NCHW else "NHWC", keys=plan.keys)
+
+    def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        images = out["images"]  # cast, erased and mixed by the feed, off this thread
         if self.layout is Layout.CHANNELS_LAST:  # HWC from DALI, seen as NCHW: no copy, no transpose
             images = images.permute(0, 3, 1, 2)
-        labels = out["labels"].reshape(-1)
-        recipe = self.recipe
-        if recipe is not None and recipe.per_batch and self.settings.train:
-            images, labels = self._per_batch(recipe, images, labels, out["indices"].reshape(-1), plan)
+        labels = out["labels"]
+        if not labels.is_floating_point():  # class indices, one a sample (mixing gives soft targets)
+            labels = labels.reshape(-1)
         if self.with_index:
             return images, labels, out["indices"].reshape(-1)
-        return images, labels
-
-    @cached_property
-    def _erasing(self) -> RandomErasing | None:
-        """The recipe's erasing, in place: the handed-over batch is fresh and the caller's."""
-        erasing = None if self.recipe is None else self.recipe.erasing
-        return None if erasing is None else replace(erasing, inplace=True)
-
-    def _per_batch(self, recipe: Recipe, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
-                   plan: OpenEpoch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random erasing of each sample, then mixup/cutmix of the batch, on the batch's device,
-        in place (the batch is the caller's and fresh). Erasing is keyed as the crops are (the
-        sample, or a mixture's position); mixing by the batch's global position in the epoch
-        (``batch_mix``'s rule for resume)."""
-        step = plan.batches - 1  # this stretch's batch just handed over
-        layout = "NHWC" if self.layout is Layout.NHWC else "NCHW"  # channels_last: an NCHW view here
-        erasing = self._erasing
-        if erasing is not None:
-            keys = (indices.cpu().numpy() if plan.keys is None
-                    else plan.keys[step * self.batch_size : step * self.batch_size + len(images)])
-            images = erasing.erase(images, keys, self.seed, plan.epoch, layout)
-        if recipe.mix is not None and self.mixup_enabled:
-            before = sum(s.world_size * s.batches for s in plan.prior)
-            position = batch_position(step, self.rank, self.world_size, before=before)
-            images, labels = recipe.mix.apply(images, labels, self.seed, plan.epoch, position, layout)
         return images, labels
 
     # -- resume ---------------------------------------------------------------------------------

@@ -150,3 +150,46 @@ def test_mixing_repeats_on_the_same_settings_and_gives_soft_targets_on_others(st
         loader.mixup_enabled = False  # timm's --mixup-off-epoch: plain labels' one-hot targets
         plain = next(iter(loader))
     assert plain[1].dtype == torch.int64
+
+
+def test_mixing_turned_off_between_epochs_drops_the_batches_mixed_ahead(store: Path) -> None:
+    """timm's --mixup-off-epoch: ``mixup_enabled = False`` set between two epochs applies to the
+    whole next epoch, although the feed had mixed that epoch's first batches ahead; they equal a
+    Loader's that never mixed (erasing stays on)."""
+    with StoreReader(store) as reader:
+        classes = int(np.max(reader.labels[:])) + 1
+    recipe = Recipe(erasing=RandomErasing(p=0.5),
+                    mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes))
+    opts = dict(FLOAT, with_index=False, prefetch=4)
+    with Loader(store, 4, recipe=recipe, **opts) as loader:
+        assert all(t.dtype == torch.float32 for _, t in loader)  # the feed runs on into epoch 1
+        loader.mixup_enabled = False
+        loader.set_epoch(1)
+        switched = [tuple(t.clone() for t in b) for b in loader]
+    with Loader(store, 4, recipe=recipe, **opts) as loader:
+        loader.mixup_enabled = False
+        loader.set_epoch(1)
+        plain = [tuple(t.clone() for t in b) for b in loader]
+    assert all(t.dtype == torch.int64 for _, t in switched)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(switched, plain, strict=True))
+
+
+def test_erasing_and_mixing_run_on_the_feeding_thread(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-batch operations overlap the consumer's step: they run where the feed hands a
+    batch over, never on the thread iterating the Loader."""
+    import threading
+
+    from tilefeed.pipeline.recipe.batch_ops import BatchOps
+
+    threads: list[threading.Thread] = []
+    original = BatchOps.__call__
+
+    def recorded(self: BatchOps, out: dict[str, torch.Tensor], batch: int) -> None:
+        threads.append(threading.current_thread())
+        original(self, out, batch)
+
+    monkeypatch.setattr(BatchOps, "__call__", recorded)
+    with Loader(store, 4, recipe=Recipe(erasing=RandomErasing(p=1.0)), **FLOAT) as loader:
+        batches = list(loader)
+    assert len(threads) >= len(batches) > 0
+    assert threading.current_thread() not in threads
