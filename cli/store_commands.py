@@ -65,6 +65,14 @@ def format_info(d: StoreInfo, max_rejects: int = 20) -> str:
         f"classes    {len(classes)}: {shown}",
         f"made with  {made}",
     ]
+    if d.targets is not None:
+        t = d.targets
+        kinds = ", ".join([*(["boxes"] if t["boxes"] else []),
+                           *([f"{t['masks']} masks"] if t["masks"] else [])])
+        names = [printable(c["name"]) for c in t["categories"]]
+        listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        lines.insert(5, f"targets    {kinds}: {t['objects']} objects, {len(names)} categories"
+                     + (f" ({listed})" if names else ""))
     for r in d.rejects[:max_rejects]:
         lines.append(f"rejected   {printable(r['path'])}: {printable(r['reason'])}")
     if len(d.rejects) > max_rejects:

@@ -14,11 +14,17 @@ import numpy as np
 
 from tilefeed.store.attrs import ArrayRecord, StoreAttrs, store_attrs
 from tilefeed.store.codec import COMPRESSORS, zstd_content_size
-from tilefeed.store.documents import images_document_problem, parse_document, small_document_problem
+from tilefeed.store.documents import (
+    images_document_problem,
+    masks_document_problem,
+    parse_document,
+    small_document_problem,
+)
 from tilefeed.store.errors import CorruptChunkError, one_line
 from tilefeed.store.format import (
     CRC_NBYTES,
     IMAGES,
+    MASKS,
     MAX_METADATA_BYTES,
     SMALL_ARRAY_CODEC,
     crc_bytes,
@@ -49,21 +55,32 @@ def _metadata_problems(root: Path, store: StoreAttrs, name: str) -> list[tuple[s
     if problem:
         return [(str(path), problem)]
     data = path.read_bytes()
-    recorded = store.images_metadata_sha256 if name == IMAGES else store.arrays[name].metadata_sha256
+    if name == IMAGES:
+        recorded = store.images_metadata_sha256
+    elif name == MASKS:
+        assert store.masks is not None
+        recorded = store.masks.metadata_sha256
+    else:
+        recorded = store.arrays[name].metadata_sha256
     if hashlib.sha256(data).hexdigest() != recorded:
         return [(str(path), "differs from what was written (sha256 mismatch)")]
     doc, problem = parse_document(data)
     if not problem:
-        problem = (images_document_problem(doc, store) if name == IMAGES
-                   else small_document_problem(doc, store.arrays[name]))
+        if name == IMAGES:
+            problem = images_document_problem(doc, store)
+        elif name == MASKS:
+            problem = masks_document_problem(doc, store)
+        else:
+            problem = small_document_problem(doc, store.arrays[name])
     return [(str(path), problem)] if problem else []
 
 
-def _shard_problems(root: Path, store: StoreAttrs,
-                    shard_sizes: Sequence[int | None] | None) -> list[tuple[str, str]]:
+def _shard_problems(root: Path, store: StoreAttrs, shard_sizes: Sequence[int | None] | None,
+                    name: str = IMAGES) -> list[tuple[str, str]]:
     problems = []
-    for shard, expected in enumerate(store.shard_bytes):
-        path = shard_path(root, shard)
+    recorded = store.masks.shard_bytes if name == MASKS and store.masks is not None else store.shard_bytes
+    for shard, expected in enumerate(recorded):
+        path = shard_path(root, shard, name)
         size: int | None
         if shard_sizes is not None:
             size = shard_sizes[shard] if shard < len(shard_sizes) else None
@@ -106,11 +123,11 @@ def array_problems(root: Path, attrs: Mapping[str, Any] | StoreAttrs, name: str,
     files, are what bound the sample count the other arrays are read by.
     """
     store = store_attrs(attrs, root)
-    if name != IMAGES and name not in store.arrays:
+    if name != IMAGES and name not in store.arrays and not (name == MASKS and store.masks is not None):
         return [(str(root / name), "not recorded in the store's attributes")]
     problems = _metadata_problems(root, store, name)
-    if name == IMAGES:
-        return problems + _shard_problems(root, store, shard_sizes)
+    if name in (IMAGES, MASKS):
+        return problems + _shard_problems(root, store, shard_sizes, name)
     rec = store.arrays[name]
     problems += _chunk_problems(root, rec)
     if not problems and sha256_files(rec.chunk_paths(root)) != rec.sha256:
@@ -152,6 +169,8 @@ def read_small_array(root: Path, attrs: Mapping[str, Any] | StoreAttrs, name: st
         except Exception as e:  # noqa: BLE001 - whatever the codec raises on a bad chunk is its reason
             raise CorruptChunkError(str(path), None, f"does not decode: {one_line(e)}") from None
         parts.append(out.view(np.dtype(rec.dtype).newbyteorder("<")))
+    if not parts:  # an array of no rows (a store whose tiles hold no objects)
+        parts.append(np.empty(0, dtype=np.dtype(rec.dtype).newbyteorder("<")))
     values = np.concatenate(parts)[: rec.length * rec.row]
     return values.reshape(rec.length, rec.row) if rec.ndim == 2 else values
 

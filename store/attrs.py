@@ -18,13 +18,23 @@ import numpy as np
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.errors import StoreFormatError
 from tilefeed.store.format import (
-    BOXES,
     CODECS,
     COLS,
     CRC_NBYTES,
     FORMAT_NAME,
     FORMAT_VERSION,
     IMAGES,
+    MASKS,
+    MAX_CATEGORIES,
+    MAX_CATEGORY_ID,
+    MAX_MASK_OBJECTS,
+    MAX_NAME_BYTES,
+    MAX_OBJECTS,
+    OBJECT_OFFSETS,
+    OBJECTS,
+    FRAMES,
+    READ_VERSIONS,
+    ROW_WIDTH,
     MAX_PATH_BYTES,
     MAX_SHARD_SIZE,
     PATHS_CHUNK,
@@ -36,6 +46,7 @@ from tilefeed.store.format import (
     SOURCE_PATHS,
     TILE_SIDES,
     Codec,
+    MaskKind,
     ceil_div,
     index_nbytes,
     shard_count,
@@ -142,8 +153,9 @@ class ArrayRecord:
 
     @property
     def row(self) -> int:
-        """Values per row: boxes hold four (top, left, height, width), the others one."""
-        return 4 if self.ndim == 2 else 1
+        """Values per row: boxes hold four (top, left, height, width), objects six, frames
+        four, the others one."""
+        return ROW_WIDTH.get(self.name, 1)
 
     @property
     def dtype(self) -> str:
@@ -168,20 +180,120 @@ class ArrayRecord:
         return decoded + (decoded >> 7) + 512 + CRC_NBYTES
 
     @classmethod
-    def from_dict(cls, name: str, f: _Fields, samples: int, sources: int) -> ArrayRecord:
+    def from_dict(cls, name: str, f: _Fields, samples: int, sources: int, objects: int = 0) -> ArrayRecord:
         if name == SOURCE_PATHS:  # one per source read, the skipped ones aside
             length, most = f.whole("length", 1, sources), PATHS_CHUNK
+        elif name == OBJECT_OFFSETS:
+            length, most = f.equal("length", samples + 1, "one per sample and one more"), SMALL_CHUNK
+        elif name == OBJECTS:
+            length, most = f.equal("length", objects, "targets.objects"), SMALL_CHUNK
         else:
             length, most = f.equal("length", samples, "one per sample"), SMALL_CHUNK
-        chunk = f.whole("chunk", 1, min(length, most))
+        chunk = f.whole("chunk", 1, max(1, min(length, most)))  # a store of no objects: chunks of one
         return cls(name=name, length=length, chunk=chunk,
-                   ndim=f.equal("ndim", 2 if name == BOXES else 1, f"the dimensions of {name}"),
+                   ndim=f.equal("ndim", 2 if name in ROW_WIDTH else 1, f"the dimensions of {name}"),
                    chunks=f.equal("chunks", ceil_div(length, chunk), "ceil(length / chunk)"),
                    sha256=f.text("sha256", hex64=True), metadata_sha256=f.text("metadata_sha256", hex64=True))
 
     def to_dict(self) -> dict[str, Any]:
         return {"length": self.length, "chunk": self.chunk, "ndim": self.ndim, "chunks": self.chunks,
                 "sha256": self.sha256, "metadata_sha256": self.metadata_sha256}
+
+
+@dataclass(frozen=True)
+class TargetsRecord:
+    """What a store with targets holds (the attributes' ``targets``): boxes or not, which masks,
+    the category table (the source's own ids and their names, ids ascending) and how many
+    objects the ``objects`` array holds.
+
+    Attributes
+    ----------
+    boxes : bool
+        The store holds ``object_offsets`` and ``objects``: boxes, category ids, crowd flags.
+    masks : MaskKind or None
+        The store holds a ``masks`` array of this kind.
+    categories : tuple of (int, str)
+        (id, name) of every category, as the source file numbers and names them.
+    objects : int
+        Rows of ``objects`` (0 without boxes).
+    """
+
+    boxes: bool
+    masks: MaskKind | None
+    categories: tuple[tuple[int, str], ...]
+    objects: int
+
+    @property
+    def names(self) -> dict[int, str]:
+        """Category id -> name."""
+        return dict(self.categories)
+
+    @classmethod
+    def from_dict(cls, f: _Fields) -> TargetsRecord:
+        boxes = f.get("boxes")
+        if not isinstance(boxes, bool):
+            raise f.fail("boxes", "must be true or false")
+        masks = f.get("masks")
+        if masks is not None and masks not in tuple(MaskKind):
+            raise f.fail("masks", f"must be null or one of {', '.join(MaskKind)}")
+        kind = None if masks is None else MaskKind(masks)
+        if kind is MaskKind.INSTANCE and not boxes:
+            raise f.fail("masks", "must not be instance without boxes (instance ids index the objects)")
+        if not boxes and kind is None:
+            raise f.fail("boxes", "must be true, or masks given (a targets entry holds something)")
+        objects = f.whole("objects", 0, MAX_OBJECTS if boxes else 0)
+        return cls(boxes=boxes, masks=kind, categories=_categories(f), objects=objects)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"boxes": self.boxes, "masks": None if self.masks is None else self.masks.value,
+                "categories": [{"id": i, "name": n} for i, n in self.categories], "objects": self.objects}
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The arrays a store with these targets holds beside the classification ones."""
+        return ((OBJECT_OFFSETS, OBJECTS) if self.boxes else ()) + (FRAMES,) + (
+            (MASKS,) if self.masks is not None else ())
+
+
+def _categories(f: _Fields) -> tuple[tuple[int, str], ...]:
+    value = f.get("categories")
+    why = (f"must list at most {MAX_CATEGORIES} {{id, name}} objects, ids whole numbers in "
+           f"0..{MAX_CATEGORY_ID} ascending, names strings of at most {MAX_NAME_BYTES} bytes")
+    if not isinstance(value, list) or len(value) > MAX_CATEGORIES:
+        raise f.fail("categories", why)
+    out: list[tuple[int, str]] = []
+    for entry in value:
+        cid: Any = entry.get("id") if isinstance(entry, dict) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if (not _is_int(cid) or not 0 <= cid <= MAX_CATEGORY_ID or not isinstance(name, str)
+                or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+                or (out and cid <= out[-1][0])):
+            raise f.fail("categories", why)
+        out.append((int(cid), name))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ShardedRecord:
+    """What the attributes record of the masks array (sharded as the images): each shard file's
+    size and sha256, and the sha256 of its zarr.json."""
+
+    shard_bytes: tuple[int, ...]
+    shard_sha256: tuple[str, ...]
+    metadata_sha256: str
+
+    @classmethod
+    def from_dict(cls, f: _Fields, shards: int) -> ShardedRecord:
+        f.equal("chunks", shards, "the shard count")
+        sizes = tuple(f.values("shard_bytes", int))
+        if len(sizes) != shards:
+            raise f.fail("shard_bytes", f"must list {shards} sizes (one per shard)")
+        return cls(shard_bytes=sizes, shard_sha256=f.digests("shard_sha256", shards),
+                   metadata_sha256=f.text("metadata_sha256", hex64=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chunks": len(self.shard_bytes), "shard_bytes": list(self.shard_bytes),
+                "shard_sha256": list(self.shard_sha256), "metadata_sha256": self.metadata_sha256}
 
 
 @dataclass(frozen=True)
@@ -214,6 +326,9 @@ class StoreAttrs:
     # sha256 of each shard file; None in stores written before shards had digests, whose copies
     # (a bucket store's cache) cannot be checked against the original
     shard_sha256: tuple[str, ...] | None = None
+    targets: TargetsRecord | None = None  # version 3: what a store made from a source with targets holds
+    masks: ShardedRecord | None = None  # present exactly when ``targets.masks`` is
+    version: int = FORMAT_VERSION  # the version read (a version-2 store's record says 2)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", Codec(self.codec))
@@ -231,7 +346,10 @@ class StoreAttrs:
         f = _Fields(attrs, where, "")
         if f.get("format") != FORMAT_NAME:
             raise f.fail("format", f"must be {FORMAT_NAME!r}")
-        f.equal("version", FORMAT_VERSION, "the version this tilefeed reads")
+        version = f.get("version")
+        if not _is_int(version) or version not in READ_VERSIONS:
+            raise f.fail("version", f"must be one of {', '.join(map(str, READ_VERSIONS))} (the versions "
+                         "this tilefeed reads)")
         sources = f.whole("sources", 1, 2**48)
         rejects = _rejects(f)
         rejected = f.equal("rejected", len(rejects), "the entries of rejects")
@@ -246,8 +364,13 @@ class StoreAttrs:
         quality = f.whole("quality", 1, 100) if codec is Codec.JPEG else None
         if codec is not Codec.JPEG and f.get("quality") is not None:
             raise f.fail("quality", f"must be null for codec {codec}")
+        targets = None
+        if "targets" in f.d:
+            if version < 3:
+                raise f.fail("targets", "must be absent in a version-2 store")
+            targets = TargetsRecord.from_dict(f.child("targets"))
         arrays = f.child("arrays")
-        _array_names(arrays)
+        _array_names(arrays, targets)
         images = arrays.child(IMAGES)
         images.equal("chunks", shards, "the shard count")
         shard_bytes = tuple(images.values("shard_bytes", int))
@@ -259,11 +382,16 @@ class StoreAttrs:
             images_metadata_sha256=images.text("metadata_sha256", hex64=True),
             classes=tuple(f.values("classes", str, low=1)), made=_made(f), rejects=rejects,
             fingerprint=f.text("fingerprint"), digest=f.text("digest", hex64=True),
-            arrays={name: ArrayRecord.from_dict(name, arrays.child(name), samples, sources)
-                    for name in arrays.d if name != IMAGES},
+            arrays={name: ArrayRecord.from_dict(name, arrays.child(name), samples, sources,
+                                                targets.objects if targets else 0)
+                    for name in arrays.d if name not in (IMAGES, MASKS)},
             shard_sha256=images.digests("shard_sha256", shards) if "shard_sha256" in images.d else None,
+            targets=targets, version=int(version),
+            masks=ShardedRecord.from_dict(arrays.child(MASKS), shards) if MASKS in arrays.d else None,
         )
         store._check_shard_bytes(images)
+        if store.masks is not None:
+            store._check_mask_bytes(arrays.child(MASKS))
         return store
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,14 +400,16 @@ class StoreAttrs:
         if self.shard_sha256 is not None:
             images["shard_sha256"] = list(self.shard_sha256)
         images["metadata_sha256"] = self.images_metadata_sha256
+        sharded = {IMAGES: images, **({MASKS: self.masks.to_dict()} if self.masks is not None else {})}
+        targets = {"targets": self.targets.to_dict()} if self.targets is not None else {}
         return {
-            "format": FORMAT_NAME, "version": FORMAT_VERSION, "samples": self.samples,
+            "format": FORMAT_NAME, "version": self.version, "samples": self.samples,
             "sources": self.sources, "accepted": self.accepted, "rejected": self.rejected,
             "tile": [self.tile, self.tile, 3], "codec": self.codec.value, "quality": self.quality,
             "shard_size": self.shard_size, "shards": self.shards, "classes": list(self.classes),
             "made": dict(self.made), "rejects": [{"path": p, "reason": r} for p, r in self.rejects],
-            "fingerprint": self.fingerprint,
-            "arrays": {IMAGES: images, **{name: rec.to_dict() for name, rec in self.arrays.items()}},
+            "fingerprint": self.fingerprint, **targets,
+            "arrays": {**sharded, **{name: rec.to_dict() for name, rec in self.arrays.items()}},
             "digest": self.digest,
         }
 
@@ -297,6 +427,22 @@ class StoreAttrs:
             if size < least or size > 2**62 or exact and size != least:
                 raise images.fail("shard_bytes", f"entry {shard} must be {'' if exact else 'at least '}"
                                   f"{least} ({self.held(shard)} tiles and the index)")
+
+
+    def _check_mask_bytes(self, masks: _Fields) -> None:
+        """Each masks shard holds its index and a chunk per tile, of one byte at least and its
+        crc32c (a zstd frame is never empty)."""
+        assert self.masks is not None
+        for shard, size in enumerate(self.masks.shard_bytes):
+            least = index_nbytes(self.shard_size) + self.held(shard) * (CRC_NBYTES + 1)
+            if size < least or size > 2**62:
+                raise masks.fail("shard_bytes", f"entry {shard} must be at least {least} "
+                                 f"({self.held(shard)} tiles and the index)")
+
+    @property
+    def max_tile_objects(self) -> int:
+        """The most objects a tile may hold: MAX_MASK_OBJECTS with instance masks."""
+        return MAX_MASK_OBJECTS if self.targets is not None and self.targets.masks is MaskKind.INSTANCE else -1
 
 
 def _tile(f: _Fields) -> int:
@@ -328,16 +474,23 @@ def _made(f: _Fields) -> dict[str, Any]:
     return dict(made)
 
 
-def _array_names(arrays: _Fields) -> None:
+def _array_names(arrays: _Fields, targets: TargetsRecord | None) -> None:
     """Array names come from the fixed set: a name is a path under the store root, and
-    ``../elsewhere`` or ``/etc`` would have a reader look outside it."""
-    known = (IMAGES, *SMALL_ARRAYS)
+    ``../elsewhere`` or ``/etc`` would have a reader look outside it. The targets' arrays are
+    present exactly when ``targets`` says so."""
+    known = (IMAGES, MASKS, *SMALL_ARRAYS)
     for name in arrays.d:
         if name not in known:
             raise StoreFormatError(f"{arrays.where}: attribute 'arrays' names {short_repr(name)}, not one of "
                                    f"{', '.join(known)}")
     for name in REQUIRED_ARRAYS:
         arrays.get(name)
+    held = targets.arrays if targets is not None else ()
+    for name in (OBJECT_OFFSETS, OBJECTS, FRAMES, MASKS):
+        if (name in arrays.d) != (name in held):
+            has, hold = ("holds", "do not hold") if name in arrays.d else ("lacks", "hold")
+            raise StoreFormatError(f"{arrays.where}: attribute 'arrays' {has} {name}, which the store's "
+                                   f"targets {hold}")
     if (ROWS in arrays.d) != (COLS in arrays.d):
         raise StoreFormatError(f"{arrays.where}: attribute 'arrays' must hold both {ROWS} and {COLS} "
                                "(grid mode) or neither")

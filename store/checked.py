@@ -92,6 +92,10 @@ def _checked_files(store: StoreAttrs, shards_here: bool) -> Iterator[str]:
     yield f"{fmt.IMAGES}/zarr.json"
     if shards_here:
         yield from (fmt.shard_relpath(s) for s in range(store.shards))
+    if store.masks is not None:
+        yield f"{fmt.MASKS}/zarr.json"
+        if shards_here:
+            yield from (fmt.shard_relpath(s, fmt.MASKS) for s in range(store.shards))
     for name, rec in store.arrays.items():
         yield f"{name}/zarr.json"
         yield from (fmt.small_chunk_path(Path(), name, i, rec.ndim).as_posix() for i in range(rec.chunks))
@@ -121,7 +125,8 @@ def _check(root: Path, store: StoreAttrs, location: str, files: list[str],
     presence and size (the shards first: the sample count every other array is checked
     against comes from them), labels and boxes in range. Returns the stats taken before."""
     before = _stats(root, files)
-    for name in (fmt.IMAGES, *store.arrays) if shards_here else store.arrays:
+    masks = (fmt.MASKS,) if store.masks is not None and shards_here else ()
+    for name in (fmt.IMAGES, *masks, *store.arrays) if shards_here else store.arrays:
         if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
             check_array(root, store, name)
     labels = read_small_array(root, store, fmt.LABELS).astype(np.int64, copy=False)

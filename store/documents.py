@@ -17,7 +17,9 @@ from tilefeed.store.format import (
     CODEC_TABLE,
     FORMAT_NAME,
     FORMAT_VERSION,
+    MASK_CODEC,
     MAX_METADATA_BYTES,
+    READ_VERSIONS,
     MAX_NESTING,
     SMALL_ARRAY_CODEC,
     WORK_DIR,
@@ -120,7 +122,7 @@ def open_store(root: str | Path) -> tuple[dict[str, Any], StoreAttrs]:
             f"store {str(root)!r} has format version {short_repr(version)}; this tilefeed reads versions up "
             f"to {FORMAT_VERSION}: upgrade tilefeed"
         )
-    if version < FORMAT_VERSION:
+    if version < READ_VERSIONS[0]:
         raise StoreFormatError(
             f"store {str(root)!r} has format version {version}, whose labels and other arrays carry "
             f"no checksums; rebuild it with the same `tilefeed preprocess` command plus --overwrite"
@@ -189,11 +191,35 @@ def images_document_problem(doc: Any, store: StoreAttrs) -> str:
     return problem or _codecs_problem(config.get("codecs"), CODEC_TABLE[store.codec].declared())
 
 
+def masks_document_problem(doc: Any, store: StoreAttrs) -> str:
+    """How the masks array's zarr.json disagrees with the attributes ('' when it does not): one
+    (T, T) uint8 tile per chunk, sharded as the images, zstd then crc32c inside."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    t = store.tile
+    problem = _fields_problem(doc, {
+        "zarr_format": 3, "node_type": "array", "shape": [store.samples, t, t], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [store.shard_size, t, t]}},
+        "chunk_key_encoding": _DEFAULT_KEYS})
+    if problem:
+        return problem
+    codecs = doc.get("codecs")
+    sharding = codecs[0] if isinstance(codecs, list) and len(codecs) == 1 else None
+    if not isinstance(sharding, dict) or sharding.get("name") != "sharding_indexed":
+        return f"codecs are {short_repr(codecs)}, expected one sharding_indexed"
+    config = sharding.get("configuration")
+    if not isinstance(config, dict):
+        return "sharding_indexed has no configuration"
+    problem = _fields_problem(config, {"chunk_shape": [1, t, t], "index_codecs": _INDEX_CODECS,
+                                       "index_location": "end"})
+    return problem or _codecs_problem(config.get("codecs"), CODEC_TABLE[MASK_CODEC].declared())
+
+
 def small_document_problem(doc: Any, rec: ArrayRecord) -> str:
     """How an array's zarr.json disagrees with its record in the attributes ('' when it does not)."""
     if not isinstance(doc, dict):
         return "not a JSON object"
-    rest = [4] if rec.ndim == 2 else []
+    rest = [rec.row] if rec.ndim == 2 else []
     problem = _fields_problem(doc, {
         "zarr_format": 3, "node_type": "array", "shape": [rec.length, *rest], "data_type": rec.dtype,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [rec.chunk, *rest]}},

@@ -40,7 +40,10 @@ from typing_extensions import Buffer
 import crc32c as _crc32c
 
 FORMAT_NAME: Final = "tilefeed"
-FORMAT_VERSION: Final = 2  # 2: every array checksummed and digested; 1 is refused (rebuild it)
+# 3: optional targets (boxes, masks and frames); 2: every array checksummed and digested, still
+# read (it holds no targets); 1 is refused (rebuild it)
+FORMAT_VERSION: Final = 3
+READ_VERSIONS: Final = (2, 3)
 ATTRS_KEY: Final = "tilefeed"  # group attribute holding the store description; written last
 
 IMAGES: Final = "images"
@@ -50,7 +53,14 @@ ROWS: Final = "rows"  # grid mode: tile row within its source image
 COLS: Final = "cols"  # grid mode: tile column within its source image
 SOURCE_PATHS: Final = "source_paths"  # the sorted source list, as UTF-8 strings
 BOXES: Final = "boxes"  # (N, 4) int32: top, left, height, width of the picture within its tile
-SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, BOXES, SOURCE_PATHS)  # all but images: read whole
+# Targets (detection and segmentation): present exactly when the attributes' ``targets`` say so.
+OBJECT_OFFSETS: Final = "object_offsets"  # (N+1,) int64: tile i's objects are rows off[i]..off[i+1]
+OBJECTS: Final = "objects"  # (M, 6) float64: x0, y0, x1, y1 (tile pixels, XYXY), category id, iscrowd
+FRAMES: Final = "frames"  # (N, 4) float64: sx, sy, tx, ty: tile = source * s + t, per axis
+MASKS: Final = "masks"  # (N, T, T) uint8, one tile per chunk, sharded exactly as the images
+TARGET_ARRAYS: Final = (OBJECT_OFFSETS, OBJECTS, FRAMES)  # the targets' arrays read whole
+SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, BOXES, SOURCE_PATHS, *TARGET_ARRAYS)  # read whole
+SHARDED_ARRAYS: Final = (IMAGES, MASKS)  # one tile per chunk, in shard files
 
 JPEG_CODEC_ID: Final = "tilefeed.jpeg"
 JPEG_SUBSAMPLING: Final = "4:4:4"  # full chroma: tiles are training data, not thumbnails
@@ -112,11 +122,29 @@ MAX_PATH_BYTES: Final = 4096  # one source path, as the OS allows it (PATH_MAX)
 MAX_METADATA_BYTES: Final = 64 << 20  # one zarr.json (the group's lists every rejected source)
 MAX_NESTING: Final = 16  # tilefeed's own documents nest 6 deep
 SMALL_DTYPES: Final = {LABELS: "int64", SOURCES: "int64", ROWS: "int32", COLS: "int32",
-                       BOXES: "int32", SOURCE_PATHS: "string"}
+                       BOXES: "int32", SOURCE_PATHS: "string", OBJECT_OFFSETS: "int64",
+                       OBJECTS: "float64", FRAMES: "float64"}
+ROW_WIDTH: Final = {BOXES: 4, OBJECTS: 6, FRAMES: 4}  # the arrays whose rows hold several values
+MASK_CODEC: Final = Codec.ZSTD  # masks are class or instance ids: lossless, and they compress well
+MASK_IGNORE: Final = 255  # a semantic mask's "no label" (also the pad areas')
+MAX_MASK_OBJECTS: Final = 254  # objects of a tile with instance masks: ids 1..254 (0: background)
+MAX_OBJECTS: Final = 1 << 40  # objects in a store
+MAX_CATEGORIES: Final = 1 << 16
+MAX_CATEGORY_ID: Final = 2**31 - 1
+MAX_NAME_BYTES: Final = 1024  # one category name
+
+
+class MaskKind(StrEnum):
+    """What a store's masks hold (the attributes' ``targets.masks``): ``SEMANTIC``, a class id
+    per pixel (MASK_IGNORE: no label); ``INSTANCE``, 0 for background and k for the tile's
+    object k-1 (each object's binary mask is ``mask == k``)."""
+
+    SEMANTIC = "semantic"
+    INSTANCE = "instance"
 REQUIRED_ARRAYS: Final = (IMAGES, LABELS, SOURCES, BOXES, SOURCE_PATHS)  # ROWS and COLS: grid mode
 
 WORK_DIR: Final = ".tilefeed-partial"  # present while a store is being written
-WRITTEN: Final = ("zarr.json", IMAGES, *SMALL_ARRAYS, WORK_DIR)  # every entry a writer makes
+WRITTEN: Final = ("zarr.json", IMAGES, MASKS, *SMALL_ARRAYS, WORK_DIR)  # every entry a writer makes
 
 
 def crc32c(data: Buffer) -> int:
@@ -135,13 +163,14 @@ def shard_count(samples: int, tiles_per_shard: int) -> int:
     return ceil_div(samples, tiles_per_shard)
 
 
-def shard_relpath(shard: int) -> str:
-    """The shard file's key under the store root (zarr's default '/'-separated chunk keys)."""
-    return f"{IMAGES}/c/{shard}/0/0/0"
+def shard_relpath(shard: int, array: str = IMAGES) -> str:
+    """The shard file's key under the store root (zarr's default '/'-separated chunk keys):
+    ``images`` has four dimensions, ``masks`` three."""
+    return f"{array}/c/{shard}/0/0/0" if array == IMAGES else f"{array}/c/{shard}/0/0"
 
 
-def shard_path(root: Path, shard: int) -> Path:
-    return root / shard_relpath(shard)
+def shard_path(root: Path, shard: int, array: str = IMAGES) -> Path:
+    return root / shard_relpath(shard, array)
 
 
 def index_nbytes(tiles_per_shard: int) -> int:

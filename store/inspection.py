@@ -17,6 +17,7 @@ from tilefeed.store.attrs import StoreAttrs
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.documents import load_attrs
 from tilefeed.store.shard import ShardFile, shard_digest_problem
+from tilefeed.store.targets import StoreTargets, mask_shard_problems, targets_problems
 from tilefeed.store.cache_dir import default_cache_dir, make_cache_dir
 from tilefeed.store.remote import RemoteStore
 from tilefeed.store.location import open_storage
@@ -65,6 +66,9 @@ class StoreInfo:
         The settings the store was made with.
     rejects : list of dict
         Each refused source's ``path`` and ``reason``.
+    targets : dict or None
+        A store with targets: ``boxes`` (bool), ``masks`` (None, "semantic" or "instance"),
+        ``objects`` (how many), ``categories`` (each ``id`` and ``name``); None without.
     """
 
     path: str
@@ -82,6 +86,7 @@ class StoreInfo:
     bytes: int
     made: dict[str, Any]
     rejects: list[dict[str, str]]
+    targets: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, in this order: ``tilefeed info --json``'s object."""
@@ -100,7 +105,7 @@ def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> St
     on_disk = (remote.bytes if remote is not None
                else sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink()))
     return StoreInfo(path=name, format=f"{attrs['format']} v{attrs['version']}", bytes=on_disk,
-                     **{key: attrs[key] for key in RECORDED})
+                     targets=attrs.get("targets"), **{key: attrs[key] for key in RECORDED})
 
 
 def printable(text: str) -> str:
@@ -145,7 +150,8 @@ def _verify(store: str | Path, deep: bool, on_shard: Callable[[], None] | None,
 def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: bool,
               on_shard: Callable[[], None] | None) -> list[str]:
     meta = StoreAttrs.from_dict(load_attrs(root), f"store {str(store)!r}")
-    names = [fmt.IMAGES, *meta.arrays]  # the shards first: their sizes bound every other count
+    # the shards first: their sizes bound every other count
+    names = [fmt.IMAGES, *([fmt.MASKS] if meta.masks is not None else []), *meta.arrays]
     problems: list[str] = []
     if remote is not None:
         problems += [f"{path}: {detail}" for path, detail in remote.problems()]
@@ -153,8 +159,11 @@ def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: b
         problems += [f"{path}: {detail}" for path, detail in array_problems(root, meta, name)]
     if not problems:  # zarr-python parses the documents only once they are known to be sound
         problems += _zarr_problems(root, names)
+    targets: StoreTargets | None = None
     if not problems:
         problems += _small_array_problems(root, meta)
+        found, targets = targets_problems(root, meta)
+        problems += found
     if remote is not None:  # the scratch folder's paths named by URL
         problems = [remote.where(p) for p in problems]
     codec = meta.tile_codec
@@ -165,6 +174,8 @@ def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: b
                              for p in _fetch_and_verify(remote, shard, meta, codec, deep)]
         elif fmt.shard_path(root, shard).is_file():  # a missing one is reported above
             problems += _verify_shard(root, shard, meta, codec, deep)
+        if meta.masks is not None and remote is None and fmt.shard_path(root, shard, fmt.MASKS).is_file():
+            problems += mask_shard_problems(root, meta, shard, deep, targets)
         if on_shard:
             on_shard()
     return problems

@@ -45,7 +45,8 @@ from tilefeed.store.storage import redact, redacted
 # small array's chunk per row.
 GROUP_BYTES = fmt.MAX_METADATA_BYTES
 ARRAY_DOC_BYTES = 1 << 20
-ROW_BYTES = 64  # labels, sources, rows, cols, boxes: at most four 8-byte numbers a row, compressed
+ROW_BYTES = 64  # labels, sources, rows, cols, boxes, frames: at most four 8-byte numbers a row, compressed
+# (objects: six, given twice this)
 PATH_ROW_BYTES = 8 << 10  # source_paths: a path or URL (4096 bytes at most on Linux), compressed
 CHUNK_SLACK = 4096  # a compressed chunk's headers and checksum
 _WARNED: set[str] = set()  # stores without shard digests already warned about in this process
@@ -162,6 +163,9 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
     if not isinstance(arrays, dict) or fmt.IMAGES not in arrays:
         raise StoreFormatError(f"{storage.url}: the store's attributes list no arrays")
     keys: dict[str, int] = {}
+    if fmt.MASKS in arrays:
+        raise StoreFormatError(f"{storage.url}: masks of a store in object storage are not read yet; "
+                               "copy the store to a folder")
     for name, rec in arrays.items():
         if name not in (fmt.IMAGES, *fmt.SMALL_ARRAYS):
             raise StoreFormatError(f"{storage.url}: the store's attributes list an unknown array {name!r}")
@@ -176,7 +180,7 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
         if count < 0 or count > len(listing) or not 1 <= ndim <= 8:
             raise StoreFormatError(f"{storage.url}: array {name!r} declares {length} rows in chunks of "
                                    f"{chunk} ({ndim} dimensions), which this store cannot hold")
-        per_row = PATH_ROW_BYTES if name == fmt.SOURCE_PATHS else ROW_BYTES
+        per_row = PATH_ROW_BYTES if name == fmt.SOURCE_PATHS else ROW_BYTES * (2 if name == fmt.OBJECTS else 1)
         for i in range(count):
             rows = min(chunk, length - i * chunk)
             keys[fmt.small_chunk_path(Path(), name, i, ndim).as_posix()] = rows * per_row + CHUNK_SLACK

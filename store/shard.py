@@ -19,7 +19,16 @@ import numpy as np
 
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.errors import CorruptChunkError, TileDecodeError
-from tilefeed.store.format import CRC_NBYTES, EMPTY_CHUNK, Codec, crc_bytes, index_nbytes, inside, shard_path
+from tilefeed.store.format import (
+    CRC_NBYTES,
+    EMPTY_CHUNK,
+    IMAGES,
+    Codec,
+    crc_bytes,
+    index_nbytes,
+    inside,
+    shard_path,
+)
 
 if TYPE_CHECKING:
     from tilefeed.store.attrs import StoreAttrs
@@ -74,8 +83,8 @@ class ShardFile:
     # a store of a thousand shards keeps a thousand of these: slots keep each one compact
     __slots__ = ("path", "first", "_map", "_view", "_tail", "_tiles", "_data_end")
 
-    def __init__(self, root: Path, shard: int, tiles_per_shard: int) -> None:
-        self.path = shard_path(root, shard)
+    def __init__(self, root: Path, shard: int, tiles_per_shard: int, array: str = IMAGES) -> None:
+        self.path = shard_path(root, shard, array)
         self.first = shard * tiles_per_shard
         if not inside(root, self.path):
             raise CorruptChunkError(str(self.path), None, "lies outside the store (a link)")
@@ -220,17 +229,18 @@ def sha256_fd(fd: int) -> str:
     return h.hexdigest()
 
 
-def shard_digest_problem(path: Path, store: StoreAttrs, shard: int) -> str:
+def shard_digest_problem(path: Path, store: StoreAttrs, shard: int, array: str = IMAGES) -> str:
     """'' when the shard file ``path`` has the sha256 the store records (or records none): what
     no file of the right size with its chunks moved about, each crc32c intact, passes."""
-    if store.shard_sha256 is None:
+    recorded = store.shard_sha256 if array == IMAGES else store.masks.shard_sha256 if store.masks else None
+    if recorded is None:
         return ""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         actual = sha256_fd(fd)
     finally:
         os.close(fd)
-    if actual != store.shard_sha256[shard]:
+    if actual != recorded[shard]:
         return "differs from what was written (shard sha256 mismatch)"
     return ""
 

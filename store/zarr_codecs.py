@@ -19,7 +19,7 @@ from zarr.core.buffer import Buffer, NDBuffer
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ZstdCodec
 
 from tilefeed.store.codec import decode_jpeg, encode_jpeg
-from tilefeed.store.format import CODEC_TABLE, JPEG_CODEC_ID, SMALL_ARRAY_CODEC, Codec, CodecSpec
+from tilefeed.store.format import CODEC_TABLE, JPEG_CODEC_ID, MASK_CODEC, SMALL_ARRAY_CODEC, Codec, CodecSpec
 
 if TYPE_CHECKING:
     from typing import Self
@@ -81,6 +81,11 @@ def images_codecs(codec: Codec | str, quality: int) -> dict[str, Any]:
     spec = CODEC_TABLE[Codec(codec)]
     serializer: Any = JpegCodec(quality=quality) if spec.serializer == JPEG_CODEC_ID else BytesCodec()
     return {"serializer": serializer, "compressors": _compressors(spec)}
+
+
+def masks_codecs() -> dict[str, Any]:
+    """The serializer and compressors of the masks array's inner codecs: raw bytes, zstd, crc32c."""
+    return {"serializer": BytesCodec(), "compressors": _compressors(CODEC_TABLE[MASK_CODEC])}
 
 
 def small_array_codecs() -> dict[str, Any]:

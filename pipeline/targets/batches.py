@@ -1,0 +1,225 @@
+"""What a batch's targets hold, and the shapes models take them in.
+
+``Targets`` names what a batch carries besides its pixels (the Loader's ``targets=``);
+``frame_targets`` moves a batch's stored boxes and masks through its ``Framing`` in one call;
+``FramedTargets`` then gives them as torchvision's detection format (a list of per-image dicts
+of ``boxes``, ``labels``, ``iscrowd`` and, where asked, ``masks``) or as padded tensors with
+counts (fixed shapes, for compiled steps and for moving to the device in one copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import torch
+
+from tilefeed.pipeline.targets.geometry import Framing, check_thresholds, transform_boxes
+from tilefeed.pipeline.targets.masks import instance_masks, remap_ids, transform_masks
+from tilefeed.pipeline.targets.objects import Objects
+from tilefeed.store.errors import ConfigError
+
+PAD_LABEL = -1  # a padded slot's label: no category id is negative
+
+
+class Targets(StrEnum):
+    """What a batch carries besides the images; a member equals its string.
+
+    ``BOXES``: each image's boxes, category ids and crowd flags. ``MASKS``: a semantic store's
+    class-id masks, or with ``BOXES`` an instance store's per-object masks.
+    """
+
+    BOXES = "boxes"
+    MASKS = "masks"
+
+
+class MaskKind(StrEnum):
+    """What a store's masks hold (its ``targets`` attributes' ``masks``)."""
+
+    SEMANTIC = "semantic"
+    INSTANCE = "instance"
+
+
+class Layout(StrEnum):
+    """How a batch's boxes are laid out: torchvision's list of per-image dicts, or padded tensors."""
+
+    DICTS = "dicts"
+    PADDED = "padded"
+
+
+def parse_targets(value: str | Targets | Iterable[str | Targets] | None) -> frozenset[Targets]:
+    """The ``Targets`` a ``targets=`` value names: one name, several, or None (none).
+
+    Parameters
+    ----------
+    value : str, Targets, iterable of them, or None
+        e.g. ``"boxes"``, ``("boxes", "masks")``.
+
+    Returns
+    -------
+    frozenset of Targets
+        What a batch holds.
+    """
+    if value is None:
+        return frozenset()
+    names = [value] if isinstance(value, str) else list(value)
+    known = {t.value for t in Targets}
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"targets: {name!r} is none of {sorted(known)}")
+    return frozenset(Targets(name) for name in names)
+
+
+def check_targets(asked: frozenset[Targets], boxes: bool, masks: MaskKind | str | None) -> None:
+    """Refuse targets a store does not hold, in one line.
+
+    Parameters
+    ----------
+    asked : frozenset of Targets
+        What the batch should hold (``parse_targets``).
+    boxes : bool
+        The store holds boxes.
+    masks : MaskKind, str or None
+        The store's masks, if any.
+    """
+    if Targets.BOXES in asked and not boxes:
+        raise ConfigError("targets: boxes asked of a store that holds none")
+    if Targets.MASKS in asked:
+        if masks is None:
+            raise ConfigError("targets: masks asked of a store that holds none")
+        if MaskKind(masks) is MaskKind.INSTANCE and Targets.BOXES not in asked:
+            raise ConfigError("targets: an instance store's masks follow its boxes: ask for boxes and masks")
+
+
+@dataclass(frozen=True)
+class FramedTargets:
+    """A batch's targets in output pixels, on the host.
+
+    Attributes
+    ----------
+    objects : Objects or None
+        The surviving boxes (None without ``Targets.BOXES``).
+    masks : numpy.ndarray or None
+        (n, S, S) uint8: semantic class ids, or instance ids renumbered for the surviving
+        boxes (sample ``i``'s ``m``-th box is ``m + 1``, 0 background); None without masks.
+    kind : MaskKind or None
+        What ``masks`` holds.
+    """
+
+    objects: Objects | None
+    masks: np.ndarray | None
+    kind: MaskKind | None
+
+    def as_dicts(self) -> list[dict[str, torch.Tensor]]:
+        """torchvision's detection targets: per image ``boxes`` float32 (k, 4) XYXY, ``labels``
+        int64 (k,), ``iscrowd`` int64 (k,), and ``masks``: uint8 (k, S, S) per object for an
+        instance store, (S, S) class ids for a semantic one.
+
+        Returns
+        -------
+        list of dict
+            One dict per image.
+        """
+        n = len(self.objects) if self.objects is not None else len(self.masks if self.masks is not None else [])
+        out: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
+        if self.objects is not None:
+            o = self.objects
+            for i in range(n):
+                rows = slice(int(o.offsets[i]), int(o.offsets[i + 1]))
+                out[i]["boxes"] = torch.from_numpy(o.boxes[rows].astype(np.float32))
+                out[i]["labels"] = torch.from_numpy(o.labels[rows].astype(np.int64))
+                out[i]["iscrowd"] = torch.from_numpy(o.iscrowd[rows].astype(np.int64))
+        if self.masks is not None:
+            if self.kind is MaskKind.INSTANCE:
+                assert self.objects is not None  # check_targets: instance masks come with boxes
+                for i, m in enumerate(instance_masks(self.masks, _renumbered(self.objects))):
+                    out[i]["masks"] = torch.from_numpy(m)
+            else:
+                for i in range(n):
+                    out[i]["masks"] = torch.from_numpy(self.masks[i])
+        return out
+
+    def as_padded(self, max_objects: int | None = None) -> dict[str, torch.Tensor]:
+        """Fixed shapes: ``boxes`` float32 (n, K, 4) (zeros past the count), ``labels`` int64
+        (n, K) (-1 past it), ``iscrowd`` int64 (n, K) (0), ``counts`` int64 (n,), and
+        ``masks`` uint8 (n, S, S) (semantic ids, or instance ids where box slot ``m`` is id
+        ``m + 1``).
+
+        Parameters
+        ----------
+        max_objects : int, optional
+            K; default the batch's largest count. A sample with more boxes is an error, never
+            a silent cut.
+
+        Returns
+        -------
+        dict of str to torch.Tensor
+            The padded batch.
+        """
+        out: dict[str, torch.Tensor] = {}
+        if self.objects is not None:
+            o = self.objects
+            counts = o.counts
+            most = int(counts.max()) if len(counts) else 0
+            k = most if max_objects is None else max_objects
+            if most > k:
+                worst = int(np.argmax(counts))
+                raise ConfigError(f"padded targets: sample {worst} has {most} boxes, more than max_objects={k}")
+            rows, slots = o.samples(), np.arange(len(o.boxes)) - o.offsets[o.samples()]
+            boxes = np.zeros((len(o), k, 4), np.float32)
+            labels = np.full((len(o), k), PAD_LABEL, np.int64)
+            crowd = np.zeros((len(o), k), np.int64)
+            boxes[rows, slots], labels[rows, slots], crowd[rows, slots] = o.boxes, o.labels, o.iscrowd
+            out.update(boxes=torch.from_numpy(boxes), labels=torch.from_numpy(labels),
+                       iscrowd=torch.from_numpy(crowd), counts=torch.from_numpy(counts.astype(np.int64)))
+        if self.masks is not None:
+            out["masks"] = torch.from_numpy(np.ascontiguousarray(self.masks))
+        return out
+
+
+def _renumbered(objects: Objects) -> Objects:
+    """The same rows with ``ids`` their slot within the sample (what ``remap_ids`` numbered)."""
+    slots = np.arange(len(objects.boxes), dtype=np.int64) - objects.offsets[objects.samples()]
+    return Objects(objects.offsets, objects.boxes, objects.labels, objects.iscrowd, slots)
+
+
+def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects | None = None,
+                  masks: np.ndarray | None = None, kind: MaskKind | str | None = None,
+                  min_size: float = 1.0, min_area: float = 1.0) -> FramedTargets:
+    """A batch's stored targets through its framing: boxes moved, clamped and sanitised
+    (``transform_boxes``), masks resampled (``transform_masks``), instance ids renumbered for
+    the boxes that survive.
+
+    Parameters
+    ----------
+    framing : Framing
+        One framing per sample (``Framing.windows`` with the graph's windows and flips;
+        ``Framing.centre`` for whole tiles in evaluation).
+    asked : frozenset of Targets
+        What the batch holds (``parse_targets``).
+    objects : Objects, optional
+        The batch's boxes in tile pixels (``Objects.gather``), needed with ``Targets.BOXES``.
+    masks : numpy.ndarray, optional
+        (n, T, T) uint8 mask tiles, needed with ``Targets.MASKS``.
+    kind : MaskKind or str, optional
+        What the mask tiles hold.
+    min_size, min_area : float
+        ``SanitizeBoundingBoxes``' thresholds.
+
+    Returns
+    -------
+    FramedTargets
+        The batch's targets in output pixels.
+    """
+    check_thresholds(min_size, min_area)
+    mask_kind = None if kind is None else MaskKind(kind)
+    check_targets(asked, objects is not None, mask_kind if masks is not None else None)
+    kept = transform_boxes(framing, objects, min_size, min_area) if Targets.BOXES in asked and objects is not None else None
+    framed = None
+    if Targets.MASKS in asked and masks is not None:
+        framed = transform_masks(framing, masks)
+        if mask_kind is MaskKind.INSTANCE and kept is not None:
+            framed = remap_ids(framed, kept)
+    return FramedTargets(kept, framed, mask_kind if framed is not None else None)
