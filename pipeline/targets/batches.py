@@ -216,7 +216,9 @@ def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects 
     check_thresholds(min_size, min_area)
     mask_kind = None if kind is None else MaskKind(kind)
     check_targets(asked, objects is not None, mask_kind if masks is not None else None)
-    kept = transform_boxes(framing, objects, min_size, min_area) if Targets.BOXES in asked and objects is not None else None
+    kept = None
+    if Targets.BOXES in asked and objects is not None:
+        kept = transform_boxes(framing, objects, min_size, min_area)
     framed = None
     if Targets.MASKS in asked and masks is not None:
         framed = transform_masks(framing, masks)

@@ -195,7 +195,8 @@ def frame_boxes(framing: Framing, objects: Objects) -> Objects:
     return objects.with_boxes(np.clip(b, 0.0, size))
 
 
-def valid_boxes(boxes: np.ndarray, size: np.ndarray, min_size: float = 1.0, min_area: float = 1.0) -> np.ndarray:
+def valid_boxes(boxes: np.ndarray, size: np.ndarray, min_size: float = 1.0,
+                min_area: float = 1.0) -> np.ndarray:
     """torchvision v2's ``SanitizeBoundingBoxes`` test, per box: width and height at least
     ``min_size``, area at least ``min_area``, every coordinate within its canvas.
 
@@ -256,7 +257,8 @@ def sanitize(objects: Objects, size: np.ndarray, min_size: float = 1.0, min_area
     return objects.select(keep)
 
 
-def transform_boxes(framing: Framing, objects: Objects, min_size: float = 1.0, min_area: float = 1.0) -> Objects:
+def transform_boxes(framing: Framing, objects: Objects, min_size: float = 1.0,
+                    min_area: float = 1.0) -> Objects:
     """A batch's boxes through its framing, clamped and sanitised: what torchvision v2's
     ``resized_crop``, flips, ``ClampBoundingBoxes`` and ``SanitizeBoundingBoxes(min_size,
     min_area)`` give, for every sample at once.

@@ -57,7 +57,8 @@ def test_padded_tensors_and_counts_hold_the_same_boxes() -> None:
     assert padded["boxes"].shape == (len(dicts), width, 4) and padded["labels"].shape == (len(dicts), width)
     for i, d in enumerate(dicts):
         c = int(counts[i])
-        assert torch.equal(padded["boxes"][i, :c], d["boxes"]) and torch.equal(padded["labels"][i, :c], d["labels"])
+        assert torch.equal(padded["boxes"][i, :c], d["boxes"])
+        assert torch.equal(padded["labels"][i, :c], d["labels"])
         assert bool((padded["labels"][i, c:] == -1).all()) and bool((padded["boxes"][i, c:] == 0).all())
         for m in range(c):  # slot m's mask is id m + 1 of the padded id map
             assert torch.equal((padded["masks"][i] == m + 1).to(torch.uint8), d["masks"][m])

@@ -111,7 +111,10 @@ def test_fractional_windows_follow_torchvisions_box_kernels() -> None:
     assert_matches(out, rows, offsets, crops, tile, size, flip, flip)
 
 
-@pytest.mark.parametrize(("tile", "resized", "size"), [(64, 64, 64), (64, 73, 64), (64, 36, 32), (57, 256, 224)])
+CENTRE = [(64, 64, 64), (64, 73, 64), (64, 36, 32), (57, 256, 224)]  # tile, resized, output
+
+
+@pytest.mark.parametrize(("tile", "resized", "size"), CENTRE)
 def test_eval_centre_framing_is_resize_then_the_graphs_centre_crop(tile: int, resized: int, size: int) -> None:
     rng = np.random.default_rng(resized)
     n = 20
@@ -129,16 +132,14 @@ def test_the_graphs_centre_crop_anchor_is_dalis() -> None:
     """The anchor ``Framing.centre`` assumes is the one DALI's crop takes (a real CPU graph)."""
     from nvidia.dali import fn, pipeline_def, types  # noqa: F401 - the real graph's crop
 
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def crop(ramp: np.ndarray, side: np.ndarray) -> object:
+        pixels = fn.external_source(source=lambda: [ramp], batch=True, layout="HWC")
+        return fn.crop(pixels, crop=fn.external_source(source=lambda: [side], batch=True))
+
     for resized, size in [(10, 7), (12, 7), (257, 224), (256, 224)]:
         ramp = np.tile(np.arange(resized, dtype=np.uint8)[None, :, None], (resized, 1, 3))
-
-        @pipeline_def(batch_size=1, num_threads=1, device_id=None)
-        def crop() -> object:
-            pixels = fn.external_source(source=lambda: [ramp], batch=True, layout="HWC")
-            side = fn.external_source(source=lambda: [np.array([size, size], np.float32)], batch=True)
-            return fn.crop(pixels, crop=side)
-
-        graph = crop()
+        graph = crop(ramp, np.array([size, size], np.float32))
         graph.build()
         first = int(np.asarray(graph.run()[0][0])[0, 0, 0])
         assert first == Framing.centre(1, resized, resized, size).anchor[0, 1], (resized, size)
@@ -151,7 +152,8 @@ def test_labels_crowd_flags_and_ids_leave_with_their_boxes() -> None:
     framing = Framing.windows(np.zeros((3, 2)), np.full((3, 2), 32.0), 32)
     out = transform_boxes(framing, Objects.from_rows(offsets, rows))
     assert out.offsets.tolist() == [0, 2, 2, 3]
-    assert out.labels.tolist() == [7, 9, 4] and out.iscrowd.tolist() == [0, 1, 0] and out.ids.tolist() == [0, 2, 1]
+    assert out.labels.tolist() == [7, 9, 4] and out.iscrowd.tolist() == [0, 1, 0]
+    assert out.ids.tolist() == [0, 2, 1]
 
 
 def test_gather_takes_a_batchs_rows_from_the_whole_store() -> None:
@@ -161,7 +163,8 @@ def test_gather_takes_a_batchs_rows_from_the_whole_store() -> None:
     for i, t in enumerate(tiles):
         np.testing.assert_array_equal(batch.boxes[batch.offsets[i]:batch.offsets[i + 1]],
                                       rows[offsets[t]:offsets[t + 1], :4])
-        assert batch.ids[batch.offsets[i]:batch.offsets[i + 1]].tolist() == list(range(offsets[t + 1] - offsets[t]))
+        count = offsets[t + 1] - offsets[t]
+        assert batch.ids[batch.offsets[i]:batch.offsets[i + 1]].tolist() == list(range(count))
 
 
 def test_refusals_are_torchvisions() -> None:

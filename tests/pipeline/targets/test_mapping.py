@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,16 +31,19 @@ def frames_of(sizes: np.ndarray, fit: str) -> np.ndarray:
     return np.stack([s, s, t[:, 0], t[:, 1]], axis=1)
 
 
-def dataset(rng: np.random.Generator, n: int, frames_fit: str, framing: Framing) -> tuple[dict, np.ndarray, list]:
+def dataset(rng: np.random.Generator, n: int, frames_fit: str,
+            framing: Framing) -> tuple[dict[str, Any], np.ndarray, list[np.ndarray]]:
     """A COCO ground truth of ``n`` images with boxes visible in the framed output, the frames,
     and each image's boxes in source pixels."""
     sizes = rng.integers(80, 320, (n, 2)).astype(np.float64)
     frames = frames_of(sizes, frames_fit)
     to_out = source_to_output(framing, frames)
-    images, annotations, per_image = [], [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    per_image: list[np.ndarray] = []
     for i in range(n):
         w, h = sizes[i]
-        boxes = []
+        boxes: list[np.ndarray] = []
         while len(boxes) < 4:
             x0, y0 = rng.uniform(0, w - 12), rng.uniform(0, h - 12)
             box = np.array([x0, y0, min(w, x0 + rng.uniform(12, w / 2)), min(h, y0 + rng.uniform(12, h / 2))])
@@ -50,13 +54,14 @@ def dataset(rng: np.random.Generator, n: int, frames_fit: str, framing: Framing)
         images.append({"id": i + 1, "width": int(w), "height": int(h)})
         for k, (x0, y0, x1, y1) in enumerate(boxes):
             annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": 1 + k % 3,
-                                "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+                                "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0),
+                                "iscrowd": 0})
     truth = {"images": images, "annotations": annotations,
              "categories": [{"id": c, "name": f"shape{c}"} for c in (1, 2, 3)]}
     return truth, frames, per_image
 
 
-def predictions(truth: dict, framing: Framing, frames: np.ndarray, per_image: list) -> list[np.ndarray]:
+def predictions(framing: Framing, frames: np.ndarray, per_image: list[np.ndarray]) -> list[np.ndarray]:
     """What a perfect model predicts: the stored tile boxes (source through frames) framed as the
     Loader frames the pixels, in output pixels."""
     tile_boxes = [map_boxes(b, frames[i]) for i, b in enumerate(per_image)]
@@ -66,7 +71,7 @@ def predictions(truth: dict, framing: Framing, frames: np.ndarray, per_image: li
     return [framed.boxes[framed.offsets[i]:framed.offsets[i + 1]] for i in range(len(per_image))]
 
 
-def average_precision(truth: dict, boxes: list[np.ndarray]) -> float:
+def average_precision(truth: dict[str, Any], boxes: list[np.ndarray]) -> float:
     """COCO's AP@[.5:.95] of ``boxes`` (source pixels) as detections, scored 1, labelled as truth."""
     detections = []
     for i, image_boxes in enumerate(boxes):
@@ -89,8 +94,8 @@ FRAMINGS = {
     "centre crop 0.875": lambda n: Framing.centre(n, TILE, 128, 112),
     "resize only": lambda n: Framing.centre(n, TILE, 96, 96),
     "enlarge and crop": lambda n: Framing.centre(n, TILE, 256, 224),
-    "fractional windows": lambda n: Framing.windows(np.tile([10.25, 3.5], (n, 1)), np.tile([117.75, 124.5], (n, 1)),
-                                                    100),
+    "fractional windows": lambda n: Framing.windows(np.tile([10.25, 3.5], (n, 1)),
+                                                    np.tile([117.75, 124.5], (n, 1)), 100),
 }
 
 
@@ -100,7 +105,7 @@ def test_ground_truth_through_frames_and_eval_framing_scores_ap_one(fit: str, na
     n = 12
     framing = FRAMINGS[name](n)
     truth, frames, per_image = dataset(np.random.default_rng(len(name)), n, fit, framing)
-    predicted = predictions(truth, framing, frames, per_image)
+    predicted = predictions(framing, frames, per_image)
     back = boxes_to_source(predicted, framing, frames)
     for mine, true in zip(back, per_image, strict=True):
         np.testing.assert_allclose(mine, true, atol=1e-3, rtol=0)
@@ -118,7 +123,7 @@ def test_flips_map_back_too() -> None:
     framing = Framing.windows(np.tile([4.0, 6.0], (n, 1)), np.tile([120.0, 126.0], (n, 1)), 64,
                               rng.integers(0, 2, n), rng.integers(0, 2, n))
     truth, frames, per_image = dataset(rng, n, "pad", framing)
-    back = boxes_to_source(predictions(truth, framing, frames, per_image), framing, frames)
+    back = boxes_to_source(predictions(framing, frames, per_image), framing, frames)
     for mine, true in zip(back, per_image, strict=True):
         np.testing.assert_allclose(mine, true, atol=1e-3, rtol=0)
 

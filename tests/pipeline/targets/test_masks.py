@@ -60,7 +60,10 @@ def test_torchvision_resizes_masks_with_nearest_not_nearest_exact() -> None:
     assert not np.array_equal(ours, exact)
 
 
-@pytest.mark.parametrize(("tile", "resized", "size"), [(64, 64, 64), (64, 73, 64), (64, 36, 32), (57, 256, 224)])
+CENTRE = [(64, 64, 64), (64, 73, 64), (64, 36, 32), (57, 256, 224)]  # tile, resized, output
+
+
+@pytest.mark.parametrize(("tile", "resized", "size"), CENTRE)
 def test_eval_centre_framing_of_masks_is_resize_then_the_graphs_centre_crop(tile: int, resized: int,
                                                                              size: int) -> None:
     rng = np.random.default_rng(size)
