@@ -26,6 +26,8 @@ from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.planning.sizes import Schedule, check_size
 from tilefeed.pipeline.recipe.recipe import Recipe
+from tilefeed.pipeline.targets.batches import Layout as TargetsLayout
+from tilefeed.pipeline.targets.batches import Targets, parse_targets
 from tilefeed.pipeline.stats import Advice
 from tilefeed.store.errors import ConfigError, DaliMissingError
 from tilefeed.store.host import usable_cores
@@ -91,6 +93,16 @@ def _no_effect(dataloader_options: dict[str, Any]) -> None:
             # stacklevel 4: past this function, LoaderSettings.check and Loader.__init__ to the caller
             warnings.warn(f"Loader ignores DataLoader's {name}=: order, batching and augmentation "
                           "happen in its DALI graph (see the Loader docstring)", stacklevel=4)
+
+
+def _targets_with(recipe: Recipe) -> None:
+    """Refuse, in one line, a recipe's operation that boxes and masks cannot follow yet."""
+    if recipe.auto_augment is not None:
+        raise ConfigError("targets: an auto-augment policy's shears, translations and rotations do not "
+                          "move boxes and masks yet; train with targets without auto_augment")
+    if recipe.mix is not None:
+        raise ConfigError("targets: mixup/cutmix mix image labels into soft targets, which boxes and "
+                          "masks have no meaning of; train with targets without mix")
 
 
 def _ranks(rank: Any, world_size: Any) -> tuple[int, int]:
@@ -225,6 +237,9 @@ class LoaderSettings:
     scaled_decode: bool
     stats: bool
     recipe: Recipe | None = None
+    targets: frozenset[Targets] = frozenset()  # what a batch holds besides its images
+    targets_layout: TargetsLayout = TargetsLayout.DICTS
+    max_objects: int | None = None
 
     @classmethod
     def check(
@@ -237,7 +252,8 @@ class LoaderSettings:
         mean: tuple[float, float, float], std: tuple[float, float, float], shuffle_window: int,
         storage_options: dict[str, Any] | None, cache_dir: str | Path | None,
         cache_limit: int | None, fast_idct: bool, scaled_decode: bool, stats: bool,
-        recipe: Recipe | None = None, **dataloader_options: Any,
+        recipe: Recipe | None = None, targets: Any = None, targets_layout: str = "dicts",
+        max_objects: int | None = None, **dataloader_options: Any,
     ) -> LoaderSettings:
         """The Loader's keyword arguments (its signature holds the defaults), checked one after
         another: the first bad one is the one named. Strings become enum members here, once."""
@@ -274,13 +290,20 @@ class LoaderSettings:
         if recipe is not None and recipe.per_batch and dtype == torch.uint8:
             raise ConfigError("random erasing and mixup/cutmix act on the normalised batch: give a float "
                               "dtype (float32, float16 or bfloat16), not uint8")
+        asked = parse_targets(targets)
+        if targets_layout not in tuple(TargetsLayout):
+            raise ConfigError(f"targets_layout must be one of {', '.join(TargetsLayout)}, "
+                              f"got {targets_layout!r}")
+        most = None if max_objects is None else check_int("max_objects", max_objects, 1)
+        if asked and recipe is not None and train:
+            _targets_with(recipe)
         return cls(
             batch_size, order, check_int("seed", seed, 0), bool(drop_last), rank, world_size,
             chosen, bool(train), schedule, float(crop_pct), dtype, arrangement, with_index, threads,
             depth, pin_memory, persistent_workers, subset, ledger,
             tuple(scale), tuple(ratio), mean, std,  # type: ignore[arg-type]
             shuffle_window, storage_options, cache_dir, limit, bool(fast_idct), bool(scaled_decode),
-            bool(stats), recipe)
+            bool(stats), recipe, asked, TargetsLayout(targets_layout), most)
 
     def subset(self, samples: int) -> np.ndarray | None:
         """``indices`` checked against a store of ``samples`` samples, in store order."""

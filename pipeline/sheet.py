@@ -5,7 +5,8 @@ crops, wrong labels, a normalisation applied twice) is cheapest to catch by look
 made by the ``Loader`` itself, on the CPU, so it shows the very crops, flips and framing a run
 with the same seed and epoch gets; only the normalisation is undone, for the eye. ``--stored``
 shows the tiles as written instead, with each picture's box, and ``--rejects`` what preprocessing
-refused and why.
+refused and why. A store made with targets shows them on each cell: each object's box in its
+category's colour, and the masks laid over the pixels (a colour per class or per object).
 
 Which samples: a list given with ``--samples``, else the first ``--count`` of the epoch's order
 on rank 0 of one (``pipeline.planning.order``, as the Loader orders them). Either way they are loaded
@@ -44,6 +45,44 @@ SHEET_COLOUR = (24, 24, 24)
 TEXT_COLOUR = (235, 235, 235)
 BOX_COLOUR = (255, 0, 255)  # the picture box on stored tiles: a colour photos rarely hold
 THUMB_MAX_PIXELS = 64_000_000  # rejected inputs larger than this (after JPEG draft) are not drawn
+MASK_ALPHA = 0.45  # a mask's colour over the pixels: enough to see, not enough to hide them
+IGNORE = 255  # a semantic mask's "ignore" value (and its padding): left uncoloured
+
+
+def palette(value: int) -> tuple[int, int, int]:
+    """A colour for a category or instance id: hues a golden angle apart, so ids next to each
+    other differ at a glance, and the same id has the same colour on every sheet."""
+    import colorsys
+
+    r, g, b = colorsys.hsv_to_rgb((value * 0.618033988749895) % 1.0, 0.85, 1.0)
+    return int(r * 255), int(g * 255), int(b * 255)
+
+
+def overlay(tile: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``tile`` (H, W, 3) uint8 with each nonzero, non-ignore id of ``ids`` (H, W) coloured over it."""
+    shown = ids.astype(np.int64)
+    marked = (shown != 0) & (shown != IGNORE)
+    if not marked.any():
+        return tile
+    table = np.array([palette(v) for v in range(256)], dtype=np.float32)
+    colours = table[np.clip(shown, 0, 255)]
+    mixed = np.where(marked[..., None], tile * (1 - MASK_ALPHA) + colours * MASK_ALPHA, tile)
+    return np.clip(np.rint(mixed), 0, 255).astype(np.uint8)
+
+
+def mask_ids(target: dict[str, Any]) -> np.ndarray | None:
+    """A sample's masks as one id map: a semantic mask as it is; per-object masks (k, H, W) as
+    object ``m`` = id ``m + 1`` (the later object on top where they overlap)."""
+    masks = target.get("masks")
+    if masks is None:
+        return None
+    masks = np.asarray(masks)
+    if masks.ndim == 2:
+        return masks
+    ids = np.zeros(masks.shape[1:], dtype=np.int64)
+    for m in range(len(masks)):
+        ids[masks[m] != 0] = m + 1
+    return ids
 
 
 @dataclass(frozen=True)
@@ -90,21 +129,54 @@ def to_pixels(images: torch.Tensor, mean: Sequence[float], std: Sequence[float])
     return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
 
 
+def held_targets(reader: StoreReader) -> tuple[str, ...]:
+    """What a Loader over ``reader`` can hand over besides images: ``("boxes", "masks")``, one
+    of them, or nothing."""
+    store = reader.targets
+    if store is None:
+        return ()
+    boxes = store.offsets is not None
+    return (("boxes",) if boxes else ()) + (("masks",) if store.masks is not None else ())
+
+
 def loaded(reader: StoreReader, indices: np.ndarray, *, train: bool, epoch: int, seed: int,
-           size: int | None) -> tuple[np.ndarray, np.ndarray, int]:
-    """(pixels, labels, side) of ``indices``, in that order, from the Loader on the CPU: the
-    crops, flips and framing training (or evaluation) with this seed and epoch gets."""
+           size: int | None) -> tuple[np.ndarray, np.ndarray, int, list[dict[str, Any]] | None]:
+    """(pixels, labels, side, targets) of ``indices``, in that order, from the Loader on the CPU:
+    the crops, flips and framing training (or evaluation) with this seed and epoch gets, and,
+    for a store with targets, each sample's boxes and masks through them (else None)."""
     from tilefeed.pipeline.loader.loader import Loader
 
+    asked = held_targets(reader)
     with Loader(reader, len(indices), shuffle=False, seed=seed, rank=0, world_size=1,
-                device="cpu", train=train, size=size, with_index=True, indices=indices) as loader:
+                device="cpu", train=train, size=size, with_index=True, indices=indices,
+                targets=asked or None) as loader:
         loader.set_epoch(epoch)
         images, labels, got = next(iter(loader))
         pixels = to_pixels(images, loader.augment.mean, loader.augment.std)
         side = loader.size
     where = {int(i): k for k, i in enumerate(got.tolist())}  # store order -> the order asked for
     order = [where[int(i)] for i in indices]
-    return pixels[order], labels.numpy()[order], side
+    if asked:  # the image labels stay the store's: the targets replaced them in the batch
+        return pixels[order], reader.labels[indices], side, [labels[k] for k in order]
+    return pixels[order], labels.numpy()[order], side, None
+
+
+def stored_targets(reader: StoreReader, indices: np.ndarray) -> list[dict[str, Any]] | None:
+    """The targets of ``indices`` as stored, in tile pixels (None: the store holds none)."""
+    store = reader.targets
+    if store is None:
+        return None
+    out: list[dict[str, Any]] = []
+    masks = None
+    if store.masks is not None:
+        masks = np.empty((len(indices), store.tile, store.tile), dtype=np.uint8)
+        store.read_masks_into(indices, masks)
+    for k, rows in enumerate(store.rows(indices)):
+        target: dict[str, Any] = {"boxes": rows[:, :4], "labels": rows[:, 4].astype(np.int64)}
+        if masks is not None:
+            target["masks"] = masks[k]  # an instance store's ids are the objects' rows + 1 already
+        out.append(target)
+    return out
 
 
 def stored(reader: StoreReader, indices: np.ndarray) -> np.ndarray:
@@ -161,12 +233,13 @@ def _fit(draw: ImageDraw.ImageDraw, text: str, width: int, font: Any, keep_end: 
 # -- the sheet -------------------------------------------------------------------------------------
 def draw_sheet(tiles: Sequence[np.ndarray], captions: list[tuple[str, ...]], *, scale: int,
                boxes: np.ndarray | None = None, indices: Sequence[int] = (),
-               path_line: int | None = None) -> Sheet:
+               path_line: int | None = None, targets: Sequence[dict[str, Any]] | None = None) -> Sheet:
     """Tiles in a grid of ceil(sqrt(n)) columns, each enlarged ``scale`` times (nearest) and
     captioned underneath; ``boxes`` (top, left, height, width per tile, in its pixels) drawn in
     BOX_COLOUR along their inner edge, so the box's outermost picture pixels carry it. Caption
     lines too long for the tile are shortened at the end, but line ``path_line`` (a path) at its
-    start, keeping the file name."""
+    start, keeping the file name. ``targets``: per tile, its ``boxes`` (XYXY in its pixels) drawn
+    in their ``labels``' colours, and its ``masks`` laid over it (``mask_ids``)."""
     font = ImageFont.load_default()
     line = int(font.getbbox("Ag")[3]) + 2
     side = max(max(t.shape[0], t.shape[1]) for t in tiles) * scale
@@ -181,6 +254,10 @@ def draw_sheet(tiles: Sequence[np.ndarray], captions: list[tuple[str, ...]], *, 
         row, column = divmod(k, columns)
         x, y = GAP + column * (side + GAP), GAP + row * (side + strip + GAP)
         cells.append((x, y))
+        target = targets[k] if targets is not None else None
+        ids = mask_ids(target) if target is not None else None
+        if ids is not None:
+            tile = overlay(np.asarray(tile), ids)
         picture = Image.fromarray(np.ascontiguousarray(tile), "RGB")
         if scale > 1:
             picture = picture.resize((picture.width * scale, picture.height * scale),
@@ -191,6 +268,12 @@ def draw_sheet(tiles: Sequence[np.ndarray], captions: list[tuple[str, ...]], *, 
             top, left, height, width = (int(v) * scale for v in boxes[k])
             draw.rectangle((x + left, y + top, x + left + width - 1, y + top + height - 1),
                            outline=BOX_COLOUR)
+        if target is not None and "boxes" in target:
+            for (x0, y0, x1, y1), label in zip(np.asarray(target["boxes"], dtype=np.float64).tolist(),
+                                               np.asarray(target["labels"]).tolist(), strict=True):
+                # continuous XYXY: the box covers pixels x0 .. x1 - 1
+                draw.rectangle((x + round(x0 * scale), y + round(y0 * scale), x + round(x1 * scale) - 1,
+                                y + round(y1 * scale) - 1), outline=palette(int(label)), width=max(1, scale))
         for n, text in enumerate(caption):
             fitted = _fit(draw, text, side, font, keep_end=n == path_line)
             draw.text((x, y + side + GAP // 2 + n * line), fitted, fill=TEXT_COLOUR, font=font)
@@ -206,12 +289,13 @@ def contact_sheet(reader: StoreReader, *, train: bool = False, epoch: int = 0, s
     boxes = None
     if show_stored:
         pixels, labels, side = stored(reader, indices), reader.labels[indices], reader.tile
+        targets = stored_targets(reader, indices)
         if reader.padded:
             boxes = reader.boxes[indices]
     else:
-        pixels, labels, side = loaded(reader, indices, train=train, epoch=epoch, seed=seed, size=size)
+        pixels, labels, side, targets = loaded(reader, indices, train=train, epoch=epoch, seed=seed, size=size)
     return draw_sheet(list(pixels), sample_captions(reader, indices, labels), scale=enlargement(side),
-                      boxes=boxes, indices=indices.tolist(), path_line=2)
+                      boxes=boxes, indices=indices.tolist(), path_line=2, targets=targets)
 
 
 # -- rejected inputs -------------------------------------------------------------------------------

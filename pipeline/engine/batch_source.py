@@ -28,12 +28,15 @@ from tilefeed.store.format import ceil_div
 from tilefeed.store.codec import decode_jpeg
 
 if TYPE_CHECKING:
-    from tilefeed.pipeline.recipe.batch_ops import BatchOps
     from tilefeed.pipeline.recipe.recipe import Recipe
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
 # (sample indices, the keys their crops and flips are drawn from) -> per-sample graph inputs
 Extras = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
+# What runs on a batch as it is handed over, given its outputs by name and its batch number in
+# the epoch's stretch (the recipe's erasing and mixing, a batch's boxes and masks): it may
+# replace entries or add its own. Each is a plain record of settings, compared for ``same``.
+PerBatch = Callable[[dict[str, Any], int], None]
 
 
 # the per-sample extras a host resize uses itself (the window, the output side, the filter) and
@@ -62,7 +65,7 @@ class Epoch:
     size: int = 0
     keys: np.ndarray | None = None
     labels: np.ndarray | None = None
-    per_batch: BatchOps | None = None  # the recipe's erasing and mixing, applied as a batch is handed over
+    per_batch: tuple[PerBatch, ...] = ()  # applied in order as each batch is handed over
 
     def same(self, other: Epoch) -> bool:
         return (self.number == other.number and self.size == other.size and self.per_batch == other.per_batch
@@ -80,7 +83,7 @@ class Tag:
     last: bool  # the epoch's last batch
     slot: int = -1  # the ring slot its pixels occupy (-1: none), free again once DALI is done
     timing: Timing | None = field(default=None, compare=False)  # where its time went (stats)
-    per_batch: BatchOps | None = field(default=None, compare=False)  # its epoch's, for the hand-over
+    per_batch: tuple[PerBatch, ...] = field(default=(), compare=False)  # its epoch's, for the hand-over
 
 
 def _cancel(futures: deque[tuple[Tag, Future[Batch]]]) -> list[Tag]:

@@ -30,7 +30,7 @@ import torch
 
 from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch, Tag
 
-Outputs = dict[str, torch.Tensor]
+Outputs = dict[str, Any]  # images, labels and indices as tensors; a batch's targets
 # Woken by a hand-over, the feeding thread waits this long before it runs the graph: DALI's
 # run holds the GIL for stretches (feeding its inputs from Python), and begun at once it keeps
 # the consumer inside next() for as long (`tilefeed bench`'s hand-over wait shows it).
@@ -121,15 +121,16 @@ class Feed:
                 raise
             out = {"images": torch.from_numpy(images), "labels": torch.from_numpy(labels),
                    "indices": torch.from_numpy(indices.copy())}
-            if tag.per_batch is not None:
-                tag.per_batch(out, tag.batch)
+            for work in tag.per_batch:
+                work(out, tag.batch)
         else:
             tag, out, ready = self._take()
             if ready is not None:  # a GPU batch: the consumer's stream starts after its copy
                 stream = torch.cuda.current_stream(self.device)
                 stream.wait_event(ready)
                 for tensor in out.values():
-                    tensor.record_stream(stream)
+                    if isinstance(tensor, torch.Tensor):  # targets are host tensors, in lists
+                        tensor.record_stream(stream)
         self._position = (tag.epoch + 1, 0) if tag.last else (tag.epoch, tag.batch + 1)
         return tag, out
 
@@ -232,8 +233,8 @@ class Feed:
             out = {name: self._host_tensor(tl) for name, tl in zip(NAMES, outputs, strict=True)}
             if self.cast is not None:
                 out["images"] = out["images"].to(self.cast)
-            if tag.per_batch is not None:
-                tag.per_batch(out, tag.batch)
+            for work in tag.per_batch:
+                work(out, tag.batch)
             return out, None
         from nvidia.dali.plugin.pytorch.torch_utils import feed_ndarray, to_torch_type
 
@@ -245,8 +246,8 @@ class Feed:
                 out[name] = feed_ndarray(dense, tensor, cuda_stream=self._side)
             if self.cast is not None:
                 out["images"] = out["images"].to(self.cast)
-            if tag.per_batch is not None:
-                tag.per_batch(out, tag.batch)
+            for work in tag.per_batch:
+                work(out, tag.batch)
             ready = self._side.record_event()
         ready.synchronize()  # DALI may reuse its buffers once they are dropped, here
         return out, ready

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
 from pathlib import Path
@@ -26,6 +26,9 @@ from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, 
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.batch_ops import BatchOps
+from tilefeed.pipeline.loader.targets import TARGETS, BatchTargets, sample_framing
+from tilefeed.pipeline.targets.batches import check_targets
+from tilefeed.pipeline.targets.mapping import boxes_to_source
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
@@ -232,6 +235,9 @@ class Loader:
         scaled_decode: bool = True,
         stats: bool = True,
         recipe: Recipe | None = None,
+        targets: str | Iterable[str] | None = None,
+        targets_layout: str = "dicts",
+        max_objects: int | None = None,
         **dataloader_options: Any,
     ) -> None:
         require_dali()
@@ -245,7 +251,8 @@ class Loader:
             ledger=ledger, scale=scale, ratio=ratio, mean=mean, std=std,
             shuffle_window=shuffle_window, storage_options=storage_options, cache_dir=cache_dir,
             cache_limit=cache_limit, fast_idct=fast_idct, scaled_decode=scaled_decode, stats=stats,
-            recipe=recipe, **dataloader_options)
+            recipe=recipe, targets=targets, targets_layout=targets_layout, max_objects=max_objects,
+            **dataloader_options)
         self._owns_reader = not isinstance(store, StoreReader)
         self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
         self.reader = self.mixture.reader if self.mixture else s.open_store(store)  # type: ignore[arg-type]
@@ -261,6 +268,8 @@ class Loader:
         schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
         self.subset = s.subset(len(self.reader))
         self.augment = s.augment(self.reader.tile, self.reader.padded)
+        if s.targets:
+            self._check_targets(s)
         # the stored tiles, handed out with no graph, while nothing can ask for another size
         self._direct = (not callable(schedule) and self.device.type == "cpu"
                         and self.augment.stored_tiles(schedule))
@@ -276,6 +285,17 @@ class Loader:
         # a bucket store starts fetching the first epoch's shards now, while the graph is built
         self.reader.will_read(self.next_epoch_indices().numpy())
         self._take_graph()
+
+    def _check_targets(self, s: LoaderSettings) -> None:
+        """Refuse targets the store does not hold, in one line."""
+        if self.mixture is not None:
+            raise ConfigError("targets: a mixture of stores hands over image labels only; read a store "
+                              "with targets on its own")
+        store = self.reader.targets if isinstance(self.reader, StoreReader) else None
+        if store is None:
+            raise ConfigError(f"targets: {self.reader.location} holds no boxes or masks (it was made "
+                              "without --annotations, --yolo or --masks)")
+        check_targets(s.targets, store.offsets is not None, store.masks)
 
     # -- the output size ----------------------------------------------------------------------
     def size_of(self, epoch: int) -> int:
@@ -424,6 +444,36 @@ class Loader:
             flip = flip if drawn.hflip is None else drawn.hflip
         return start, end, flip
 
+    def boxes_to_source(self, boxes: Sequence[Any], indices: Any, epoch: int | None = None) -> list[np.ndarray]:
+        """Boxes on a batch's images (XYXY, output pixels: a detection model's predictions) in
+        the pixels of each sample's source image, for scoring against the source's annotations.
+
+        Parameters
+        ----------
+        boxes : sequence of array-like
+            Per sample of the batch, (k, 4) boxes (numpy arrays or tensors, on any device).
+        indices : array-like
+            The batch's store indices (``with_index=True``).
+        epoch : int, optional
+            The epoch the batch came from; default the epoch in progress (evaluation framing is
+            the same in every epoch; training crops are the epoch's).
+
+        Returns
+        -------
+        list of numpy.ndarray
+            Per sample, (k, 4) float64 XYXY in source-image pixels.
+        """
+        reader = self.reader
+        if not isinstance(reader, StoreReader) or reader.targets is None:
+            raise ConfigError("boxes_to_source needs a store made with targets (its frames map tiles to "
+                              "source images)")
+        samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
+                             dtype=np.int64).reshape(-1)
+        epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)
+        framing = sample_framing(reader, self.augment, self.seed, epoch, self.size_of(epoch), samples)
+        host = [b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else b for b in boxes]
+        return boxes_to_source(host, framing, reader.targets.frames_of(samples))
+
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is
         made, so a bad configuration fails here and the first step does not pay for it."""
@@ -488,7 +538,18 @@ class Loader:
         # a mixture's labels in one gather an epoch: gathered per batch, split by store, they cost
         # the rate a few percent (tilefeed bench loader), far more than their own CPU time
         labels = None if self.mixture is None else self.reader.labels[plan.indices]
-        return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys, labels, self._batch_ops(plan))
+        per_batch = tuple(op for op in (self._batch_ops(plan), self._batch_targets(plan)) if op is not None)
+        return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys, labels, per_batch)
+
+    def _batch_targets(self, plan: OpenEpoch) -> BatchTargets | None:
+        """The boxes and masks of ``plan``'s batches (None: none asked), made as each batch is
+        handed over from the same draws as its crops (``loader.targets``)."""
+        s = self.settings
+        if not s.targets:
+            return None
+        assert isinstance(self.reader, StoreReader)  # targets of a mixture are refused
+        return BatchTargets(s.targets, s.targets_layout, self.augment, self.seed, plan.epoch, plan.size,
+                            self.batch_size, max_objects=s.max_objects, reader=self.reader, keys=plan.keys)
 
     def _batch_ops(self, plan: OpenEpoch) -> BatchOps | None:
         """The recipe's per-batch operations for ``plan``'s stretch (None: it has none, or this
@@ -507,13 +568,15 @@ class Loader:
                         before=sum(s.world_size * s.batches for s in plan.prior),
                         layout="NCHW" if self.layout is Layout.NCHW else "NHWC", keys=plan.keys)
 
-    def _convert(self, out: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _convert(self, out: dict[str, Any]) -> tuple[Any, ...]:
         images = out["images"]  # cast, erased and mixed by the feed, off this thread
         if self.layout is Layout.CHANNELS_LAST:  # HWC from DALI, seen as NCHW: no copy, no transpose
             images = images.permute(0, 3, 1, 2)
-        labels = out["labels"]
-        if not labels.is_floating_point():  # class indices, one a sample (mixing gives soft targets)
-            labels = labels.reshape(-1)
+        labels = out.get(TARGETS)  # boxes and masks, where asked, in place of the image labels
+        if labels is None:
+            labels = out["labels"]
+            if not labels.is_floating_point():  # class indices, one a sample (mixing gives soft targets)
+                labels = labels.reshape(-1)
         if self.with_index:
             return images, labels, out["indices"].reshape(-1)
         return images, labels

@@ -26,7 +26,9 @@ from tilefeed.store.errors import ConfigError
 # 6: a Loader may apply a training recipe: the state names it (each sample's operations are
 # drawn from the seed and the sample, mixup/cutmix from the batch's position in the epoch), and
 # an epoch resumed under another recipe would not deliver what the interrupted run would have
-STATE_VERSION = 6
+# 7: a Loader may hand over boxes and masks: the state names which (and how laid out), since a
+# batch resumed under others would not be the batch the interrupted run trained on
+STATE_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,9 @@ def identity(settings: LoaderSettings, samples: int, subset: np.ndarray | None,
             "mixture": None if mixture is None else mixture.identity(),
             # the recipe decides each sample's pixels as the seed does its crop: a resume under
             # another would deliver other samples than the run it continues
-            "recipe": None if settings.recipe is None else settings.recipe.identity()}
+            "recipe": None if settings.recipe is None else settings.recipe.identity(),
+            "targets": sorted(t.value for t in settings.targets) or None,
+            "targets_layout": settings.targets_layout.value if settings.targets else None}
 
 
 def saved(settings: LoaderSettings, mine: dict[str, Any], epoch: int, segments: list[Segment],
@@ -87,8 +91,8 @@ def load(state: dict[str, Any], mine: dict[str, Any]) -> Loaded:
         if state.get(key) != value:
             raise ConfigError(
                 f"state_dict was saved with {key}={state.get(key)!r}, this Loader has {value!r}; "
-                "resume with the same store (or mixture), seed, shuffle, indices and recipe (world size and "
-                "batch size may differ)")
+                "resume with the same store (or mixture), seed, shuffle, indices, recipe and targets "
+                "(world size and batch size may differ)")
     segments = [_segment(s) for s in state.get("segments", [])]
     size = check_size(state.get("size"), "state_dict size")
     fixed = state.get("set_size")

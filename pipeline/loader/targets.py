@@ -1,0 +1,140 @@
+"""A batch's boxes and masks, made as the batch is handed over.
+
+The targets follow the pixels: each sample's framing (its crop window, the resize to the output
+side, its flips; in evaluation the resize and centre crop) is worked out again from the same
+draws that gave the graph its inputs (``crops.graph_inputs``: a plain function of the seed, the
+epoch and the sample), and the store's boxes and mask tiles go through it
+(``pipeline.targets``). Nothing about targets passes through the DALI graph, so a batch's
+targets are exactly as deterministic as its crops: a resumed epoch, on any world size, gives
+them bit for bit.
+
+This runs on the Loader's feeding thread, beside the recipe's per-batch operations, so its time
+overlaps the training step. Like them, a ``BatchTargets`` is a plain record of settings (the
+store's reader aside, which the graph holds anyway): two are equal when they make the same
+targets for the same batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tilefeed.pipeline.engine.augment import Augment
+from tilefeed.pipeline.engine.crops import graph_inputs, sent_names
+from tilefeed.pipeline.reading.reader import StoreReader
+from tilefeed.pipeline.targets.batches import FramedTargets, Layout, Targets, frame_targets
+from tilefeed.pipeline.targets.geometry import Framing
+from tilefeed.pipeline.targets.objects import Objects
+
+TARGETS = "targets"  # the hand-over's entry that holds them
+
+
+def sample_framing(reader: StoreReader, augment: Augment, seed: int, epoch: int, size: int,
+                   samples: np.ndarray, keys: np.ndarray | None = None) -> Framing:
+    """How the graph frames ``samples`` of ``epoch`` at output side ``size``: the same draws it
+    is given (``graph_inputs``, by the names ``sent_names`` gives): their crop windows, flips
+    and output size; or, for whole tiles in evaluation, the resize and centre crop.
+
+    Parameters
+    ----------
+    reader : StoreReader
+        The store (its tiles' picture boxes).
+    augment : Augment
+        The graph's framing and the recipe's flips.
+    seed, epoch, size : int
+        The Loader's seed, the epoch and its output side.
+    samples : numpy.ndarray
+        Store indices.
+    keys : numpy.ndarray, optional
+        Their crop keys (None: the samples).
+
+    Returns
+    -------
+    Framing
+        One framing per sample.
+    """
+    sent = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys)
+    inputs = dict(zip(sent_names(augment), sent, strict=True))
+    if augment.windows:
+        return Framing.windows(inputs["start"], inputs["end"], inputs["size"], inputs["flip"],
+                               inputs.get("vflip"))
+    return Framing.centre(len(samples), augment.tile, augment.resize_to(size), size)
+
+
+@dataclass(frozen=True)
+class BatchTargets:
+    """The boxes and masks of one epoch stretch's batches, for the hand-over.
+
+    Attributes
+    ----------
+    asked : frozenset of Targets
+        What a batch holds.
+    layout : Layout
+        torchvision's list of per-image dicts, or padded tensors with counts.
+    augment : Augment
+        The graph's framing and the recipe's flips.
+    seed, epoch, size : int
+        The Loader's seed, the epoch and its output side.
+    batch_size : int
+        Samples per batch (the keys of batch ``b`` are ``keys[b * batch_size:]``).
+    min_size, min_area : float
+        ``SanitizeBoundingBoxes``' thresholds, in output pixels.
+    max_objects : int or None
+        The padded layout's slots per image (None: the batch's largest count).
+    reader : StoreReader
+        The store, whose boxes, mask tiles and picture boxes are read.
+    keys : numpy.ndarray or None
+        The stretch's crop keys; None: each batch's samples.
+    """
+
+    asked: frozenset[Targets]
+    layout: Layout
+    augment: Augment
+    seed: int
+    epoch: int
+    size: int
+    batch_size: int
+    min_size: float = 1.0
+    min_area: float = 1.0
+    max_objects: int | None = None
+    reader: StoreReader | None = field(default=None, compare=False)
+    keys: np.ndarray | None = field(default=None, compare=False)
+
+    def framed(self, samples: np.ndarray, keys: np.ndarray | None = None) -> FramedTargets:
+        """The targets of ``samples`` (store indices) in output pixels, on the host.
+
+        Parameters
+        ----------
+        samples : numpy.ndarray
+            The batch's store indices, in order.
+        keys : numpy.ndarray, optional
+            Their crop keys (None: the samples).
+
+        Returns
+        -------
+        FramedTargets
+            Boxes moved, clamped and sanitised; masks resampled with nearest sampling.
+        """
+        reader = self.reader
+        assert reader is not None and reader.targets is not None
+        store = reader.targets
+        samples = np.asarray(samples, dtype=np.int64)
+        framing = sample_framing(reader, self.augment, self.seed, self.epoch, self.size, samples, keys)
+        objects = None
+        if Targets.BOXES in self.asked and store.offsets is not None and store.objects is not None:
+            objects = Objects.gather(store.offsets, store.objects, samples)
+        masks = None
+        if Targets.MASKS in self.asked:
+            masks = np.empty((len(samples), store.tile, store.tile), dtype=np.uint8)
+            store.read_masks_into(samples, masks)
+        return frame_targets(framing, self.asked, objects, masks, store.masks, self.min_size, self.min_area)
+
+    def __call__(self, out: dict[str, Any], batch: int) -> None:
+        """Add batch ``batch``'s targets to the hand-over's ``out``, in ``layout``."""
+        samples = out["indices"].reshape(-1).cpu().numpy()
+        keys = None if self.keys is None else self.keys[batch * self.batch_size : batch * self.batch_size
+                                                        + len(samples)]
+        framed = self.framed(samples, keys)
+        out[TARGETS] = framed.as_dicts() if self.layout is Layout.DICTS else framed.as_padded(self.max_objects)
