@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tile_args(p)
     _store_args(p)
     _source_args(p)
+    _target_args(p)
     p.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a tilefeed store already at OUT (other folders are never touched)")
@@ -129,9 +130,28 @@ def _source_args(p: argparse.ArgumentParser) -> None:
                    "default: it would shift the ids of the classes after it)")
 
 
+def _target_args(p: argparse.ArgumentParser) -> None:
+    """Boxes and masks read beside SRC, an image folder (``TargetOptions``); resize mode only."""
+    g = p.add_argument_group("targets (detection and segmentation; resize mode; SRC is an image folder)")
+    g.add_argument("--annotations", metavar="FILE", default=None,
+                   help="a COCO instances JSON whose file_name entries are relative to SRC: each image's "
+                   "boxes (COCO's x, y, width, height stored as x0, y0, x1, y1 in tile pixels), category "
+                   "ids and crowd flags are mapped into its tile; the file's images are the sources")
+    g.add_argument("--instance-masks", action="store_true",
+                   help="with --annotations: store each object's polygons or RLE as an instance mask "
+                   "tile too (0 background, k the tile's object k-1; a pixel several objects cover goes "
+                   "to the one listed last)")
+    g.add_argument("--yolo", action="store_true",
+                   help="SRC holds images/ and labels/ (YOLO text: class cx cy w h, normalised, a line per "
+                   "box) and names its classes in data.yaml or classes.txt; boxes only")
+    g.add_argument("--masks", metavar="DIR", default=None,
+                   help="semantic masks: for SRC/a/b.jpg, DIR/a/b.png holds a class id per pixel (one 8-bit "
+                   "band, 255 ignored); DIR/classes.txt, if there, names ids 0, 1, ...")
+
+
 def run(args: argparse.Namespace) -> int:
     from tilefeed.cli.progress import progress_bar
-    from tilefeed.preprocess.settings import StoreSettings, TileSettings
+    from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings
     from tilefeed.preprocess.sources.scanning import SourceOptions
     from tilefeed.preprocess.writer import preprocess
 
@@ -145,10 +165,12 @@ def run(args: argparse.Namespace) -> int:
                           allow_outside=args.allow_outside,
                           allow_empty_classes=args.allow_empty_classes,
                           buckets=tuple(args.allow_bucket))
+    targets = TargetOptions(annotations=args.annotations, instance_masks=args.instance_masks, yolo=args.yolo,
+                            masks=args.masks)
     summary = preprocess(
         args.src, args.out, tiles, store, workers=args.processes, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
-        source_options=rules, storage_options=storage_options(args),
+        source_options=rules, storage_options=storage_options(args), targets=targets,
     )
     if not args.quiet:
         _print_summary(summary, args)
@@ -170,5 +192,8 @@ def _print_summary(s: Summary, args: argparse.Namespace) -> None:
     for note in s.notes:
         print(f"  note: {shown(note, args)}")
     print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
+    if s.objects or s.outside:
+        print(f"  objects {s.objects} stored" + (f"; {s.outside} outside their tiles (crop fit), not stored"
+                                               if s.outside else ""))
     if s.resumed_parts:
         print(f"  resumed: {s.resumed_parts} parts were already done")

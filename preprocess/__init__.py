@@ -11,12 +11,12 @@ if __name__ != "tilefeed.preprocess":  # the repository's folder imported as its
 
 from typing import TYPE_CHECKING, Any
 
-from tilefeed.preprocess.settings import StoreSettings, TileSettings
+from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings
 
 if TYPE_CHECKING:
     from tilefeed.preprocess.writer import Summary, preprocess
 
-__all__ = ["StoreSettings", "Summary", "TileSettings", "preprocess"]
+__all__ = ["StoreSettings", "Summary", "TargetOptions", "TileSettings", "preprocess"]
 
 
 def __getattr__(name: str) -> Any:

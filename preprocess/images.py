@@ -45,19 +45,44 @@ RESAMPLING = {name: Image.Resampling[name.upper()] for name in RESAMPLERS}  # --
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where resize mode puts the picture in its tile: the source box ``box`` (x, y, width,
+    height, in source pixels) resized to ``size`` (width, height) with its top left corner at
+    ``at`` (x, y) in the tile. The same geometry moves the picture's boxes and masks."""
+
+    box: tuple[float, float, float, float]
+    size: tuple[int, int]
+    at: tuple[int, int]
+
+    @property
+    def frame(self) -> tuple[float, float, float, float]:
+        """(sx, sy, tx, ty): tile_x = source_x * sx + tx, tile_y = source_y * sy + ty."""
+        x, y, w, h = self.box
+        sx, sy = self.size[0] / w, self.size[1] / h
+        return sx, sy, self.at[0] - x * sx, self.at[1] - y * sy
+
+
+@dataclass(frozen=True)
 class Tiles:
     pixels: np.ndarray  # (n, T, T, 3) uint8
     rows: np.ndarray  # (n,) int32, grid row of each tile (0 in resize mode)
     cols: np.ndarray  # (n,) int32
     boxes: np.ndarray  # (n, 4) int32: top, left, height, width of the picture in each tile
+    size: tuple[int, int] = (0, 0)  # resize mode: the source picture's width and height as decoded
+    placement: Placement | None = None  # resize mode: where the picture went in the tile
 
 
 class Rejected(Exception):
     """A source image that cannot enter the store; str() is the one-line reason."""
 
 
-def load_tiles(path: str, settings: TileSettings) -> Tiles:
-    """Decode ``path`` and cut it into tiles; raises Rejected with the reason on any bad input."""
+def load_tiles(path: str, settings: TileSettings, exact: bool = False) -> Tiles:
+    """Decode ``path`` and cut it into tiles; raises Rejected with the reason on any bad input.
+
+    ``exact`` (an image with targets): decoded at full size, without JPEG DCT scaling (which
+    rounds an odd side up, so its pixels no longer map exactly onto the annotations'), and
+    without its EXIF orientation: annotations are made in the stored pixels' coordinates, as
+    pycocotools and torchvision's ``CocoDetection`` read them."""
     register_plugins()  # once per process, on first use: importing changes nothing of PIL's
     source: str | io.BytesIO = path
     try:
@@ -81,11 +106,12 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
             im: Image.Image = Image.open(source)
             if im.format == "PNG":
                 _check_png_checksums(source)
-            im = _open_checked(im, settings)
+            im = _open_checked(im, settings, exact)
             im = _to_rgb(im, settings)
             if settings.mode == "grid":
                 return _grid(im, settings)
-            tile, box = _fit(im, settings)
+            size = im.size
+            tile, box, placement = _fit(im, settings)
             del im
     except Rejected:
         raise
@@ -104,7 +130,8 @@ def load_tiles(path: str, settings: TileSettings) -> Tiles:
     except Exception as e:  # noqa: BLE001 - any other failure of any plugin: this image only
         raise Rejected(f"{type(e).__name__}: {one_line(e)}") from None
     zero = np.zeros(1, dtype=np.int32)
-    return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32))
+    return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32),
+                 size, placement)
 
 
 def _check_png_checksums(source: str | io.BytesIO) -> None:
@@ -160,7 +187,7 @@ def peak_bytes(width: int, height: int, mode: str, settings: TileSettings, *, tu
     return decoded * (2 if turned else 1) + conversion + tiles
 
 
-def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
+def _open_checked(im: Image.Image, settings: TileSettings, exact: bool = False) -> Image.Image:
     width, height = im.size
     if width * height > settings.max_pixels:
         raise Rejected(
@@ -171,11 +198,11 @@ def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
         raise Rejected(f"corrupt: image size {width}x{height}")
     if getattr(im, "n_frames", 1) > 1:
         im.seek(0)  # animations: the first frame
-    if settings.mode == "resize" and im.format == "JPEG":
+    if settings.mode == "resize" and im.format == "JPEG" and not exact:
         # DCT scaling: libjpeg decodes at 1/2, 1/4 or 1/8 scale while both sides stay >= T,
         # which is enough for every fit mode and far cheaper than a full decode.
         im.draft("RGB", (settings.tile, settings.tile))
-    oriented = "exif" in im.info or im.format == "TIFF"
+    oriented = ("exif" in im.info or im.format == "TIFF") and not exact
     need = peak_bytes(*im.size, im.mode, settings, turned=oriented)
     if need > settings.worker_memory and oriented:
         # the orientation may be the plain one, which needs no turned copy
@@ -187,7 +214,7 @@ def _open_checked(im: Image.Image, settings: TileSettings) -> Image.Image:
             f"and convert, over --worker-memory {size_text(settings.worker_memory)}"
         )
     im.load()
-    if "exif" not in im.info and im.format != "TIFF":
+    if exact or "exif" not in im.info and im.format != "TIFF":
         return im  # no orientation to apply: EXIF is not parsed at all
     return ImageOps.exif_transpose(im) or im
 
@@ -302,25 +329,36 @@ def _rgb(im: Image.Image) -> Image.Image:
     return im if im.mode == "RGB" else im.convert("RGB")
 
 
-def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[int, int, int, int]]:
-    """The tile and the box (top, left, height, width) the picture fills in it."""
-    t = settings.tile
-    w, h = im.size
-    resample = RESAMPLING[settings.resample]
+def placement(width: int, height: int, settings: TileSettings) -> Placement:
+    """Where resize mode's fit puts a ``width`` x ``height`` picture in its tile: stretch, the
+    whole picture onto the tile; crop, the centre square (the short side) onto the tile; pad,
+    the whole picture, its longer side T, centred (its other side rounded to whole pixels)."""
+    t, w, h = settings.tile, width, height
     if settings.fit == "stretch":
-        return _rgb(im.resize((t, t), resample)), (0, 0, t, t)
+        return Placement((0.0, 0.0, float(w), float(h)), (t, t), (0, 0))
     if settings.fit == "crop":
-        # Scale the short side to T and take the centre, in one resize over the source box.
         side = min(w, h)
-        left, top = (w - side) / 2, (h - side) / 2
-        return _rgb(im.resize((t, t), resample, box=(left, top, left + side, top + side))), (0, 0, t, t)
-    # pad: the whole picture, its longer side T, centred on the background
+        return Placement(((w - side) / 2, (h - side) / 2, float(side), float(side)), (t, t), (0, 0))
     scale = t / max(w, h)
     nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+    return Placement((0.0, 0.0, float(w), float(h)), (nw, nh), ((t - nw) // 2, (t - nh) // 2))
+
+
+def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[int, int, int, int], Placement]:
+    """The tile, the box (top, left, height, width) the picture fills in it, and its placement."""
+    t = settings.tile
+    resample = RESAMPLING[settings.resample]
+    where = placement(*im.size, settings)
+    x, y, w, h = where.box
+    if settings.fit in ("stretch", "crop"):
+        # crop: the short side scaled to T and the centre taken, in one resize over the source box
+        box = None if settings.fit == "stretch" else (x, y, x + w, y + h)
+        return _rgb(im.resize((t, t), resample, box=box)), (0, 0, t, t), where
+    # pad: the whole picture, its longer side T, centred on the background
+    (nw, nh), (left, top) = where.size, where.at
     canvas = Image.new("RGB", (t, t), settings.background)
-    top, left = (t - nh) // 2, (t - nw) // 2
     canvas.paste(_rgb(im.resize((nw, nh), resample)), (left, top))
-    return canvas, (top, left, nh, nw)
+    return canvas, (top, left, nh, nw), where
 
 
 def grid_positions(length: int, tile: int, stride: int) -> list[int]:

@@ -17,31 +17,59 @@ import numpy as np
 from numcodecs import VLenUTF8
 
 from tilefeed.store import format as fmt
-from tilefeed.store.attrs import ArrayRecord, StoreAttrs
+from tilefeed.store.attrs import ArrayRecord, ShardedRecord, StoreAttrs, TargetsRecord
 from tilefeed.store.codec import COMPRESSORS
 from tilefeed.store.shard import sha256_files
-from tilefeed.preprocess.settings import StoreSettings, TileSettings, describe
+from tilefeed.preprocess.settings import StoreSettings, TargetKind, TileSettings, describe
 from tilefeed.preprocess.sources.source_list import decode_paths
 from tilefeed.preprocess.sources.finding import Listing
 
 
-_WIDTH = {fmt.BOXES: (4,)}  # the arrays whose rows are not one value: a box is four
+_WIDTH = {name: (width,) for name, width in fmt.ROW_WIDTH.items()}  # rows of several values
 
 
 @dataclass(frozen=True)
 class PartTiles:
     """One part's tiles: its sources are [first, first + count); ``table`` is its
-    ``tasks.TILE_RECORD`` rows, in tile order."""
+    ``tasks.TILE_RECORD`` rows, in tile order; with targets, ``targets`` its
+    ``tasks.TARGET_RECORD`` rows and ``objects`` its (k, 6) object rows."""
 
     first: int
     count: int
     table: np.ndarray
+    targets: np.ndarray | None = None
+    objects: np.ndarray | None = None
+
+
+class _RowWriter:
+    """Rows appended to a zarr array a chunk at a time: only a chunk of them is held."""
+
+    def __init__(self, array: object, chunk: int) -> None:
+        self.array, self.chunk = array, chunk
+        self.held: list[np.ndarray] = []
+        self.count = self.start = 0
+
+    def add(self, values: np.ndarray) -> None:
+        self.held.append(values)
+        self.count += len(values)
+        while self.count >= self.chunk:
+            block = np.concatenate(self.held)
+            self.array[self.start : self.start + self.chunk] = block[: self.chunk]  # type: ignore[index]
+            self.start += self.chunk
+            self.count -= self.chunk
+            self.held = [block[self.chunk :]]
+
+    def close(self) -> None:
+        if self.count:
+            block = np.concatenate(self.held)
+            self.array[self.start : self.start + len(block)] = block  # type: ignore[index]
 
 
 def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: StoreSettings, samples: int,
-                 parts: Iterable[PartTiles]) -> list[str]:
+                 parts: Iterable[PartTiles], objects: int = 0) -> list[str]:
     """The images array's document and every small array, streamed from ``parts``; the names
-    of the small arrays, in the order the attributes list them."""
+    of the small arrays, in the order the attributes list them. With targets, their arrays
+    too (``objects``: how many object rows the parts hold), and the masks' document."""
     import zarr
 
     from tilefeed.store import zarr_codecs
@@ -58,17 +86,28 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
     )
     (root / fmt.IMAGES).mkdir(exist_ok=True)
     os.replace(scratch / fmt.IMAGES / "zarr.json", root / fmt.IMAGES / "zarr.json")
+    target = listing.targets
+    if target is not None and target.job.masks is not None:
+        zarr.create_array(
+            str(scratch), name=fmt.MASKS, shape=(samples, t, t), dtype="uint8", chunks=(1, t, t),
+            shards=(store.shard_size, t, t), fill_value=0, overwrite=True, dimension_names=["sample", "y", "x"],
+            zarr_format=3, **zarr_codecs.masks_codecs())
+        (root / fmt.MASKS).mkdir(exist_ok=True)
+        os.replace(scratch / fmt.MASKS / "zarr.json", root / fmt.MASKS / "zarr.json")
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
-    names = [fmt.LABELS, fmt.SOURCES, *((fmt.ROWS, fmt.COLS) if tiles.mode == "grid" else ()), fmt.BOXES]
-    arrays = {
-        name: group.create_array(name, shape=(samples, *_WIDTH.get(name, ())), dtype=fmt.SMALL_DTYPES[name],
-                                 chunks=(min(samples, fmt.SMALL_CHUNK), *_WIDTH.get(name, ())),
-                                 overwrite=True, **zarr_codecs.small_array_codecs())
-        for name in names
-    }
-    for start, columns in _chunks(_columns(listing, parts), fmt.SMALL_CHUNK):
+    names = [fmt.LABELS, fmt.SOURCES, *((fmt.ROWS, fmt.COLS) if tiles.mode == "grid" else ()), fmt.BOXES,
+             *((fmt.FRAMES,) if target is not None else ())]
+    arrays = {name: _small_array(group, name, samples) for name in names}
+    rows: dict[str, _RowWriter] = {}
+    if target is not None and target.job.kind is not TargetKind.SEMANTIC:  # the sources with boxes
+        rows = {name: _RowWriter(_small_array(group, name, length), fmt.SMALL_CHUNK)
+                for name, length in ((fmt.OBJECT_OFFSETS, samples + 1), (fmt.OBJECTS, objects))}
+        rows[fmt.OBJECT_OFFSETS].add(np.zeros(1, dtype=np.int64))
+    for start, columns in _chunks(_columns(listing, parts, rows), fmt.SMALL_CHUNK):
         for name, array in arrays.items():
             array[start : start + len(columns[fmt.SOURCES])] = columns[name]
+    for writer in rows.values():
+        writer.close()
     chunk = min(len(listing), fmt.PATHS_CHUNK)
     group.create_array(fmt.SOURCE_PATHS, shape=(len(listing),), dtype=np.dtypes.StringDType(),
                        chunks=(chunk,), overwrite=True, **zarr_codecs.small_array_codecs())
@@ -76,7 +115,18 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
         path = fmt.small_chunk_path(root, fmt.SOURCE_PATHS, index)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(_paths_chunk(decode_paths(listing.files.read(first, chunk)), chunk))
-    return [*names, fmt.SOURCE_PATHS]
+    return [*names, *rows, fmt.SOURCE_PATHS]
+
+
+def _small_array(group: object, name: str, length: int) -> object:
+    """An array beside the tiles, chunked along its rows (an array of no rows: chunks of one)."""
+    from tilefeed.store import zarr_codecs
+
+    width = _WIDTH.get(name, ())
+    return group.create_array(  # type: ignore[attr-defined]
+        name, shape=(length, *width), dtype=fmt.SMALL_DTYPES[name], chunks=(max(1, min(length, fmt.SMALL_CHUNK)),
+                                                                              *width),
+        overwrite=True, **zarr_codecs.small_array_codecs())
 
 
 _VLEN_UTF8 = VLenUTF8()
@@ -92,13 +142,24 @@ def _paths_chunk(paths: list[str], chunk: int) -> bytes:
     return bytes(body) + fmt.crc_bytes(body)
 
 
-def _columns(listing: Listing, parts: Iterable[PartTiles]) -> Iterator[dict[str, np.ndarray]]:
-    """Each part's small-array values: a tile's label is its source's, read from the list."""
+def _columns(listing: Listing, parts: Iterable[PartTiles],
+             rows: dict[str, _RowWriter]) -> Iterator[dict[str, np.ndarray]]:
+    """Each part's small-array values: a tile's label is its source's, read from the list. The
+    object rows and their offsets go to ``rows`` as the parts pass."""
+    ends = 0
     for part in parts:
         owners = part.table["source"]
         labels = listing.files.labels(part.first, part.count)[owners - part.first]
-        yield {fmt.LABELS: labels, fmt.SOURCES: owners, fmt.ROWS: part.table["row"],
-               fmt.COLS: part.table["col"], fmt.BOXES: part.table["box"]}
+        columns = {fmt.LABELS: labels, fmt.SOURCES: owners, fmt.ROWS: part.table["row"],
+                   fmt.COLS: part.table["col"], fmt.BOXES: part.table["box"]}
+        if part.targets is not None:
+            columns[fmt.FRAMES] = part.targets["frame"]
+        if rows and part.targets is not None and part.objects is not None:
+            offsets = ends + np.cumsum(part.targets["objects"], dtype=np.int64)
+            ends = int(offsets[-1]) if len(offsets) else ends
+            rows[fmt.OBJECT_OFFSETS].add(offsets)
+            rows[fmt.OBJECTS].add(part.objects)
+        yield columns
 
 
 def _chunks(columns: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
@@ -122,12 +183,23 @@ def _chunks(columns: Iterator[dict[str, np.ndarray]], rows: int) -> Iterator[tup
 def write_attrs(
     root: Path, listing: Listing, tiles: TileSettings, store: StoreSettings, fingerprint: str,
     samples: int, rejects: list[tuple[str, str]], accepted: int, names: list[str],
-    shard_bytes: list[int], shard_sha256: list[str],
+    shard_bytes: list[int], shard_sha256: list[str], objects: int = 0,
+    mask_shards: tuple[list[int], list[str]] | None = None,
 ) -> None:
     """The group's tilefeed attributes: written last, this write marks the store complete.
     ``shard_sha256``: the sha256 of each shard file, which a copy of a shard (a cache folder's,
-    a download) must match before it is used."""
+    a download) must match before it is used. With targets: ``objects`` stored, and each masks
+    shard's size and sha256."""
     import zarr
+
+    targets = masks = None
+    if listing.targets is not None:
+        job = listing.targets.job
+        targets = TargetsRecord(boxes=fmt.OBJECTS in names, masks=job.masks,
+                                categories=listing.targets.categories, objects=objects)
+        if mask_shards is not None:
+            masks = ShardedRecord(tuple(mask_shards[0]), tuple(mask_shards[1]),
+                                  sha256_files([root / fmt.MASKS / "zarr.json"]))
 
     attrs = StoreAttrs(
         samples=samples, sources=len(listing) + len(listing.skipped), accepted=accepted,
@@ -138,7 +210,7 @@ def write_attrs(
         classes=tuple(listing.classes), made=describe(tiles, store), rejects=tuple(rejects),
         fingerprint=fingerprint, arrays={name: _array_record(root, name) for name in names},
         digest="",  # sealed() sets it
-        shard_sha256=tuple(shard_sha256),
+        shard_sha256=tuple(shard_sha256), targets=targets, masks=masks,
     ).sealed()
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
     group.update_attributes({fmt.ATTRS_KEY: attrs.to_dict()})  # last: this write marks the store complete

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tilefeed.preprocess import tasks
 from tilefeed.preprocess.metadata import PartTiles, write_arrays, write_attrs
 from tilefeed.store import format as fmt
@@ -35,6 +37,8 @@ class Published:
     samples: int
     shards: int
     bytes: int
+    objects: int = 0  # a store with targets: objects stored
+    outside: int = 0  # and objects not stored, no part of their box in their tile (crop fit)
 
 
 def publish(build: Scheduler, fingerprint: str) -> Published:
@@ -56,12 +60,13 @@ def publish(build: Scheduler, fingerprint: str) -> Published:
     shard_bytes = build.shard_sizes(shards)
     # every shard on disk and digested before any metadata declares it
     shard_sha256 = build.shard_digests(shards)
+    objects, outside, mask_shards = _targets(build) if listing.targets is not None else (0, 0, None)
 
     def write(root: Path) -> None:
-        names = write_arrays(root, listing, build.tiles, build.store, samples, parts)
+        names = write_arrays(root, listing, build.tiles, build.store, samples, parts, objects)
         rejects.extend(listing.skipped)  # after the parts': the order the store lists them
         write_attrs(root, listing, build.tiles, build.store, fingerprint, samples, rejects,
-                    inputs - len(rejects), names, shard_bytes, shard_sha256)
+                    inputs - len(rejects), names, shard_bytes, shard_sha256, objects, mask_shards)
 
     if out.local is not None:
         for stray in (out.local / fmt.IMAGES).rglob(".*.tmp-*"):
@@ -73,7 +78,51 @@ def publish(build: Scheduler, fingerprint: str) -> Published:
             shutil.rmtree(Path(scratch) / fmt.WORK_DIR, ignore_errors=True)
             out.upload_tree(Path(scratch), last="zarr.json")
     out.remove(build.work)
-    return Published(inputs, rejects, samples, shards, sum(shard_bytes))
+    return Published(inputs, rejects, samples, shards, sum(shard_bytes), objects, outside)
+
+
+def _targets(build: Scheduler) -> tuple[int, int, tuple[list[int], list[str]] | None]:
+    """The objects the parts stored and left outside their tiles, and, with masks, the masks'
+    shards written from the parts' mask chunks (each shard's size and sha256): one pass over
+    the parts' records, a shard's runs held at a time."""
+    assert build.listing.targets is not None
+    masks = build.listing.targets.job.masks is not None
+    per_shard = build.per_shard
+    objects = outside = 0
+    written: tuple[list[int], list[str]] = ([], [])
+    pieces: list[tuple[int, int, int]] = []
+    sizes: list[np.ndarray] = []
+    held = 0
+
+    def flush() -> None:
+        spec = tasks.ShardSpec(len(written[0]), per_shard, pieces.copy(), np.concatenate(sizes), True, fmt.MASKS)
+        done = tasks.write_shard(build.out, build.work, spec)
+        written[0].append(done.size)
+        written[1].append(done.sha256)
+        pieces.clear()
+        sizes.clear()
+
+    for part in range(build.parts):
+        record, _ = tasks.read_part(build.out, build.work, part)
+        objects += record.objects
+        outside += record.outside
+        if not masks:
+            continue
+        chunk = tasks.read_targets_table(build.out, build.work, part, record.tiles)["mask"]
+        at = offset = 0
+        while at < len(chunk):
+            run = chunk[at : at + per_shard - held]
+            pieces.append((part, offset, int(run.sum())))
+            sizes.append(run)
+            offset += int(run.sum())
+            at += len(run)
+            held += len(run)
+            if held == per_shard:
+                flush()
+                held = 0
+    if held:
+        flush()
+    return objects, outside, written if masks else None
 
 
 def reason_counts(reasons: Iterable[str]) -> dict[str, int]:
@@ -89,4 +138,9 @@ def _read_parts(build: Scheduler, rejects: list[tuple[str, str]]) -> Iterator[Pa
         rejects.extend((path, reason) for _, path, reason in record.rejects)
         for phase, seconds in record.seconds.items():
             build.phases[phase] += seconds
-        yield PartTiles(part * build.part_size, record.count, table)
+        if build.listing.targets is None:
+            yield PartTiles(part * build.part_size, record.count, table)
+            continue
+        targets = tasks.read_targets_table(build.out, build.work, part, record.tiles)
+        objects = tasks.read_objects(build.out, build.work, part, record.objects)
+        yield PartTiles(part * build.part_size, record.count, table, targets, objects)

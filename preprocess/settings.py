@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any, Final
 
 from tilefeed.store.errors import ConfigError
-from tilefeed.store.format import CODECS, MAX_SHARD_SIZE, TILE_SIDES, Codec
+from tilefeed.store.format import CODECS, MAX_SHARD_SIZE, TILE_SIDES, Codec, MaskKind
 from tilefeed.store.host import available_memory, usable_cores
 
 MODES: Final = ("resize", "grid")
@@ -100,6 +101,70 @@ class StoreSettings:
         d = asdict(self)
         d["codec"] = self.codec_name.value
         return d
+
+
+class TargetKind(StrEnum):
+    """Where a store's targets come from: ``COCO``, an instances JSON (``--annotations``);
+    ``YOLO``, ``labels/*.txt`` beside ``images/`` (``--yolo``); ``SEMANTIC``, a PNG of class
+    ids per image (``--masks DIR``)."""
+
+    COCO = "coco"
+    YOLO = "yolo"
+    SEMANTIC = "semantic"
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """The targets read beside the images (detection and segmentation), at most one source.
+
+    Attributes
+    ----------
+    annotations : str or None
+        A COCO instances JSON: SRC is the image folder its ``file_name`` entries are relative
+        to; boxes, category ids and crowd flags are stored.
+    instance_masks : bool
+        With ``annotations``: each object's polygons or RLE stored as an instance mask too.
+    yolo : bool
+        SRC holds ``images/`` and ``labels/`` (YOLO text labels, boxes only), and the class
+        names in ``data.yaml`` or ``classes.txt``.
+    masks : str or None
+        A folder of semantic masks: for SRC's ``a/b.jpg``, ``MASKS/a/b.png`` of class ids.
+    """
+
+    annotations: str | None = None
+    instance_masks: bool = False
+    yolo: bool = False
+    masks: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name, on in (("--annotations", self.annotations is not None), ("--yolo", self.yolo),
+                                       ("--masks", self.masks is not None)) if on]
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)}: a store takes its targets from one source")
+        if self.instance_masks and self.annotations is None:
+            raise ConfigError("--instance-masks reads a COCO file's segmentations: give --annotations FILE")
+
+    @property
+    def kind(self) -> TargetKind | None:
+        """Which source, or None when no targets are read."""
+        if self.annotations is not None:
+            return TargetKind.COCO
+        if self.yolo:
+            return TargetKind.YOLO
+        return TargetKind.SEMANTIC if self.masks is not None else None
+
+    @property
+    def mask_kind(self) -> MaskKind | None:
+        """The masks the store will hold."""
+        if self.masks is not None:
+            return MaskKind.SEMANTIC
+        return MaskKind.INSTANCE if self.instance_masks else None
+
+    def check(self, tiles: TileSettings) -> None:
+        """ConfigError for settings these targets cannot be made with."""
+        if self.kind is not None and tiles.mode == "grid":
+            raise ConfigError(f"--mode grid with targets ({self.kind.value}) is not supported yet: "
+                              "use --mode resize")
 
 
 def default_workers(worker_memory: int) -> int:

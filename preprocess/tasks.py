@@ -28,6 +28,9 @@ from tilefeed.store.codec import TileCodec
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.preprocess.settings import StoreSettings, TileSettings
 from tilefeed.preprocess.sources.source_list import decode_paths, split_paths
+from tilefeed.preprocess.sources.targets import TargetJob
+from tilefeed.preprocess.targets import TileTargets, place_targets, read_targets, split_records
+from tilefeed.store.codec import COMPRESSORS
 from tilefeed.store.shard import ShardIndex
 from tilefeed.store.storage import Storage, is_url
 
@@ -35,6 +38,11 @@ from tilefeed.store.storage import Storage, is_url
 # part's .bin file, its grid row and column, and the picture's box within the tile.
 TILE_RECORD: Final = np.dtype([("source", "<i8"), ("size", "<i8"), ("row", "<i4"), ("col", "<i4"),
                                ("box", "<i4", (4,))])
+# A store with targets: one more row per tile, in a table of its own: its objects (rows of the
+# part's .objects file, in tile order), its mask chunk's size in the part's .masks file (0
+# without masks) and its frame.
+TARGET_RECORD: Final = np.dtype([("objects", "<i8"), ("mask", "<i8"), ("frame", "<f8", (4,))])
+OBJECT_ROW: Final = np.dtype(("<f8", (6,)))  # x0, y0, x1, y1, category id, iscrowd
 
 
 def part_name(part: int, suffix: str) -> str:
@@ -52,17 +60,21 @@ class PartRecord:
     tiles: int
     rejects: tuple[tuple[int, str, str], ...]
     seconds: Mapping[str, float]
+    objects: int = 0  # a store with targets: the objects its tiles hold
+    outside: int = 0  # and the objects not stored, no part of their box in the tile (crop fit)
 
     def to_dict(self) -> dict[str, Any]:
         return {"first": self.first, "count": self.count, "tiles": self.tiles,
-                "rejects": [list(r) for r in self.rejects], "seconds": dict(self.seconds)}
+                "rejects": [list(r) for r in self.rejects], "seconds": dict(self.seconds),
+                "objects": self.objects, "outside": self.outside}
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> PartRecord:
         """KeyError, TypeError or ValueError for a record of another form (an older writer's)."""
         return cls(first=record["first"], count=record["count"], tiles=record["tiles"],
                    rejects=tuple((source, path, reason) for source, path, reason in record["rejects"]),
-                   seconds=dict(record["seconds"]))
+                   seconds=dict(record["seconds"]), objects=int(record["objects"]),
+                   outside=int(record["outside"]))
 
 
 @dataclass(frozen=True)
@@ -132,11 +144,12 @@ class ShardSpec(NamedTuple):
     pieces: list[tuple[int, int, int]]
     sizes: np.ndarray
     sync: bool
+    array: str = fmt.IMAGES  # or MASKS: the runs are then of the parts' .masks files
 
 
 def write_part(
     out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
-    store: StoreSettings, isolate: bool = False,
+    store: StoreSettings, isolate: bool = False, targets: TargetJob | None = None, records: bytes = b"",
 ) -> PartWritten:
     """Decode one part's sources, write their chunk bytes, then the part's record.
 
@@ -147,12 +160,20 @@ def write_part(
     part is ever held in memory whole. ``isolate`` decodes each image in a child process of its
     own: the retry of a part whose worker died, so that the image that kills a decoder is the
     only one lost.
+
+    ``targets``: the part's images have targets (``records``: their COCO records, one JSON
+    line a source, as the scan wrote them). Each image's are read and placed in its tile
+    (``preprocess.targets``), or the image is rejected with the reason; the part then writes
+    its objects (``.objects``), its mask chunks (``.masks``) and a ``TARGET_RECORD`` table
+    (``.targets``) beside its tiles.
     """
     blosc.use_threads = False  # a worker process of the writer's: its parallelism is the pool's
-    load = load_isolated if isolate else load_tiles
     codec = TileCodec(store.codec, tiles.tile, store.quality)
     names = decode_paths(paths)
+    exact = targets is not None
+    per_source = split_records(records, len(names)) if targets is not None else []
     rows: list[tuple[int, int, int, int, list[int]]] = []
+    placed: list[TileTargets] = []
     rejects: list[tuple[int, str, str]] = []
     clock = time.perf_counter
     spent = dict.fromkeys(("decode", "encode", "write"), 0.0)  # seconds, for `bench preprocess`
@@ -160,7 +181,11 @@ def write_part(
         for k, path in enumerate(names):
             t0 = clock()
             try:
-                result = load(path, tiles)
+                result = load_isolated(path, tiles, exact) if isolate else load_tiles(path, tiles, exact)
+                if targets is not None:
+                    assert result.placement is not None  # targets are made in resize mode only
+                    found = read_targets(targets, path, per_source[k], result.size)
+                    placed.append(place_targets(found, result.placement, result.size, tiles.tile, targets.masks))
             except Rejected as e:
                 rejects.append((first + k, path, str(e)))
                 continue
@@ -179,21 +204,65 @@ def write_part(
         t3 = clock()
     spent["write"] += clock() - t3  # the part file's rename (or upload)
     table = np.array(rows, dtype=TILE_RECORD)
+    objects = outside = 0
+    if targets is not None:
+        objects, outside = _write_targets(out, work, part, placed, targets.masks is not None)
     out.write(f"{work}/{part_name(part, '.tiles')}", table.tobytes())
-    record = PartRecord(first, len(names), len(table), tuple(rejects), spent)
+    record = PartRecord(first, len(names), len(table), tuple(rejects), spent, objects, outside)
     # written last: its presence marks the part done
     out.write(f"{work}/{part_name(part, '.json')}", json.dumps(record.to_dict()).encode())
     return PartWritten(len(names), len(rejects), table["size"].tobytes())
 
 
+def _write_targets(out: Storage, work: str, part: int, placed: list[TileTargets],
+                   masks: bool) -> tuple[int, int]:
+    """A part's targets beside its tiles: mask chunks, object rows, then the table (tile order);
+    (objects stored, objects outside their tiles)."""
+    table = np.zeros(len(placed), dtype=TARGET_RECORD)
+    if masks:
+        with out.writer(f"{work}/{part_name(part, '.masks')}") as f:
+            for k, tile in enumerate(placed):
+                assert tile.mask is not None
+                payload = bytes(COMPRESSORS[fmt.MASK_CODEC].encode(np.ascontiguousarray(tile.mask)))
+                f.write(payload)
+                f.write(fmt.crc_bytes(payload))
+                table["mask"][k] = len(payload) + fmt.CRC_NBYTES
+    rows = [tile.objects for tile in placed]
+    objects = np.concatenate(rows) if rows else np.zeros((0, 6))
+    out.write(f"{work}/{part_name(part, '.objects')}", np.ascontiguousarray(objects, dtype="<f8").tobytes())
+    table["objects"] = [len(r) for r in rows]
+    table["frame"] = [tile.frame for tile in placed]
+    out.write(f"{work}/{part_name(part, '.targets')}", table.tobytes())
+    return len(objects), sum(tile.outside for tile in placed)
+
+
+def read_targets_table(out: Storage, work: str, part: int, tiles: int) -> np.ndarray:
+    """A done part's ``TARGET_RECORD`` table; ValueError when it is not of its ``tiles`` tiles."""
+    data = out.read(f"{work}/{part_name(part, '.targets')}")
+    if len(data) != tiles * TARGET_RECORD.itemsize:
+        raise ValueError(f"part {part}: its targets table is not of its {tiles} tiles")
+    return np.frombuffer(data, dtype=TARGET_RECORD)
+
+
+def read_objects(out: Storage, work: str, part: int, count: int) -> np.ndarray:
+    """A done part's object rows, (count, 6) float64; ValueError when there are not ``count``."""
+    data = out.read(f"{work}/{part_name(part, '.objects')}")
+    if len(data) != count * OBJECT_ROW.itemsize:
+        raise ValueError(f"part {part}: its objects file does not hold its {count} objects")
+    return np.frombuffer(data, dtype="<f8").reshape(count, 6)
+
+
 def run_part(
     out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
-    store: StoreSettings, shards: list[ShardSpec], isolate: bool = False,
+    store: StoreSettings, shards: list[ShardSpec], targets: TargetJob | None = None, records: bytes = b"",
+    isolate: bool = False,
 ) -> dict[str, Any]:
     """Worker task: the shards that were ready when it was sent, then one part
-    (``write_part``): one task, not two, for the driver to send and take back; a ``TaskDone``."""
+    (``write_part``): one task, not two, for the driver to send and take back; a ``TaskDone``.
+    ``isolate`` comes last: the pool sets it when it sends a part again after a worker died."""
     written = tuple(write_shard(out, work, spec) for spec in shards)
-    return TaskDone(write_part(out, work, part, first, paths, tiles, store, isolate), written).to_dict()
+    done = write_part(out, work, part, first, paths, tiles, store, isolate, targets, records)
+    return TaskDone(done, written).to_dict()
 
 
 def write_shards(out: Storage, work: str, shards: list[ShardSpec]) -> dict[str, Any]:
@@ -227,10 +296,10 @@ def read_part(out: Storage, work: str, part: int) -> tuple[PartRecord, np.ndarra
     return record, np.frombuffer(data, dtype=TILE_RECORD)
 
 
-def load_isolated(path: str, tiles: TileSettings) -> Tiles:
+def load_isolated(path: str, tiles: TileSettings, exact: bool = False) -> Tiles:
     """``load_tiles`` in a forked child: a segfault or the OOM killer there becomes a reject."""
     if not hasattr(os, "fork"):
-        return load_tiles(path, tiles)
+        return load_tiles(path, tiles, exact)
     read_end, write_end = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads: the child only decodes
@@ -239,7 +308,7 @@ def load_isolated(path: str, tiles: TileSettings) -> Tiles:
         os.close(read_end)
         try:
             try:
-                outcome: tuple[str, Any] = ("tiles", load_tiles(path, tiles))
+                outcome: tuple[str, Any] = ("tiles", load_tiles(path, tiles, exact))
             except Rejected as e:
                 outcome = ("rejected", str(e))
             with os.fdopen(write_end, "wb") as f:
@@ -269,8 +338,9 @@ def write_shard(out: Storage, work: str, spec: ShardSpec) -> ShardWritten:
     """
     start = time.perf_counter()
     index = ShardIndex.packed(spec.per_shard, spec.sizes.tolist())
-    runs = [(f"{work}/{part_name(part, '.bin')}", offset, count) for part, offset, count in spec.pieces]
-    key = fmt.shard_relpath(spec.shard)
+    suffix = ".bin" if spec.array == fmt.IMAGES else ".masks"
+    runs = [(f"{work}/{part_name(part, suffix)}", offset, count) for part, offset, count in spec.pieces]
+    key = fmt.shard_relpath(spec.shard, spec.array)
     size = out.concat(key, runs, index.encode(), sync=spec.sync)
     copied = time.perf_counter()
     digest = out.sha256(key)

@@ -48,17 +48,17 @@ import numpy as np
 from tilefeed.store import format as fmt
 from tilefeed.preprocess import tasks
 from tilefeed.store.documents import parse_attrs
-from tilefeed.store.errors import StoreWriteError, TilefeedError
+from tilefeed.store.errors import ConfigError, StoreWriteError, TilefeedError
 from tilefeed.preprocess.output import RunPlan, out_inside, prepare_output, scan_folder, writer_lock
 from tilefeed.preprocess.worker_pool import Pool
 from tilefeed.preprocess.publish import publish, reason_counts
 from tilefeed.preprocess.task_scheduler import ProgressFn, Scheduler
-from tilefeed.preprocess.settings import StoreSettings, TileSettings, default_workers, describe
+from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings, default_workers, describe
 from tilefeed.preprocess.sources.source_list import split_paths
 from tilefeed.preprocess.sources.scanning import SourceOptions
 from tilefeed.preprocess.sources.finding import Listing, check_source, scan_sources
 from tilefeed.store.location import open_storage
-from tilefeed.store.storage import Storage, redacted
+from tilefeed.store.storage import Storage, is_url, redacted
 
 PART_SOURCES: Final = 64  # sources per part of a small run; the source list is indexed as often
 MAX_PART_SOURCES: Final = 2048
@@ -79,6 +79,8 @@ class Summary:
     resumed_parts: int = 0
     up_to_date: bool = False
     hidden: int = 0  # hidden files and folders a class-folder scan left out
+    objects: int = 0  # a store with targets: the objects stored
+    outside: int = 0  # and those not stored, no part of their box in their tile (crop fit)
     notes: list[str] = field(default_factory=list)  # about SRC and OUT, for the summary
     phases: dict[str, float] = field(default_factory=dict)  # seconds: decode, encode, write, copy, sync
 
@@ -95,6 +97,7 @@ def preprocess(
     scheduler: str | None = None,
     source_options: SourceOptions | None = None,
     storage_options: dict[str, Any] | None = None,
+    targets: TargetOptions | None = None,
 ) -> Summary:
     """Convert the images under ``src`` into a tilefeed store at ``out``; see the module docstring.
 
@@ -133,6 +136,9 @@ def preprocess(
         The rules for reading ``src``.
     storage_options : dict, optional
         Settings added to the cloud's standard configuration, for bucket URLs.
+    targets : TargetOptions, optional
+        Boxes and masks read beside the images (a COCO file, a YOLO folder, semantic masks):
+        mapped into each tile with its pixels and stored with them (resize mode, a folder OUT).
 
     Returns
     -------
@@ -147,7 +153,7 @@ def preprocess(
     """
     try:
         return _preprocess(src, out, tiles, store, workers, overwrite, progress, scheduler,
-                           source_options, storage_options)
+                           source_options, storage_options, targets)
     except TilefeedError as e:  # no message carries a credential, whoever wrote it
         raise redacted(e, storage_options) from None
 
@@ -155,9 +161,15 @@ def preprocess(
 def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles: TileSettings | None,
                 store: StoreSettings | None, workers: int | None, overwrite: bool,
                 progress: Callable[[int], ProgressFn] | None, scheduler: str | None,
-                source_options: SourceOptions | None, storage_options: dict[str, Any] | None) -> Summary:
+                source_options: SourceOptions | None, storage_options: dict[str, Any] | None,
+                targets: TargetOptions | None = None) -> Summary:
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
+    if targets is not None and targets.kind is not None:
+        targets.check(tiles)
+        if is_url(out):
+            raise ConfigError("a store with targets is written to a folder (stores in object storage "
+                              "carry no targets yet)")
     workers = default_workers(tiles.worker_memory) if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -166,7 +178,7 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
     exclude = out_inside(Path(src), target.local) if target.local is not None else None
     check_source(src)
     with writer_lock(target), scan_folder(target) as scratch:
-        listing = scan_sources(src, scratch, source_options, exclude, stride=PART_SOURCES)
+        listing = scan_sources(src, scratch, source_options, exclude, stride=PART_SOURCES, targets=targets)
         notes = list(listing.notes)
         with Pool(workers, scheduler) as pool:
             try:
@@ -202,7 +214,7 @@ def _build(out: Storage, listing: Listing, tiles: TileSettings, store: StoreSett
         sources=done.inputs, accepted=done.inputs - len(done.rejects), rejected=len(done.rejects),
         tiles=done.samples, shards=done.shards, bytes=done.bytes, seconds=0.0,
         rejects_by_reason=reason_counts(reason for _, reason in done.rejects), resumed_parts=build.resumed,
-        phases=build.phases,
+        phases=build.phases, objects=done.objects, outside=done.outside,
     )
 
 
@@ -223,6 +235,8 @@ def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Poo
     (a stat costs more than the rest of a source's hashing); the driver hashes."""
     h = hashlib.sha256()
     h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), store.identity(), listing.classes]).encode())
+    if listing.targets is not None:  # the annotations (COCO: the file's bytes) and the category table
+        h.update(json.dumps(["targets", listing.targets.identity, listing.targets.categories]).encode())
     blocks: deque[tuple[int, bytes, Future[bytes]]] = deque()
     firsts = iter(range(0, len(listing), PLAN_BLOCK))
     while True:

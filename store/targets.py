@@ -175,6 +175,17 @@ class StoreTargets:
             return f"the mask holds class id {int(mask[bad][0])}, not in the category table"
         return ""
 
+    def __getstate__(self) -> dict[str, object]:
+        # maps and locks do not cross process boundaries: each process maps the shards anew
+        state = self.__dict__.copy()
+        state["_shards"] = [None] * len(self._shards)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def close(self) -> None:
         for f in self._shards:
             if f is not None:

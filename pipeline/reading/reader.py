@@ -31,6 +31,7 @@ from tilefeed.store.checked import checked_arrays
 from tilefeed.store.cache_dir import default_cache_dir
 from tilefeed.store.remote import RemoteStore
 from tilefeed.store.storage import is_url, local_path
+from tilefeed.store.targets import StoreTargets, open_targets
 
 
 class StoreReader:
@@ -104,6 +105,9 @@ class StoreReader:
         self.boxes: np.ndarray = arrays.boxes  # (N, 4) top, left, height, width of each tile's picture
         self.padded = arrays.padded  # some tile holds padding (pad fit, grid edges)
         self._arrays_mapped = arrays.mapped
+        # boxes, frames and masks of a store made with targets, checked; None without them
+        self.targets: StoreTargets | None = open_targets(self.root, self._meta, self.location,
+                                                         shards_here=self.remote is None)
 
     @property
     def meta(self) -> StoreAttrs:
@@ -276,6 +280,8 @@ class StoreReader:
     def close(self) -> None:
         if self.remote is not None:
             self.remote.close()
+        if self.targets is not None:
+            self.targets.close()
         with self._lock:
             for f in self._shards:
                 if f is not None:

@@ -23,6 +23,8 @@ from tilefeed.preprocess.sources.folders import scan_tree
 from tilefeed.preprocess.sources.manifest import read_manifest
 from tilefeed.preprocess.sources.scanning import BATCH, Scan, SourceOptions, shown, utf8
 from tilefeed.preprocess.sources.source_list import SourceList, SourceListWriter
+from tilefeed.preprocess.sources.targets import TargetSource, scan_targets
+from tilefeed.preprocess.settings import TargetOptions
 from tilefeed.store.errors import SourceError
 from tilefeed.store.storage import is_url
 
@@ -32,9 +34,11 @@ LIST_FOLDER: Final = "list"
 
 @dataclass(frozen=True, kw_only=True)
 class Listing(Scan):
-    """Source images in store order, listed on disk (``files``), with int labels into ``classes``."""
+    """Source images in store order, listed on disk (``files``), with int labels into ``classes``,
+    and their targets' table and records where SRC has targets."""
 
     files: SourceList
+    targets: TargetSource | None = None
 
     def __len__(self) -> int:
         return len(self.files)
@@ -82,14 +86,20 @@ def check_source(src: str | os.PathLike[str]) -> None:
 
 
 def scan_sources(src: str | os.PathLike[str], scratch: Path, options: SourceOptions | None = None,
-                 exclude: Path | None = None, stride: int = BATCH) -> Listing:
+                 exclude: Path | None = None, stride: int = BATCH, targets: TargetOptions | None = None) -> Listing:
     """Read SRC into a source list in ``scratch`` (an empty folder the caller owns and removes),
-    indexed every ``stride`` sources; ``exclude`` is a folder inside SRC never to scan."""
+    indexed every ``stride`` sources; ``exclude`` is a folder inside SRC never to scan.
+    ``targets``: SRC is an image folder with targets beside it (``sources.targets``)."""
     options = options or SourceOptions()
     check_source(src)
     sink = SourceListWriter(scratch / LIST_FOLDER, stride)
+    found_targets = None
     try:
-        if is_url(src):
+        if targets is not None and targets.kind is not None:
+            if is_url(src) or not Path(src).is_dir():
+                raise SourceError(f"SRC {str(src)!r}: targets are read beside an image folder on this machine")
+            found, found_targets = scan_targets(Path(src), targets, exclude, sink, scratch)
+        elif is_url(src):
             found = scan_bucket(str(src), sink, scratch)
         elif Path(src).is_dir():
             found = scan_tree(Path(src), options, exclude, sink, scratch)
@@ -99,7 +109,7 @@ def scan_sources(src: str | os.PathLike[str], scratch: Path, options: SourceOpti
         files = sink.close()
     if not len(files) and not found.skipped:
         raise SourceError(f"SRC {str(Path(src))!r} holds no images")
-    return Listing(files=files, **_found(found))
+    return Listing(files=files, targets=found_targets, **_found(found))
 
 
 def _found(scan: Scan) -> dict[str, Any]:

@@ -23,6 +23,9 @@ from tilefeed.store.errors import SourceError
 
 HELD_NAMES: Final = 1 << 18  # file names of one class sorted in memory; past this, on disk
 SCAN_CHUNK: Final = 1 << 14  # entries of a folder read at once
+# The one class of a store made with targets: its image-level label says nothing (every tile's
+# is 0); what it holds is in its objects and masks.
+IMAGE_CLASS: Final = "image"
 
 
 def scan_tree(root: Path, options: SourceOptions, exclude: Path | None, sink: SourceListWriter,
@@ -222,3 +225,17 @@ def _list_files(folder: str, names: list[str], label: int, sink: SourceListWrite
         named = [p for p in paths if utf8(p)]
         sink.add_joined("\0".join(named).encode() + b"\0" if named else b"", label)
         return [(shown(p), NOT_UTF8) for p in paths if not utf8(p)]
+
+
+def scan_images(root: Path, exclude: Path | None, sink: SourceListWriter, scratch: Path) -> Scan:
+    """Every visible file under ``root`` (no class folders: a detection or segmentation set's
+    image folder), in ImageFolder order, each of label 0; ``exclude`` as for ``scan_tree``."""
+    if not root.is_dir():
+        raise SourceError(f"{str(root)!r} is not a folder of images")
+    walk = _walk(root, exclude, scratch)
+    skipped: list[tuple[str, str]] = []
+    for folder, names in walk.files.batches():
+        skipped += _list_files(folder, names, 0, sink)
+    skipped += [(shown(p), reason) for p, reason in walk.skipped]
+    notes = [f"OUT {exclude.name!r} inside SRC was not scanned"] if exclude is not None else []
+    return Scan(classes=[IMAGE_CLASS], skipped=skipped, hidden=walk.hidden, notes=notes)

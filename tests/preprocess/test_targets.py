@@ -1,0 +1,255 @@
+"""Sources with targets: every valid generated object stored, every planted bad one rejected
+with its reason, boxes mapped into the tile and back to the source within 1e-3 px, masks equal
+to PIL's nearest resize of the source mask on the same geometry (PIL's ``Image.resize(NEAREST,
+box=...)``, pasted as the fit pastes the picture)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from PIL import Image
+
+from tests.helpers import run_cli
+from tests.preprocess.targets_data import CATEGORIES, CocoSet, write_coco, write_semantic, write_yolo
+from tilefeed.pipeline import StoreReader
+from tilefeed.preprocess import TargetOptions, TileSettings, preprocess
+from tilefeed.store import format as fmt
+from tilefeed.store.arrays import read_small_array
+from tilefeed.store.documents import open_store
+from tilefeed.store.errors import ConfigError, SourceError
+from tilefeed.store.inspection import info, verify
+
+T = 48
+
+
+def _geometry(width: int, height: int, fit: str, t: int = T) -> tuple[tuple[float, float, float, float],
+                                                                       tuple[int, int], tuple[int, int]]:
+    """The fit's source box, resized size and place in the tile, restated from the fits' rules."""
+    if fit == "stretch":
+        return (0.0, 0.0, float(width), float(height)), (t, t), (0, 0)
+    if fit == "crop":
+        side = min(width, height)
+        return ((width - side) / 2, (height - side) / 2, float(side), float(side)), (t, t), (0, 0)
+    scale = t / max(width, height)
+    nw, nh = max(1, round(width * scale)), max(1, round(height * scale))
+    return (0.0, 0.0, float(width), float(height)), (nw, nh), ((t - nw) // 2, (t - nh) // 2)
+
+
+def _pil_nearest(mask: np.ndarray, width: int, height: int, fit: str, fill: int) -> np.ndarray:
+    (x, y, w, h), size, at = _geometry(width, height, fit)
+    resized = Image.fromarray(mask).resize(size, Image.Resampling.NEAREST, box=(x, y, x + w, y + h))
+    canvas = Image.new("L", (T, T), fill)
+    canvas.paste(resized, at)
+    return np.asarray(canvas)
+
+
+def _samples(out: Path) -> list[str]:
+    """Each tile's source path."""
+    _, meta = open_store(out)
+    paths = zarr.open_group(str(out), mode="r")[fmt.SOURCE_PATHS][:]
+    return [str(paths[i]) for i in read_small_array(out, meta, fmt.SOURCES)]
+
+
+def _rejects(out: Path, src: Path) -> dict[str, str]:
+    attrs, _ = open_store(out)
+    return {os.path.relpath(r["path"], src): r["reason"] for r in attrs["rejects"]}
+
+
+def _to_source(rows: np.ndarray, frame: np.ndarray) -> np.ndarray:
+    sx, sy, tx, ty = frame
+    back = rows[:, :4].copy()
+    back[:, 0::2] = (back[:, 0::2] - tx) / sx
+    back[:, 1::2] = (back[:, 1::2] - ty) / sy
+    return back
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory: pytest.TempPathFactory) -> CocoSet:
+    return write_coco(tmp_path_factory.mktemp("coco"))
+
+
+@pytest.mark.parametrize("fit", ["pad", "crop", "stretch"])
+def test_coco_boxes_and_instance_masks_follow_the_fit(coco: CocoSet, tmp_path: Path, fit: str) -> None:
+    out = tmp_path / "store"
+    summary = preprocess(coco.src, out, TileSettings(tile=T, fit=fit), workers=2,
+                         targets=TargetOptions(annotations=str(coco.annotations), instance_masks=True))
+    rejects = _rejects(out, coco.src)
+    assert {name: reason.split(":")[0] for name, reason in rejects.items()} == coco.bad
+    assert summary.accepted == len(coco.objects) and summary.rejected == len(coco.bad)
+
+    with StoreReader(out) as reader:
+        targets = reader.targets
+        assert targets is not None and targets.masks is fmt.MaskKind.INSTANCE
+        assert targets.record.categories == tuple((c["id"], c["name"]) for c in CATEGORIES)
+        sources = _samples(out)
+        masks = np.empty((len(sources), T, T), dtype=np.uint8)
+        targets.read_masks_into(np.arange(len(sources)), masks)
+        stored = outside = 0
+        for sample, path in enumerate(sources):
+            name = os.path.relpath(path, coco.src)
+            width, height = coco.sizes[name]
+            objs = coco.objects[name]
+            rows, frame = targets.rows([sample])[0], targets.frames_of([sample])[0]
+            (x, y, w, h), _, _ = _geometry(width, height, fit)
+            # the objects a crop leaves wholly outside the centre square are the ones not stored
+            kept = [o for o in objs if min(o["bbox"][0] + o["bbox"][2], x + w) > max(o["bbox"][0], x)
+                    and min(o["bbox"][1] + o["bbox"][3], y + h) > max(o["bbox"][1], y)]
+            outside += len(objs) - len(kept)
+            stored += len(rows)
+            assert len(rows) == len(kept), name
+            expected = np.array([[o["bbox"][0], o["bbox"][1], o["bbox"][0] + o["bbox"][2],
+                                  o["bbox"][1] + o["bbox"][3]] for o in kept]).reshape(-1, 4)
+            expected[:, 0::2] = np.clip(expected[:, 0::2], x, x + w)  # pad, stretch: the whole image
+            expected[:, 1::2] = np.clip(expected[:, 1::2], y, y + h)
+            np.testing.assert_allclose(_to_source(rows, frame), expected, atol=1e-3, rtol=0)
+            assert rows[:, 4].tolist() == [o["category_id"] for o in kept]
+            assert rows[:, 5].tolist() == [o["iscrowd"] for o in kept]
+            assert ((rows[:, :4] >= 0) & (rows[:, :4] <= T)).all() and (rows[:, 2] > rows[:, 0]).all()
+            canvas = np.zeros((height, width), dtype=np.uint8)
+            for k, o in enumerate(kept, 1):  # the one listed last wins a shared pixel
+                canvas[o["mask"] != 0] = k
+            np.testing.assert_array_equal(masks[sample], _pil_nearest(canvas, width, height, fit, 0), err_msg=name)
+        assert stored == summary.objects == targets.record.objects
+        assert outside == summary.outside
+        assert fit == "crop" or outside == 0
+        assert fit != "crop" or outside > 0  # the set leaves some objects outside the centre square
+        assert (masks > 0).any()
+    assert verify(out, deep=True) == []
+    described = info(out).targets
+    assert described is not None and described["masks"] == "instance" and described["objects"] == stored
+
+
+def test_every_valid_coco_object_is_stored_with_boxes_only(coco: CocoSet, tmp_path: Path) -> None:
+    """Without --instance-masks: no masks array; the too-many-objects image is then a valid one
+    (the limit is the masks' ids), and every object of every accepted image is stored."""
+    out = tmp_path / "store"
+    summary = preprocess(coco.src, out, TileSettings(tile=T), workers=1,
+                         targets=TargetOptions(annotations=str(coco.annotations)))
+    rejects = {name: reason.split(":")[0] for name, reason in _rejects(out, coco.src).items()}
+    assert rejects == {k: v for k, v in coco.bad.items() if k not in ("bad_many.png", "bad_rle_size.png")}
+    # bad_many's 255 objects and bad_rle_size's one (its segmentation unread without masks)
+    assert summary.objects == sum(len(v) for v in coco.objects.values()) + 255 + 1
+    assert not (out / fmt.MASKS).exists()
+    with StoreReader(out) as reader:
+        assert reader.targets is not None and reader.targets.masks is None
+        with pytest.raises(ValueError, match="no masks"):
+            reader.targets.read_masks_into([0], np.empty((1, T, T), dtype=np.uint8))
+
+
+def test_a_reject_names_the_annotation(coco: CocoSet, tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    preprocess(coco.src, out, TileSettings(tile=T), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations), instance_masks=True))
+    reasons = _rejects(out, coco.src)
+    annotations = json.loads(coco.annotations.read_text())
+    ids = {img["file_name"]: img["id"] for img in annotations["images"]}
+    for name in ("bad_outside.png", "bad_degenerate.png", "bad_category.png", "bad_rle_size.png", "bad_crowd.png"):
+        ann = next(a for a in annotations["annotations"] if a["image_id"] == ids[name])
+        assert f"annotation {ann['id']}" in reasons[name], reasons[name]
+    assert "the image is 80x60, the annotations say 81x60" in reasons["bad_size.png"]
+
+
+def _run_refused(tmp_path: Path, src: Path, document: Any, match: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    with pytest.raises(SourceError, match=match) as e:
+        preprocess(src, tmp_path / "out", TileSettings(tile=T), workers=1, targets=TargetOptions(annotations=str(path)))
+    assert "\n" not in str(e.value)
+
+
+def test_a_file_the_run_cannot_be_made_from_is_refused_in_one_line(coco: CocoSet, tmp_path: Path) -> None:
+    good = json.loads(coco.annotations.read_text())
+    _run_refused(tmp_path, coco.src, "{not json", "not JSON")
+    _run_refused(tmp_path, coco.src, {"images": []}, "not a COCO instances file")
+    _run_refused(tmp_path, coco.src, {**good, "categories": [*good["categories"], {"id": 4, "name": "again"}]},
+                 "category id 4 is listed twice")
+    _run_refused(tmp_path, coco.src, {**good, "categories": [{"id": "1", "name": "square"}]}, "category 0 needs")
+    stray = {"id": 99999, "image_id": 12345, "category_id": 1, "bbox": [1, 1, 2, 2]}
+    _run_refused(tmp_path, coco.src, {**good, "annotations": [*good["annotations"], stray]},
+                 "annotation 99999 names image_id 12345")
+    _run_refused(tmp_path, coco.src, {**good, "images": [*good["images"], {**good["images"][0], "id": 777}]},
+                 "is listed twice")
+    escape = {**good["images"][0], "id": 778, "file_name": "../elsewhere.png"}
+    _run_refused(tmp_path, coco.src, {**good, "images": [*good["images"], escape]}, "leads out of SRC")
+
+
+def test_grid_mode_with_targets_is_refused(coco: CocoSet, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--mode grid with targets"):
+        preprocess(coco.src, tmp_path / "out", TileSettings(tile=T, mode="grid"), workers=1,
+                   targets=TargetOptions(annotations=str(coco.annotations)))
+    with pytest.raises(ConfigError, match="one source"):
+        TargetOptions(annotations="a.json", yolo=True)
+    with pytest.raises(ConfigError, match="--instance-masks"):
+        TargetOptions(instance_masks=True)
+
+
+@pytest.mark.parametrize("fit", ["pad", "crop"])
+def test_a_yolo_folder_through_the_command(tmp_path: Path, fit: str) -> None:
+    yolo = write_yolo(tmp_path)
+    out = tmp_path / "store"
+    run = run_cli("preprocess", str(yolo.src), str(out), "--yolo", "--tile", str(T), "--fit", fit,
+                  "--processes", "1", "--quiet")
+    assert run.returncode == 0, run.stderr
+    images = yolo.src / "images"
+    rejects = {name: reason.split(":")[0] for name, reason in _rejects(out, images).items()}
+    assert rejects == yolo.bad
+    with StoreReader(out) as reader:
+        targets = reader.targets
+        assert targets is not None and targets.record.categories == ((0, "square"), (1, "disc"), (2, "triangle"))
+        sources = _samples(out)
+        assert len(sources) == len(yolo.boxes)
+        for sample, path in enumerate(sources):
+            name = os.path.relpath(path, images)
+            width, height = yolo.sizes[name]
+            (x, y, w, h), _, _ = _geometry(width, height, fit)
+            expected = np.array([b[1:] for b in yolo.boxes[name]]).reshape(-1, 4)
+            expected[:, 0::2] = np.clip(expected[:, 0::2], max(x, 0), min(x + w, width))
+            expected[:, 1::2] = np.clip(expected[:, 1::2], max(y, 0), min(y + h, height))
+            keep = (expected[:, 2] > expected[:, 0]) & (expected[:, 3] > expected[:, 1])
+            rows = targets.rows([sample])[0]
+            np.testing.assert_allclose(_to_source(rows, targets.frames_of([sample])[0]), expected[keep], atol=1e-3)
+            assert rows[:, 4].tolist() == [b[0] for b, k in zip(yolo.boxes[name], keep, strict=True) if k]
+    assert verify(out) == []
+    shown = run_cli("info", str(out))
+    assert "targets    boxes:" in shown.stdout and "3 categories (square, disc, triangle)" in shown.stdout
+
+
+def test_a_yolo_folder_without_class_names_is_refused(tmp_path: Path) -> None:
+    yolo = write_yolo(tmp_path)
+    (yolo.src / "data.yaml").unlink()
+    with pytest.raises(SourceError, match="names its classes in neither"):
+        preprocess(yolo.src, tmp_path / "out", TileSettings(tile=T), workers=1, targets=TargetOptions(yolo=True))
+    (yolo.src / "classes.txt").write_text("a\nb\nc\n")
+    summary = preprocess(yolo.src, tmp_path / "out", TileSettings(tile=T), workers=1, targets=TargetOptions(yolo=True))
+    assert summary.accepted == len(yolo.boxes)
+
+
+@pytest.mark.parametrize("fit", ["pad", "crop", "stretch"])
+def test_semantic_masks_equal_pil_nearest_on_the_same_geometry(tmp_path: Path, fit: str) -> None:
+    sem = write_semantic(tmp_path)
+    out = tmp_path / "store"
+    preprocess(sem.src, out, TileSettings(tile=T, fit=fit), workers=2, targets=TargetOptions(masks=str(sem.masks)))
+    assert {n: r.split(":")[0] for n, r in _rejects(out, sem.src).items()} == sem.bad
+    with StoreReader(out) as reader:
+        targets = reader.targets
+        assert targets is not None and targets.masks is fmt.MaskKind.SEMANTIC and targets.objects is None
+        sources = _samples(out)
+        masks = np.empty((len(sources), T, T), dtype=np.uint8)
+        targets.read_masks_into(np.arange(len(sources)), masks)
+        for sample, path in enumerate(sources):
+            name = os.path.relpath(path, sem.src)
+            width, height = sem.sizes[name]
+            source = np.asarray(Image.open(sem.masks / name.replace(".jpg", ".png")))
+            np.testing.assert_array_equal(masks[sample], _pil_nearest(source, width, height, fit, 255))
+            # the frame maps the source's corners onto the picture's place in the tile
+            (x, y, w, h), (nw, nh), (left, top) = _geometry(width, height, fit)
+            sx, sy, tx, ty = targets.frames_of([sample])[0]
+            assert abs(x * sx + tx - left) < 1e-9 and abs((x + w) * sx + tx - left - nw) < 1e-9
+            assert abs(y * sy + ty - top) < 1e-9 and abs((y + h) * sy + ty - top - nh) < 1e-9
+    assert verify(out, deep=True) == []
