@@ -24,12 +24,12 @@ from tilefeed.store.errors import ConfigError
 
 
 def _pairs(value: np.ndarray | float, n: int) -> np.ndarray:
-    """(n, 2) float64 [y, x] from a scalar, an (n,) array or an (n, 2) array."""
+    """(n, 2) float64 [y, x] from a scalar (a square), an (n,) array (squares) or (n, 2) pairs."""
     a = np.asarray(value, dtype=np.float64)
     if a.ndim == 0:
         return np.full((n, 2), float(a))
     if a.ndim == 1:
-        return np.repeat(a[:, None], 2, axis=1) if len(a) == n else np.broadcast_to(a, (n, 2)).copy()
+        return np.repeat(a.reshape(n)[:, None], 2, axis=1)
     return a.reshape(n, 2).copy()
 
 
@@ -83,7 +83,7 @@ class Framing:
             fine: the values are used as sent). Training windows are whole pixels; evaluation
             windows of tiles with padding may be fractional.
         size : int or numpy.ndarray
-            The output side, or (n, 2) [h, w] sizes (``frame_inputs``' ``size``).
+            The output side, (n,) sides, or (n, 2) [h, w] sizes (``frame_inputs``' ``size``).
         hflip, vflip : numpy.ndarray, optional
             (n,) per sample, nonzero = mirrored (the window's ``flip``, the recipe's ``vflip``).
 
