@@ -85,7 +85,8 @@ class Framing:
         size : int or numpy.ndarray
             The output side, (n,) sides, or (n, 2) [h, w] sizes (``frame_inputs``' ``size``).
         hflip, vflip : numpy.ndarray, optional
-            (n,) per sample, nonzero = mirrored (the window's ``flip``, the recipe's ``vflip``).
+            (n,) per sample, nonzero = mirrored: the flip the graph receives (``graph_inputs``'
+            third input, which a recipe's ``hflip`` may have replaced) and the recipe's ``vflip``.
 
         Returns
         -------
@@ -150,6 +151,19 @@ class Framing:
         s = np.where(flips, -s, s)
         t = np.where(flips, size - t, t)
         return np.concatenate([s, t], axis=1)
+
+    def window(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, end): (n, 2) float64 [y, x], the part of the tile the output shows, as a crop
+        window for the graph (fractional, and past the tile where the output is padded).
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            The window's corners in tile pixels.
+        """
+        per_pixel = self.region / self.resized  # tile pixels per output pixel
+        start = self.origin + self.anchor * per_pixel
+        return start, start + self.size * per_pixel
 
     def select(self, rows: np.ndarray) -> Framing:
         """The framings of ``rows`` (an index array, one entry per returned framing)."""

@@ -3,9 +3,10 @@ IoU-constrained crop (torchvision v2's ``RandomIoUCrop``) and large-scale jitter
 (``ScaleJitter``, then a fixed-size cut of the output's side).
 
 Each draws on a stream of its own (``stream_seed``), so the random-resized crops and flips of
-today's recipe keep their draws. Both give windows in tile pixels, as ``crops.window_inputs``
-does: the graph cuts and resizes them to the output size, and ``Framing.windows`` moves the
-boxes and masks with them.
+today's recipe keep their draws. The IoU crop gives windows in tile pixels, as
+``crops.window_inputs`` does (the graph cuts and resizes them to the output size;
+``Framing.windows`` moves the boxes and masks with them); large-scale jitter gives a
+``Framing`` (resize, then cut), whose ``window()`` is the graph's crop window.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
+from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.objects import Objects
 from tilefeed.store.errors import ConfigError
 
@@ -237,11 +239,54 @@ def scale_jitter_sizes(jitter: ScaleJitter, seed: int, epoch: int, keys: np.ndar
     return np.floor(h * r).astype(np.int64), np.floor(w * r).astype(np.int64)
 
 
+def scale_jitter_framing(jitter: ScaleJitter, seed: int, epoch: int, keys: np.ndarray, pictures: np.ndarray,
+                         size: int) -> Framing:
+    """Large-scale jitter as a framing: each picture resized (``scale_jitter_sizes``), then a
+    ``size`` square cut from it at a drawn whole-pixel offset (``RandomCrop``'s
+    ``randint(0, resized - size + 1)``), from the top-left corner where the resized picture is
+    smaller (the rest past its bottom and right: padding). Boxes and masks through it equal
+    torchvision's ``resize`` then ``crop`` (which pads); ``Framing.window`` gives the graph's
+    crop window.
+
+    Parameters
+    ----------
+    jitter : ScaleJitter
+        The settings.
+    seed, epoch : int
+        The Loader's seed and the epoch.
+    keys : numpy.ndarray
+        (n,) draw keys.
+    pictures : numpy.ndarray
+        (n, 4) picture boxes: top, left, height, width in tile pixels.
+    size : int
+        The output side.
+
+    Returns
+    -------
+    Framing
+        One framing per sample, unflipped.
+    """
+    keys = np.asarray(keys)
+    n = len(keys)
+    top0, left0, height, width = _pictures(pictures, n)
+    new_h, new_w = scale_jitter_sizes(jitter, seed, epoch, keys, height, width)
+    if (new_h < 1).any() or (new_w < 1).any():
+        raise ConfigError(f"scale_jitter: a picture resized to nothing (target_size {jitter.target_size})")
+    u = uniforms(stream_seed(seed, JITTER_STREAM), epoch, keys, 3)
+    off_y = np.floor(u[:, 1] * (np.maximum(new_h - size, 0) + 1))
+    off_x = np.floor(u[:, 2] * (np.maximum(new_w - size, 0) + 1))
+    return Framing(_yx(top0, left0), _yx(height, width), _yx(new_h, new_w), _yx(off_y, off_x),
+                   np.full((n, 2), float(size)), np.zeros(n, bool), np.zeros(n, bool))
+
+
+def _yx(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return np.stack([y, x], axis=1).astype(np.float64)
+
+
 def scale_jitter_windows(jitter: ScaleJitter, seed: int, epoch: int, keys: np.ndarray, pictures: np.ndarray,
                          size: int) -> DrawnWindows:
-    """Large-scale jitter as windows: each picture resized (``scale_jitter_sizes``), then a
-    ``size`` square cut from it, in tile pixels (fractional, and past the picture where the
-    resized picture is smaller than ``size``).
+    """``scale_jitter_framing``'s windows, as the graph takes them (fractional, and past the
+    picture where the output is padded); every box kept (clamping and sanitising decide).
 
     Parameters
     ----------
@@ -259,20 +304,7 @@ def scale_jitter_windows(jitter: ScaleJitter, seed: int, epoch: int, keys: np.nd
     Returns
     -------
     DrawnWindows
-        The windows; every box kept (clamping and sanitising decide).
+        The windows.
     """
-    keys = np.asarray(keys)
-    n = len(keys)
-    top0, left0, height, width = _pictures(pictures, n)
-    new_h, new_w = scale_jitter_sizes(jitter, seed, epoch, keys, height, width)
-    u = uniforms(stream_seed(seed, JITTER_STREAM), epoch, keys, 3)
-    # RandomCrop's offset: randint(0, new - size + 1), where the resized picture is larger
-    off_y = np.floor(u[:, 1] * (np.maximum(new_h - size, 0) + 1))
-    off_x = np.floor(u[:, 2] * (np.maximum(new_w - size, 0) + 1))
-    ry, rx = new_h / height, new_w / width  # resized pixels per tile pixel
-    start = np.stack([top0 + off_y / ry, left0 + off_x / rx], axis=1)
-    end = start + np.stack([size / ry, size / rx], axis=1)
-    if not (np.isfinite(start).all() and np.isfinite(end).all()):
-        raise ConfigError(f"scale_jitter: a picture resized to nothing (target_size {jitter.target_size})")
+    start, end = scale_jitter_framing(jitter, seed, epoch, keys, pictures, size).window()
     return DrawnWindows(start, end, np.ones(0, dtype=bool))
-

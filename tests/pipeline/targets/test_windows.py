@@ -16,10 +16,11 @@ from torchvision.transforms.v2 import functional as F
 from tests.helpers import ks
 from tests.pipeline.recipe.helpers import ks_critical
 from tests.pipeline.targets.helpers import object_rows
-from tilefeed.pipeline.targets.geometry import Framing, transform_boxes
+from tilefeed.pipeline.targets.geometry import transform_boxes
+from tilefeed.pipeline.targets.masks import transform_masks
 from tilefeed.pipeline.targets.objects import Objects
-from tilefeed.pipeline.targets.windows import (IoUCrop, ScaleJitter, iou_crops, scale_jitter_sizes,
-                                               scale_jitter_windows)
+from tilefeed.pipeline.targets.windows import (IoUCrop, ScaleJitter, iou_crops, scale_jitter_framing,
+                                               scale_jitter_sizes, scale_jitter_windows)
 from tilefeed.store.errors import ConfigError
 
 N = 1500  # draws on each side
@@ -115,24 +116,32 @@ def test_scale_jitter_sizes_are_distributed_as_torchvisions() -> None:
     assert ks(narrower[:, 1].astype(float), theirs[:, 1]) > limit  # negative control
 
 
-def test_large_scale_jitter_boxes_equal_torchvisions_resize_and_crop() -> None:
+def test_large_scale_jitter_boxes_and_masks_equal_torchvisions_resize_and_crop() -> None:
     n, tile, size = 40, 64, 48
-    offsets, rows = object_rows(np.random.default_rng(1), n, tile, small=False)
+    rng = np.random.default_rng(1)
+    offsets, rows = object_rows(rng, n, tile, small=False)
+    masks = rng.integers(1, 256, (n, tile, tile), dtype=np.uint8)
     jitter = ScaleJitter((size, size), (0.5, 2.0))
     pictures = np.tile([0, 0, tile, tile], (n, 1))
-    drawn = scale_jitter_windows(jitter, 9, 0, np.arange(n), pictures, size)
+    framing = scale_jitter_framing(jitter, 9, 0, np.arange(n), pictures, size)
     new_h, new_w = scale_jitter_sizes(jitter, 9, 0, np.arange(n), pictures[:, 2], pictures[:, 3])
     assert (new_w < size).any() and (new_w > size).any()  # both padding and cutting happen
-    out = transform_boxes(Framing.windows(drawn.start, drawn.end, size), Objects.from_rows(offsets, rows))
+    out = transform_boxes(framing, Objects.from_rows(offsets, rows))
+    framed = transform_masks(framing, masks)
     for i in range(n):
         boxes = tv_tensors.BoundingBoxes(torch.from_numpy(rows[offsets[i]:offsets[i + 1], :4].copy()),
                                          format="XYXY", canvas_size=(tile, tile))
-        resized = F.resize(boxes, [int(new_h[i]), int(new_w[i])])
-        top = round(drawn.start[i, 0] * new_h[i] / tile)
-        left = round(drawn.start[i, 1] * new_w[i] / tile)
-        cut = F.crop(resized, top, left, size, size)
+        top, left = (int(v) for v in framing.anchor[i])
+        size_i = [int(new_h[i]), int(new_w[i])]
+        cut = F.crop(F.resize(boxes, size_i), top, left, size, size)
         ref = v2.SanitizeBoundingBoxes(labels_getter=None)(v2.ClampBoundingBoxes()(cut))
         np.testing.assert_allclose(out.boxes[out.offsets[i]:out.offsets[i + 1]], ref.numpy(), atol=1e-3, rtol=0)
+        mask = F.crop(F.resize(tv_tensors.Mask(torch.from_numpy(masks[i])), size_i), top, left, size, size)
+        np.testing.assert_array_equal(framed[i], mask.numpy())  # padding included (torchvision's 0)
+    # the graph's window: the same square, in tile pixels
+    drawn = scale_jitter_windows(jitter, 9, 0, np.arange(n), pictures, size)
+    np.testing.assert_allclose(drawn.start[:, 1], framing.anchor[:, 1] * tile / new_w)
+    np.testing.assert_allclose(drawn.end[:, 1] - drawn.start[:, 1], size * tile / new_w)
 
 
 def test_window_settings_are_checked() -> None:
