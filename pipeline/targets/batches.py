@@ -221,7 +221,8 @@ def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects 
         kept = transform_boxes(framing, objects, min_size, min_area)
     framed = None
     if Targets.MASKS in asked and masks is not None:
-        framed = transform_masks(framing, masks)
+        # past the tile: ignore for class ids, background for instance ids
+        framed = transform_masks(framing, masks, 255 if mask_kind is MaskKind.SEMANTIC else 0)
         if mask_kind is MaskKind.INSTANCE and kept is not None:
             framed = remap_ids(framed, kept)
     return FramedTargets(kept, framed, mask_kind if framed is not None else None)

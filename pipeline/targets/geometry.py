@@ -24,12 +24,12 @@ from tilefeed.store.errors import ConfigError
 
 
 def _pairs(value: np.ndarray | float, n: int) -> np.ndarray:
-    """(n, 2) float64 [y, x] from a scalar, an (n,) array or an (n, 2) array."""
+    """(n, 2) float64 [y, x] from a scalar (a square), an (n,) array (squares) or (n, 2) pairs."""
     a = np.asarray(value, dtype=np.float64)
     if a.ndim == 0:
         return np.full((n, 2), float(a))
     if a.ndim == 1:
-        return np.repeat(a[:, None], 2, axis=1) if len(a) == n else np.broadcast_to(a, (n, 2)).copy()
+        return np.repeat(a.reshape(n)[:, None], 2, axis=1)
     return a.reshape(n, 2).copy()
 
 
@@ -83,9 +83,10 @@ class Framing:
             fine: the values are used as sent). Training windows are whole pixels; evaluation
             windows of tiles with padding may be fractional.
         size : int or numpy.ndarray
-            The output side, or (n, 2) [h, w] sizes (``frame_inputs``' ``size``).
+            The output side, (n,) sides, or (n, 2) [h, w] sizes (``frame_inputs``' ``size``).
         hflip, vflip : numpy.ndarray, optional
-            (n,) per sample, nonzero = mirrored (the window's ``flip``, the recipe's ``vflip``).
+            (n,) per sample, nonzero = mirrored: the flip the graph receives (``graph_inputs``'
+            third input, which a recipe's ``hflip`` may have replaced) and the recipe's ``vflip``.
 
         Returns
         -------
@@ -150,6 +151,19 @@ class Framing:
         s = np.where(flips, -s, s)
         t = np.where(flips, size - t, t)
         return np.concatenate([s, t], axis=1)
+
+    def window(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start, end): (n, 2) float64 [y, x], the part of the tile the output shows, as a crop
+        window for the graph (fractional, and past the tile where the output is padded).
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            The window's corners in tile pixels.
+        """
+        per_pixel = self.region / self.resized  # tile pixels per output pixel
+        start = self.origin + self.anchor * per_pixel
+        return start, start + self.size * per_pixel
 
     def select(self, rows: np.ndarray) -> Framing:
         """The framings of ``rows`` (an index array, one entry per returned framing)."""

@@ -20,7 +20,7 @@ from tilefeed.store.errors import ConfigError
 
 def source_indices(framing: Framing, axis: int, tile: int) -> np.ndarray:
     """(n, size) int64: for each sample and output row (``axis`` 0) or column (1), the tile
-    pixel nearest sampling reads, before any flip.
+    pixel nearest sampling reads, before any flip; -1 past the tile (padding).
 
     Parameters
     ----------
@@ -44,7 +44,9 @@ def source_indices(framing: Framing, axis: int, tile: int) -> np.ndarray:
     origin = framing.origin[:, axis, None]
     last = np.ceil(origin + framing.region[:, axis, None]) - 1
     src = np.minimum(np.floor(origin + product), last)
-    return np.clip(src, 0, tile - 1).astype(np.int64)
+    # past the resized region (a cut larger than it) or past the tile: padding
+    outside = (dst < 0) | (dst >= framing.resized[:, axis, None]) | (src < 0) | (src > tile - 1)
+    return np.where(outside, -1, src).astype(np.int64)
 
 
 def _side(framing: Framing, axis: int) -> int:
@@ -54,9 +56,10 @@ def _side(framing: Framing, axis: int) -> int:
     return int(sides[0])
 
 
-def transform_masks(framing: Framing, masks: np.ndarray) -> np.ndarray:
+def transform_masks(framing: Framing, masks: np.ndarray, fill: int = 0) -> np.ndarray:
     """A batch's mask tiles through its framing: torchvision's ``F.resized_crop`` of a
-    ``tv_tensors.Mask`` (nearest), then its flips, for every sample at once.
+    ``tv_tensors.Mask`` (nearest), then its flips, for every sample at once; output pixels
+    past the tile (a padded output) take ``fill``.
 
     Parameters
     ----------
@@ -64,6 +67,9 @@ def transform_masks(framing: Framing, masks: np.ndarray) -> np.ndarray:
         One framing per sample.
     masks : numpy.ndarray
         (n, T, T) uint8 mask tiles (semantic class ids, or instance ids).
+    fill : int
+        The value of pixels past the tile: 255 (ignore) for semantic masks, 0 (background)
+        for instance ids; torchvision pads masks with 0.
 
     Returns
     -------
@@ -78,7 +84,9 @@ def transform_masks(framing: Framing, masks: np.ndarray) -> np.ndarray:
     ys = np.where(framing.vflip[:, None], ys[:, ::-1], ys)
     xs = np.where(framing.hflip[:, None], xs[:, ::-1], xs)
     n = np.arange(len(masks))[:, None, None]
-    return np.ascontiguousarray(masks[n, ys[:, :, None], xs[:, None, :]])
+    out = masks[n, ys.clip(0)[:, :, None], xs.clip(0)[:, None, :]]
+    out[(ys[:, :, None] < 0) | (xs[:, None, :] < 0)] = fill
+    return np.ascontiguousarray(out)
 
 
 def instance_masks(ids: np.ndarray, objects: Objects) -> list[np.ndarray]:

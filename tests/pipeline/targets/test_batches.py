@@ -103,3 +103,19 @@ def test_what_a_batch_may_ask_for() -> None:
     with pytest.raises(ConfigError, match="ask for boxes and masks"):
         check_targets(parse_targets("masks"), boxes=True, masks="instance")
     assert FramedTargets(None, None, None).as_padded() == {}
+
+
+def test_padding_is_ignore_in_semantic_masks() -> None:
+    from tilefeed.pipeline.targets.windows import ScaleJitter, scale_jitter_framing
+
+    n = 8
+    framing = scale_jitter_framing(ScaleJitter((SIZE, SIZE), (0.3, 0.5)), 0, 0, np.arange(n),
+                                   np.tile([0, 0, TILE, TILE], (n, 1)), SIZE)
+    assert (framing.resized < SIZE).all()  # every output padded on the bottom and right
+    classes = np.full((n, TILE, TILE), 7, np.uint8)
+    semantic = frame_targets(framing, parse_targets("masks"), masks=classes, kind="semantic").masks
+    assert semantic is not None
+    rows, cols = int(framing.resized[0, 0]), int(framing.resized[0, 1])
+    assert (semantic[0, :rows, :cols] == 7).all() and (semantic[0, rows:] == 255).all()
+    assert (semantic[0, :, cols:] == 255).all()
+    assert (transform_masks(framing, classes, fill=3)[0, rows:] == 3).all()  # the fill asked for
