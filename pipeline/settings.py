@@ -245,7 +245,7 @@ class LoaderSettings:
     def check(
         cls, batch_size: Any, *, shuffle: bool | str, seed: int, drop_last: bool, rank: int | None,
         world_size: int | None, device: str | torch.device | None, train: bool,
-        size: int | Schedule | None, crop_pct: float, dtype: torch.dtype, layout: str,
+        size: int | Schedule | None, crop_pct: float | None, dtype: torch.dtype, layout: str,
         with_index: bool, num_workers: int | None, workers: int | None, prefetch_factor: int | None,
         prefetch: int | None, pin_memory: bool, persistent_workers: bool, indices: Any,
         ledger: str | Path | None, scale: tuple[float, float], ratio: tuple[float, float],
@@ -273,6 +273,9 @@ class LoaderSettings:
         threads = min(4, usable_cores()) if threads is None else check_int("num_workers", threads, 1)
         depth = _alias("prefetch_factor", prefetch_factor, "prefetch", prefetch)
         depth = check_int("prefetch_factor", 2 if depth is None else depth, 1)
+        asked = parse_targets(targets)
+        if crop_pct is None:  # detection evaluates whole pictures; classification, torchvision's 224 of 256
+            crop_pct = 1.0 if asked else 0.875
         if not 0 < crop_pct <= 1:
             raise ConfigError(f"crop_pct must be in (0, 1], got {crop_pct!r}")
         if not 0 < scale[0] <= scale[1] <= 1:
@@ -290,7 +293,6 @@ class LoaderSettings:
         if recipe is not None and recipe.per_batch and dtype == torch.uint8:
             raise ConfigError("random erasing and mixup/cutmix act on the normalised batch: give a float "
                               "dtype (float32, float16 or bfloat16), not uint8")
-        asked = parse_targets(targets)
         if targets_layout not in tuple(TargetsLayout):
             raise ConfigError(f"targets_layout must be one of {', '.join(TargetsLayout)}, "
                               f"got {targets_layout!r}")
@@ -316,7 +318,8 @@ class LoaderSettings:
             train=self.train, tile=tile, normalize=self.dtype != torch.uint8,
             half=self.dtype == torch.float16, channels_first=self.layout is Layout.NCHW,
             crop_pct=self.crop_pct, scale=self.scale, ratio=self.ratio, mean=self.mean,
-            std=self.std, windows=self.train or padded, fast_idct=self.fast_idct,
+            # with targets, evaluation frames whole tiles, padding included: the letterbox as stored
+            std=self.std, windows=self.train or (padded and not self.targets), fast_idct=self.fast_idct,
             scaled_decode=self.scaled_decode, recipe=self.recipe)
 
     def open_store(self, store: str | Path | StoreReader) -> StoreReader:

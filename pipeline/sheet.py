@@ -156,8 +156,9 @@ def loaded(reader: StoreReader, indices: np.ndarray, *, train: bool, epoch: int,
         side = loader.size
     where = {int(i): k for k, i in enumerate(got.tolist())}  # store order -> the order asked for
     order = [where[int(i)] for i in indices]
-    if asked:  # the image labels stay the store's: the targets replaced them in the batch
-        return pixels[order], reader.labels[indices], side, [labels[k] for k in order]
+    if asked:  # the image labels stay the store's: the batch holds the targets in their place
+        targets: list[dict[str, Any]] = list(labels)
+        return pixels[order], reader.labels[indices], side, [targets[k] for k in order]
     return pixels[order], labels.numpy()[order], side, None
 
 

@@ -4,7 +4,8 @@ targets wrapped for transforms v2, the same training geometry as the Loader's.
 ``torchvision.datasets.CocoDetection`` over the image folder and instances JSON, wrapped by
 ``wrap_dataset_for_transforms_v2`` (boxes as ``tv_tensors.BoundingBoxes`` in XYXY, masks decoded
 from the polygons by pycocotools as ``tv_tensors.Mask``), then v2 transforms: random-resized crop
-to ``size`` (boxes and masks follow), horizontal flip, ``SanitizeBoundingBoxes``, float scaled to
+to ``size`` (boxes and masks follow), horizontal flip, ``ClampBoundingBoxes`` and
+``SanitizeBoundingBoxes`` (as the detection reference presets end), float scaled to
 0..1 and normalised; batches collated as the detection reference scripts do (a tuple of images
 and a tuple of target dicts). Run as its users run it: ``num_workers`` processes, ``shuffle=True``.
 """
@@ -28,6 +29,7 @@ def detection_transform(size: int) -> Any:
         v2.ToImage(),
         v2.RandomResizedCrop(size, antialias=True),
         v2.RandomHorizontalFlip(0.5),
+        v2.ClampBoundingBoxes(),
         v2.SanitizeBoundingBoxes(),
         v2.ToDtype(torch.float, scale=True),
         v2.Normalize(mean=IMAGENET_MEAN_01, std=IMAGENET_STD_01),

@@ -110,8 +110,9 @@ class Loader:
         A callable ``epoch -> int`` is a schedule (progressive resizing; ``pipeline.planning.sizes.ramp``
         is FFCV's), asked once per epoch: the size is fixed for a whole epoch and reaches the
         graph per sample, so changing it never rebuilds the graph. ``set_size`` overrides it.
-    crop_pct : float, default 0.875
-        Evaluation centre-crop fraction (224 of 256); 1.0 resizes straight to ``size``.
+    crop_pct : float, optional
+        Evaluation centre-crop fraction (224 of 256); 1.0 resizes straight to ``size``. Default
+        0.875, and 1.0 with ``targets`` (detection evaluates the whole picture).
     dtype : torch.dtype, default torch.float32
         float32, float16, bfloat16 or uint8 (uint8 skips normalisation: pixels as stored).
     layout : {"NCHW", "NHWC", "channels_last"}, default "NCHW"
@@ -170,6 +171,23 @@ class Loader:
         decode less (``tilefeed bench loader --sizes``). False always decodes at full size.
     stats : bool, default True
         Time each stage of every batch for ``stats()`` (``tilefeed bench stats``); False: no clocks.
+    targets : str or sequence of str, optional
+        What a batch holds besides its images, from a store made with targets (``tilefeed
+        preprocess --annotations``, ``--yolo`` or ``--masks``): ``"boxes"`` (each image's boxes,
+        category ids and crowd flags), ``"masks"`` (a semantic store's class-id masks), or both
+        (an instance store's per-object masks with their boxes). They follow each sample's crop,
+        resize and flips (``pipeline.targets``: torchvision v2's geometry, boxes clamped and
+        sanitised as ``ClampBoundingBoxes`` + ``SanitizeBoundingBoxes``, masks by nearest
+        sampling) and take the labels' place in the batch. In evaluation the whole tile is
+        framed (the letterbox as stored), and ``boxes_to_source`` maps boxes back to the source
+        image. Part of the resume state's identity.
+    targets_layout : {"dicts", "padded"}, default "dicts"
+        ``"dicts"``: torchvision's detection targets, a list of per-image dicts (``boxes`` float32
+        XYXY, ``labels``, ``iscrowd``, ``masks``). ``"padded"``: one dict of padded tensors with
+        ``counts`` (labels -1 past each count), for fixed shapes.
+    max_objects : int, optional
+        The padded layout's slots per image; default the batch's largest count. An image with
+        more is an error, never cut.
     recipe : Recipe, optional
         A training recipe (``pipeline.recipe.Recipe``): the resize filter, horizontal and vertical
         flip probabilities, auto-augment policy, colour jitter, random grayscale and random
@@ -211,7 +229,7 @@ class Loader:
         device: str | torch.device | None = None,
         train: bool = False,
         size: int | Schedule | None = None,
-        crop_pct: float = 0.875,
+        crop_pct: float | None = None,
         dtype: torch.dtype = torch.float32,
         layout: str = "NCHW",
         with_index: bool = False,

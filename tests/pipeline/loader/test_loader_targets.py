@@ -1,0 +1,189 @@
+"""A Loader with targets: each batch's boxes and masks are torchvision v2's transforms of the
+stored ones on the Loader's own crop windows and flips; a resumed epoch on another world size
+gives them bit for bit; evaluation maps them back to the source annotations; what a store or a
+recipe cannot give is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tilefeed.pipeline import Loader, StoreReader
+from tilefeed.pipeline.recipe.policies import AutoAugment
+from tilefeed.pipeline.recipe.recipe import Recipe
+from tilefeed.pipeline.sheet import source_paths
+from tilefeed.bench.fixtures.generated import make_image_folder
+from tilefeed.preprocess import TileSettings, preprocess
+from tilefeed.preprocess.settings import TargetOptions
+from tilefeed.store.errors import ConfigError
+from tests.preprocess.targets_data import write_coco
+
+T = 64  # tile side
+OPTS: dict[str, Any] = dict(with_index=True, num_workers=1, train=True, seed=7, size=48, shuffle=True)
+
+
+@pytest.fixture(scope="module")
+def coco_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("coco-loader")
+    coco = write_coco(root / "set", images=12, planted=False)
+    store = root / "store"
+    preprocess(coco.src, store, TileSettings(tile=T, fit="pad"), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations), instance_masks=True))
+    return store, coco.src, coco.annotations
+
+
+def torchvision_targets(reader: StoreReader, sample: int, start: np.ndarray, end: np.ndarray, flip: int,
+                        size: int) -> dict[str, torch.Tensor]:
+    """torchvision v2 on the stored boxes and instance masks of ``sample``: resized crop of the
+    window, the flip, then ClampBoundingBoxes and SanitizeBoundingBoxes (labels and masks of
+    removed boxes go with them), as the detection reference presets end."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as F
+
+    store = reader.targets
+    assert store is not None
+    rows = store.rows([sample])[0]
+    ids = np.empty((1, T, T), dtype=np.uint8)
+    store.read_masks_into([sample], ids)
+    boxes = tv_tensors.BoundingBoxes(torch.from_numpy(rows[:, :4].copy()), format="XYXY", canvas_size=(T, T))
+    per_object = (ids[0][None] == np.arange(1, len(rows) + 1)[:, None, None]).astype(np.uint8)
+    masks = tv_tensors.Mask(torch.from_numpy(per_object))
+    top, left = (int(v) for v in start)
+    height, width = (int(v) for v in end - start)
+    out = {"boxes": F.resized_crop(boxes, top, left, height, width, [size, size]),
+           "masks": F.resized_crop(masks, top, left, height, width, [size, size]),
+           "labels": torch.from_numpy(rows[:, 4].astype(np.int64))}
+    if flip:
+        out["boxes"], out["masks"] = F.horizontal_flip(out["boxes"]), F.horizontal_flip(out["masks"])
+    return v2.Compose([v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes()])(out)
+
+
+def test_batches_hold_torchvisions_boxes_and_masks_on_the_loaders_windows(coco_store: tuple[Path, ...]) -> None:
+    store = coco_store[0]
+    seen = 0
+    with Loader(store, 4, targets=("boxes", "masks"), **OPTS) as loader:
+        for images, targets, indices in loader:
+            assert isinstance(targets, list) and len(targets) == len(images)
+            samples = indices.numpy()
+            start, end, flip = loader.windows(0, samples)
+            for k, sample in enumerate(samples.tolist()):
+                want = torchvision_targets(loader.reader, sample, start[k], end[k], int(flip[k]), 48)
+                got = targets[k]
+                assert set(got) == {"boxes", "labels", "iscrowd", "masks"}
+                assert got["boxes"].dtype == torch.float32 and got["masks"].dtype == torch.uint8
+                assert torch.equal(got["labels"], want["labels"])
+                assert torch.allclose(got["boxes"].double(), want["boxes"].double(), atol=1e-3, rtol=0)
+                assert torch.equal(got["masks"], want["masks"].to(torch.uint8))
+                seen += len(got["boxes"])
+    assert seen > 10  # the crops kept objects to compare
+
+
+def by_sample(batches: list[tuple[Any, ...]]) -> dict[int, Any]:
+    return {int(i): target for _, targets, idx in batches for target, i in zip(targets, idx, strict=True)}
+
+
+def same_target(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_an_elastic_resume_gives_the_same_targets_bit_for_bit(coco_store: tuple[Path, ...]) -> None:
+    """Two ranks hand over part of the epoch; three ranks at another batch size finish it: every
+    sample's boxes and masks are those the uninterrupted run gave."""
+    store = coco_store[0]
+    asked = dict(targets=("boxes", "masks"), **OPTS)
+    whole: dict[int, Any] = {}
+    for rank in range(2):
+        with Loader(store, 2, rank=rank, world_size=2, **asked) as loader:
+            whole |= by_sample(list(loader))
+    first: dict[int, Any] = {}
+    states = []
+    for rank in range(2):
+        with Loader(store, 2, rank=rank, world_size=2, **asked) as loader:
+            batches = []
+            for n, batch in enumerate(loader):
+                batches.append(batch)
+                if n == 0:
+                    states.append(loader.state_dict())
+                    break
+            first |= by_sample(batches)
+    rest: dict[int, Any] = {}
+    for rank in range(3):
+        with Loader(store, 3, rank=rank, world_size=3, **asked) as loader:
+            loader.load_state_dict(states[0])
+            rest |= by_sample(list(loader))
+    assert not first.keys() & rest.keys() and (first | rest).keys() == whole.keys()
+    assert all(same_target((first | rest)[i], whole[i]) for i in whole)
+
+
+def test_padded_targets_hold_the_same_boxes_with_counts(coco_store: tuple[Path, ...]) -> None:
+    store = coco_store[0]
+    with Loader(store, 4, targets="boxes", **OPTS) as loader:
+        dicts = list(loader)
+    with Loader(store, 4, targets="boxes", targets_layout="padded", max_objects=16, **OPTS) as loader:
+        padded = list(loader)
+    for (_, listed, i1), (_, table, i2) in zip(dicts, padded, strict=True):
+        assert torch.equal(i1, i2)
+        assert table["boxes"].shape == (len(i1), 16, 4) and table["labels"].shape == (len(i1), 16)
+        for k, target in enumerate(listed):
+            count = int(table["counts"][k])
+            assert count == len(target["boxes"])
+            assert torch.equal(table["boxes"][k, :count], target["boxes"])
+            assert torch.equal(table["labels"][k, :count], target["labels"])
+            assert bool((table["labels"][k, count:] == -1).all())
+
+
+def test_evaluation_boxes_map_back_to_the_source_annotations(coco_store: tuple[Path, ...]) -> None:
+    """Whole tiles in evaluation: each image's boxes, mapped back through the Loader, are its
+    annotation's boxes within 1e-3 px, and score AP 1.0 in COCO's evaluation."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    store, src, annotations = coco_store
+    document = json.loads(Path(annotations).read_text())
+    image_id = {image["file_name"]: image["id"] for image in document["images"]}
+    results = []
+    with StoreReader(store) as reader:
+        names = [str(Path(p).relative_to(src)) for p in source_paths(reader, np.arange(len(reader)))]
+    with Loader(store, 5, targets="boxes", with_index=True, shuffle=False, crop_pct=1.0) as loader:
+        for _, targets, indices in loader:
+            back = loader.boxes_to_source([t["boxes"] for t in targets], indices)
+            for target, boxes, sample in zip(targets, back, indices.tolist(), strict=True):
+                wanted = [a for a in document["annotations"] if a["image_id"] == image_id[names[sample]]]
+                xyxy = np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in wanted)])
+                # every object, in the file's order
+                assert boxes.shape == xyxy.reshape(-1, 4).shape
+                assert np.allclose(boxes, xyxy.reshape(-1, 4), atol=1e-3, rtol=0)
+                results += [{"image_id": image_id[names[sample]], "category_id": int(label),
+                             "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]], "score": 1.0}
+                            for b, label in zip(boxes.tolist(), target["labels"].tolist(), strict=True)]
+    truth = COCO(str(annotations))
+    scored = COCOeval(truth, truth.loadRes(results), "bbox")
+    scored.evaluate()
+    scored.accumulate()
+    scored.summarize()
+    assert scored.stats[0] == pytest.approx(1.0)
+
+
+def test_what_cannot_be_given_is_refused_in_one_line(coco_store: tuple[Path, ...], tmp_path: Path) -> None:
+    store = coco_store[0]
+    with pytest.raises(ConfigError, match="none of"):
+        Loader(store, 4, targets="keypoints")
+    with pytest.raises(ConfigError, match="auto-augment"):
+        Loader(store, 4, train=True, targets="boxes", recipe=Recipe(auto_augment=AutoAugment.parse("ta_wide")))
+    with pytest.raises(ConfigError, match="targets_layout"):
+        Loader(store, 4, targets="boxes", targets_layout="ragged")
+    with Loader(store, 4, targets="boxes", **OPTS) as loader:
+        state = loader.state_dict()
+    with Loader(store, 4, **OPTS) as loader, pytest.raises(ConfigError, match="targets"):
+        loader.load_state_dict(state)
+    plain = tmp_path / "plain"
+    preprocess(make_image_folder(tmp_path / "classes", classes=2, per_class=2, sizes=((64, 48),)), plain,
+               TileSettings(tile=T), workers=1)
+    with pytest.raises(ConfigError, match="holds no boxes or masks"):
+        Loader(plain, 4, targets="boxes")
