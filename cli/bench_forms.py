@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tilefeed.cli.arguments import add_renamed, positive, positive_list, whole_number
-from tilefeed.cli.bench_options import STEP_MS, WORKERS_HELP, data_args, form_parser, loop_args, out_arg
-from tilefeed.cli.demo_data import cache_dir, demo_images, demo_store
+from tilefeed.cli.bench_options import (STEP_MS, WORKERS_HELP, data_args, form_parser, location, loop_args,
+                                        out_arg)
+from tilefeed.cli.demo_data import cache_dir, demo_coco, demo_coco_store, demo_images, demo_store
 
 
 class BenchResult(Protocol):
@@ -458,6 +459,48 @@ RECIPE = Form(
     "against the DataLoader torchvision's reference script builds (its presets' transforms v2 "
     "and MixUp/CutMix collate, num_workers = cores) on the same samples: images/s with no step, "
     "the stall at --step-ms, and what each operation costs on each side.", _recipe_options, _recipe)
+
+
+def _detection_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--images", type=Path, default=None, help="a COCO-format image folder (default: a "
+                   "generated set of shapes on photo-like backgrounds, in the cache)")
+    p.add_argument("--annotations", type=Path, default=None, help="its COCO instances JSON (with --images)")
+    p.add_argument("--store", type=location, default=None, help="the store made from them with "
+                   "--annotations (default: made in the cache)")
+    p.add_argument("--count", type=positive, default=512, help="generated images, without --images")
+    out_arg(p)
+    p.add_argument("--batch-size", type=positive, default=32, help="images per batch, both sides")
+    p.add_argument("--size", type=positive, default=320, help="output side: the crop is resized to it")
+    p.add_argument("--masks", action=argparse.BooleanOptionalAction, default=True,
+                   help="instance masks as well as boxes")
+    p.add_argument("--workers", type=whole_number, default=None,
+                   help="DataLoader processes and Loader threads (default: the usable cores)")
+    p.add_argument("--step-ms", type=float, default=50.0, help="the emulated step the stall is measured at, "
+                   "in ms per batch")
+    p.add_argument("--steps", type=positive, default=30, help="measured steps per run")
+    p.add_argument("--rounds", type=positive, default=3, help="interleaved rounds; medians reported")
+
+
+def _detection(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.detection import bench_detection
+    from tilefeed.store.errors import ConfigError
+
+    if (args.images is None) != (args.annotations is None):
+        raise ConfigError("--images and --annotations go together: a COCO folder and its instances JSON")
+    images, annotations = (args.images, args.annotations) if args.images else demo_coco(args.count)
+    store = args.store or demo_coco_store(images, annotations, args.size, args.masks)
+    return bench_detection(images, annotations, store, batch_size=args.batch_size, size=args.size,
+                           workers=args.workers, masks=args.masks, step_ms=args.step_ms, steps=args.steps,
+                           rounds=args.rounds)
+
+
+DETECTION = Form(
+    "detection", "boxes and masks: the Loader against a DataLoader with torchvision v2's transforms",
+    "Detection training input: each image's boxes (and instance masks) following a random-resized "
+    "crop to --size and a flip, through the Loader (a store made with --annotations) and through a "
+    "DataLoader of torchvision's CocoDetection wrapped for transforms v2 with the same geometry "
+    "(num_workers = cores), on the same images: images/s with no step and the stall at --step-ms.",
+    _detection_options, _detection)
 
 
 def _sides(text: str) -> list[int]:

@@ -42,3 +42,28 @@ def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pa
     print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
           flush=True)
     return store
+
+
+def demo_coco(count: int) -> tuple[Path, Path]:
+    """A generated COCO-format set of ``count`` images in the cache: (images folder, instances JSON)."""
+    from tilefeed.bench.fixtures.coco import make_coco_folder
+
+    folder = cache_dir() / f"coco-{count}"
+    print(f"images: {folder} (COCO format, {count} images, generated once, then reused)", flush=True)
+    return make_coco_folder(folder, count=count)
+
+
+def demo_coco_store(images: Path, annotations: Path, size: int, masks: bool) -> Path:
+    """The store made from a COCO-format set with its boxes (and instance masks) in the cache;
+    preprocessing is skipped when it is complete."""
+    from tilefeed.cli.progress import progress_bar
+    from tilefeed.preprocess import TileSettings, preprocess
+    from tilefeed.preprocess.settings import TargetOptions
+
+    where = hashlib.sha256(str(images.resolve()).encode()).hexdigest()[:8]
+    store = cache_dir() / f"{images.parent.name}-{where}-{size}-lz4-pad{'-masks' if masks else ''}"
+    s = preprocess(images, store, TileSettings(tile=size, fit="pad"),
+                   targets=TargetOptions(annotations=str(annotations), instance_masks=masks),
+                   progress=progress_bar(sys.stderr.isatty()))
+    print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})", flush=True)
+    return store
