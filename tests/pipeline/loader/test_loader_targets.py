@@ -187,3 +187,63 @@ def test_what_cannot_be_given_is_refused_in_one_line(coco_store: tuple[Path, ...
                TileSettings(tile=T), workers=1)
     with pytest.raises(ConfigError, match="holds no boxes or masks"):
         Loader(plain, 4, targets="boxes")
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_the_contact_sheet_draws_each_box_in_its_categorys_colour(coco_store: tuple[Path, ...],
+                                                                   stored: bool) -> None:
+    """``tilefeed show`` on a store with targets: each box's outline in its category's colour,
+    where the Loader (or, ``--stored``, the store) puts it; the masks coloured over the pixels."""
+    from tilefeed.pipeline.sheet import contact_sheet, palette
+
+    store = coco_store[0]
+    with StoreReader(store) as reader:
+        sheet = contact_sheet(reader, samples=list(range(6)), show_stored=stored)
+        with Loader(reader, 6, targets=("boxes", "masks"), with_index=True, shuffle=False,
+                    indices=list(range(6))) as loader:
+            _, targets, indices = next(iter(loader))
+        pixels = np.asarray(sheet.image)
+        drawn = 0
+        for k, sample in enumerate(indices.tolist()):
+            x, y = sheet.cells[sheet.indices.index(sample)]
+            rows = reader.targets.rows([sample])[0] if stored else None
+            boxes = rows[:, :4] if rows is not None else targets[k]["boxes"].double().numpy()
+            labels = rows[:, 4] if rows is not None else targets[k]["labels"].numpy()
+            for (x0, y0, x1, _), label in zip(boxes.tolist(), labels.tolist(), strict=True):
+                # the top edge's middle, where no later box's outline crosses in these shapes
+                px = x + (round(x0 * sheet.scale) + round(x1 * sheet.scale) - 1) // 2
+                colour = tuple(pixels[y + round(y0 * sheet.scale), px])
+                drawn += colour == palette(int(label))
+        assert drawn >= 0.8 * sum(len(t["boxes"]) for t in targets) > 0
+
+
+def test_semantic_masks_follow_the_crop_as_torchvisions(tmp_path: Path) -> None:
+    """A semantic store: ``targets="masks"`` gives each image's class-id mask, torchvision's
+    nearest resized crop and flip of the stored mask tile on the Loader's own window."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as F
+
+    from tests.preprocess.targets_data import write_semantic
+
+    sem = write_semantic(tmp_path)
+    store = tmp_path / "store"
+    preprocess(sem.src, store, TileSettings(tile=T, fit="pad"), workers=1,
+               targets=TargetOptions(masks=str(sem.masks)))
+    with Loader(store, 4, targets="masks", **OPTS) as loader:
+        with pytest.raises(ConfigError, match="holds none"):
+            Loader(store, 4, targets="boxes")
+        compared = 0
+        for _, targets, indices in loader:
+            samples = indices.numpy()
+            start, end, flip = loader.windows(0, samples)
+            stored = np.empty((len(samples), T, T), dtype=np.uint8)
+            loader.reader.targets.read_masks_into(samples, stored)
+            for k in range(len(samples)):
+                (top, left), (bottom, right) = start[k].astype(int), end[k].astype(int)
+                mask = tv_tensors.Mask(torch.from_numpy(stored[k][None]))
+                want = F.resized_crop(mask, top, left, bottom - top, right - left, [48, 48])[0]
+                if flip[k]:
+                    want = want.flip(-1)
+                assert torch.equal(targets[k]["masks"], want)
+                compared += int((want != 0).sum() > 0)
+        assert compared > 0
