@@ -110,8 +110,8 @@ def load_tiles(path: str, settings: TileSettings, exact: bool = False) -> Tiles:
             im = _to_rgb(im, settings)
             if settings.mode == "grid":
                 return _grid(im, settings)
-            size = im.size
-            tile, box, placement = _fit(im, settings)
+            picture = im.size
+            tile, box, where = _fit(im, settings)
             del im
     except Rejected:
         raise
@@ -131,7 +131,7 @@ def load_tiles(path: str, settings: TileSettings, exact: bool = False) -> Tiles:
         raise Rejected(f"{type(e).__name__}: {one_line(e)}") from None
     zero = np.zeros(1, dtype=np.int32)
     return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32),
-                 size, placement)
+                 picture, where)
 
 
 def _check_png_checksums(source: str | io.BytesIO) -> None:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numcodecs import VLenUTF8
@@ -97,7 +98,7 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
     names = [fmt.LABELS, fmt.SOURCES, *((fmt.ROWS, fmt.COLS) if tiles.mode == "grid" else ()), fmt.BOXES,
              *((fmt.FRAMES,) if target is not None else ())]
-    arrays = {name: _small_array(group, name, samples) for name in names}
+    arrays: dict[str, Any] = {name: _small_array(group, name, samples) for name in names}
     rows: dict[str, _RowWriter] = {}
     if target is not None and target.job.kind is not TargetKind.SEMANTIC:  # the sources with boxes
         rows = {name: _RowWriter(_small_array(group, name, length), fmt.SMALL_CHUNK)
@@ -124,8 +125,8 @@ def _small_array(group: object, name: str, length: int) -> object:
 
     width = _WIDTH.get(name, ())
     return group.create_array(  # type: ignore[attr-defined]
-        name, shape=(length, *width), dtype=fmt.SMALL_DTYPES[name], chunks=(max(1, min(length, fmt.SMALL_CHUNK)),
-                                                                              *width),
+        name, shape=(length, *width), dtype=fmt.SMALL_DTYPES[name],
+        chunks=(max(1, min(length, fmt.SMALL_CHUNK)), *width),
         overwrite=True, **zarr_codecs.small_array_codecs())
 
 

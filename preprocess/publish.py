@@ -95,7 +95,8 @@ def _targets(build: Scheduler) -> tuple[int, int, tuple[list[int], list[str]] | 
     held = 0
 
     def flush() -> None:
-        spec = tasks.ShardSpec(len(written[0]), per_shard, pieces.copy(), np.concatenate(sizes), True, fmt.MASKS)
+        spec = tasks.ShardSpec(len(written[0]), per_shard, pieces.copy(), np.concatenate(sizes), True,
+                               fmt.MASKS)
         done = tasks.write_shard(build.out, build.work, spec)
         written[0].append(done.size)
         written[1].append(done.sha256)

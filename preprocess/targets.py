@@ -123,7 +123,8 @@ def _coco(job: TargetJob, record: bytes, size: tuple[int, int]) -> SourceTargets
         boxes.append(_box(x, y, x + bw, y + bh, size, what))  # COCO's XYWH -> XYXY
         category = ann.get("category_id")
         if not isinstance(category, int) or isinstance(category, bool) or category not in ids:
-            raise Rejected(f"unknown category: {what}: category_id {category!r} is not in the file's categories")
+            raise Rejected(f"unknown category: {what}: category_id {category!r} is not in the file's "
+                           "categories")
         categories.append(category)
         flag = ann.get("iscrowd", 0)
         if flag not in (0, 1) or isinstance(flag, bool):
@@ -146,7 +147,7 @@ def _rle(segmentation: Any, size: tuple[int, int], what: str) -> dict[str, Any]:
     if isinstance(segmentation, list):
         if not segmentation or not all(
                 isinstance(poly, list) and len(poly) >= 6 and len(poly) % 2 == 0
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in poly)
+                and all(_number(v) for v in poly)
                 for poly in segmentation):
             raise Rejected(f"bad annotation: {what}: segmentation polygons must each be 3 or more x, y pairs")
         rle = mask_utils.merge(mask_utils.frPyObjects(segmentation, h, w))
@@ -154,14 +155,21 @@ def _rle(segmentation: Any, size: tuple[int, int], what: str) -> dict[str, Any]:
     if isinstance(segmentation, dict):
         shape, counts = segmentation.get("size"), segmentation.get("counts")
         if shape != [h, w]:
-            raise Rejected(f"mask size: {what}: its RLE mask is {_shape(shape)}, the image {h}x{w} (height x width)")
+            raise Rejected(f"mask size: {what}: its RLE mask is {_shape(shape)}, the image {h}x{w} "
+                           "(height x width)")
         if isinstance(counts, list):
-            if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) or sum(counts) != h * w:
-                raise Rejected(f"bad annotation: {what}: RLE counts must be whole numbers covering the {h}x{w} image")
+            whole = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
+            if not whole or sum(counts) != h * w:
+                raise Rejected(f"bad annotation: {what}: RLE counts must be whole numbers covering the "
+                               f"{h}x{w} image")
             return dict(mask_utils.frPyObjects(segmentation, h, w))
         if isinstance(counts, str):
             return {"size": [h, w], "counts": counts.encode("ascii", "replace")}
     raise Rejected(f"bad annotation: {what}: no segmentation (polygons or RLE), which --instance-masks needs")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _shape(shape: Any) -> str:
@@ -214,7 +222,8 @@ def _yolo(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets:
             raise Rejected(f"bad label line: {what}: not a class id and four numbers") from None
         if category not in ids:
             raise Rejected(f"unknown category: {what}: class {category} is not in the set's names")
-        boxes.append(_box((cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h, size, what))
+        x0, y0, x1, y1 = (cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h
+        boxes.append(_box(x0, y0, x1, y1, size, what))
         categories.append(category)
     if not boxes:
         return _empty()
@@ -233,9 +242,11 @@ def _semantic(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets
     try:
         with Image.open(mask_path) as im:
             if im.mode not in ("L", "P"):
-                raise Rejected(f"mask mode: {mask_path}: mode {im.mode}, not one 8-bit band of class ids (L or P)")
+                raise Rejected(f"mask mode: {mask_path}: mode {im.mode}, not one 8-bit band of class ids "
+                               "(L or P)")
             if im.size != size:
-                raise Rejected(f"mask size: {mask_path} is {im.size[0]}x{im.size[1]}, the image {size[0]}x{size[1]}")
+                raise Rejected(f"mask size: {mask_path} is {im.size[0]}x{im.size[1]}, the image "
+                               f"{size[0]}x{size[1]}")
             mask = np.array(im, dtype=np.uint8)
     except FileNotFoundError:
         raise Rejected(f"no mask: {mask_path} does not exist") from None
@@ -249,7 +260,8 @@ def _semantic(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets
         allowed[MASK_IGNORE] = True
         bad = ~allowed[mask]
         if bad.any():
-            raise Rejected(f"unknown category: {mask_path} holds class id {int(mask[bad][0])}, not in classes.txt")
+            raise Rejected(f"unknown category: {mask_path} holds class id {int(mask[bad][0])}, not in "
+                           "classes.txt")
     empty = _empty()
     return SourceTargets(empty.boxes, empty.categories, empty.crowd, semantic=mask)
 

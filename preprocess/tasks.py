@@ -185,7 +185,8 @@ def write_part(
                 if targets is not None:
                     assert result.placement is not None  # targets are made in resize mode only
                     found = read_targets(targets, path, per_source[k], result.size)
-                    placed.append(place_targets(found, result.placement, result.size, tiles.tile, targets.masks))
+                    placed.append(place_targets(found, result.placement, result.size, tiles.tile,
+                                                targets.masks))
             except Rejected as e:
                 rejects.append((first + k, path, str(e)))
                 continue

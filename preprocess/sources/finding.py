@@ -86,7 +86,8 @@ def check_source(src: str | os.PathLike[str]) -> None:
 
 
 def scan_sources(src: str | os.PathLike[str], scratch: Path, options: SourceOptions | None = None,
-                 exclude: Path | None = None, stride: int = BATCH, targets: TargetOptions | None = None) -> Listing:
+                 exclude: Path | None = None, stride: int = BATCH,
+                 targets: TargetOptions | None = None) -> Listing:
     """Read SRC into a source list in ``scratch`` (an empty folder the caller owns and removes),
     indexed every ``stride`` sources; ``exclude`` is a folder inside SRC never to scan.
     ``targets``: SRC is an image folder with targets beside it (``sources.targets``)."""

@@ -99,10 +99,11 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
     if kind is TargetKind.YOLO:
         images, labels = src / YOLO_IMAGES, src / YOLO_LABELS
         if not images.is_dir() or not labels.is_dir():
-            raise SourceError(f"--yolo: SRC {str(src)!r} must hold the folders {YOLO_IMAGES}/ and {YOLO_LABELS}/")
+            raise SourceError(f"--yolo: SRC {str(src)!r} must hold the folders {YOLO_IMAGES}/ and "
+                              f"{YOLO_LABELS}/")
         categories = _yolo_names(src)
         scan = scan_images(images, exclude, sink, scratch)
-        job = TargetJob(kind, None, tuple(i for i, _ in categories), str(src))
+        job = TargetJob(TargetKind.YOLO, None, tuple(i for i, _ in categories), str(src))
     else:
         assert options.masks is not None
         masks = Path(options.masks)
@@ -111,10 +112,13 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
         if src.resolve() in (masks.resolve(), *masks.resolve().parents):
             raise SourceError(f"--masks {str(masks)!r} lies inside SRC, whose every file is an image: "
                               "put the masks beside it")
-        categories = _classes_txt(masks / CLASSES_TXT, MASK_IGNORE - 1) if (masks / CLASSES_TXT).is_file() else ()
+        table = masks / CLASSES_TXT
+        categories = _classes_txt(table, MASK_IGNORE - 1) if table.is_file() else ()
         scan = scan_images(src, exclude, sink, scratch)
-        job = TargetJob(kind, MaskKind.SEMANTIC, tuple(i for i, _ in categories), str(src), str(masks))
-    identity = hashlib.sha256(json.dumps([kind.value, job.root, job.mask_dir, categories]).encode()).hexdigest()
+        job = TargetJob(TargetKind.SEMANTIC, MaskKind.SEMANTIC, tuple(i for i, _ in categories), str(src),
+                        str(masks))
+    described = json.dumps([job.kind.value, job.root, job.mask_dir, categories])
+    identity = hashlib.sha256(described.encode()).hexdigest()
     return scan, TargetSource(job, categories, identity)
 
 
@@ -144,14 +148,16 @@ def _scan_coco(src: Path, annotations: Path, masks: MaskKind | None, sink: Sourc
         if not _whole(ann_id) or not _whole(image_id):
             raise SourceError(f"{where}: annotation {k} has no whole-number id and image_id")
         if image_id not in by_image:
-            raise SourceError(f"{where}: annotation {ann_id} names image_id {image_id}, not an image of the file")
+            raise SourceError(f"{where}: annotation {ann_id} names image_id {image_id}, not an image of "
+                              "the file")
         by_image[image_id].append(ann)
     folder = scratch / "targets"
     folder.mkdir(parents=True, exist_ok=True)
     offsets = [0]
     with open(folder / RECORDS, "wb") as f:
-        for image_id, name, width, height in images:
-            line = json.dumps({"w": width, "h": height, "a": by_image[image_id]}, separators=(",", ":")).encode()
+        for image_id, _, width, height in images:
+            entry = {"w": width, "h": height, "a": by_image[image_id]}
+            line = json.dumps(entry, separators=(",", ":")).encode()
             f.write(line + b"\n")  # JSON text holds no raw newline
             offsets.append(offsets[-1] + len(line) + 1)
     np.array(offsets, dtype="<i8").tofile(folder / RECORD_INDEX)
@@ -173,10 +179,11 @@ def _coco_categories(entries: list[Any], where: str) -> tuple[tuple[int, str], .
         raise SourceError(f"{where}: {len(entries)} categories, more than {MAX_CATEGORIES}")
     table: dict[int, str] = {}
     for k, cat in enumerate(entries):
-        cid = cat.get("id") if isinstance(cat, dict) else None
+        cid: Any = cat.get("id") if isinstance(cat, dict) else None
         name = cat.get("name") if isinstance(cat, dict) else None
         if not _whole(cid) or not 0 <= cid <= MAX_CATEGORY_ID or not isinstance(name, str) or not utf8(name):
-            raise SourceError(f"{where}: category {k} needs a whole-number id in 0..{MAX_CATEGORY_ID} and a name")
+            raise SourceError(f"{where}: category {k} needs a whole-number id in 0..{MAX_CATEGORY_ID} "
+                              "and a name")
         if cid in table:
             raise SourceError(f"{where}: category id {cid} is listed twice ({table[cid]!r} and {name!r})")
         table[cid] = name
@@ -190,9 +197,10 @@ def _coco_images(entries: list[Any], where: str, src: Path) -> list[tuple[int, s
     an id or file_name listed twice, or a file_name leading out of SRC refuses the run."""
     seen_ids: set[int] = set()
     seen_names: set[str] = set()
-    out = []
+    out: list[tuple[int, str, int, int]] = []
     for k, image in enumerate(entries):
-        values = [image.get(key) if isinstance(image, dict) else None for key in ("id", "file_name", "width", "height")]
+        values: list[Any] = [image.get(key) if isinstance(image, dict) else None
+                  for key in ("id", "file_name", "width", "height")]
         image_id, name, width, height = values
         if (not _whole(image_id) or not isinstance(name, str) or not name or "\0" in name or not utf8(name)
                 or not _whole(width) or not _whole(height) or width < 1 or height < 1):
@@ -241,10 +249,13 @@ def _yolo_names(src: Path) -> tuple[tuple[int, str], ...]:
         if isinstance(names, list):
             names = dict(enumerate(names))
         if (not isinstance(names, dict) or not names or len(names) > MAX_CATEGORIES
-                or not all(_whole(i) and 0 <= i <= MAX_CATEGORY_ID and isinstance(n, str) for i, n in names.items())):
-            raise SourceError(f"{str(yaml_path)!r}: 'names' must list class names, or map whole-number ids to them")
+                or not all(_whole(i) and 0 <= i <= MAX_CATEGORY_ID and isinstance(n, str)
+                           for i, n in names.items())):
+            raise SourceError(f"{str(yaml_path)!r}: 'names' must list class names, or map whole-number ids "
+                              "to them")
         return tuple(sorted(names.items()))
     if (src / CLASSES_TXT).is_file():
         return _classes_txt(src / CLASSES_TXT, MAX_CATEGORIES - 1)
-    raise SourceError(f"--yolo: SRC {str(src)!r} names its classes in neither {DATA_YAML} ('names') nor {CLASSES_TXT}")
+    raise SourceError(f"--yolo: SRC {str(src)!r} names its classes in neither {DATA_YAML} ('names') "
+                      f"nor {CLASSES_TXT}")
 

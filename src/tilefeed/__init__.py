@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         StoreWriteError,
         TilefeedError,
     )
-    from tilefeed.preprocess.settings import StoreSettings, TileSettings
+    from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings
     from tilefeed.preprocess.sources.scanning import SourceOptions
     from tilefeed.preprocess.writer import Summary, preprocess as preprocess_images
 
@@ -53,6 +53,7 @@ _PUBLIC = {
     "BatchMix": ("tilefeed.pipeline.recipe.batch_mix", "BatchMix"),
     "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
+    "TargetOptions": ("tilefeed.preprocess.settings", "TargetOptions"),
     "SourceOptions": ("tilefeed.preprocess.sources.scanning", "SourceOptions"),
     "preprocess_images": ("tilefeed.preprocess.writer", "preprocess"),
     "Summary": ("tilefeed.preprocess.writer", "Summary"),
@@ -65,8 +66,8 @@ __all__ = [
     "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "DaliMissingError",
     "Interpolation", "Loader", "Mix", "RandomErasing", "Recipe", "RunResult", "SourceError",
     "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
-    "StoreWriteError", "Summary", "TileDataset", "TileSettings", "TilefeedError", "__version__",
-    "measure", "preprocess_images", "watch",
+    "StoreWriteError", "Summary", "TargetOptions", "TileDataset", "TileSettings", "TilefeedError",
+    "__version__", "measure", "preprocess_images", "watch",
 ]
 
 

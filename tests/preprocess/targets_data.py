@@ -41,7 +41,8 @@ class CocoSet:
     bad: dict[str, str] = field(default_factory=dict)
 
 
-def _shape(rng: np.random.Generator, width: int, height: int, k: int) -> tuple[int, list[float], dict[str, Any]]:
+def _shape(rng: np.random.Generator, width: int, height: int,
+           k: int) -> tuple[int, list[float], dict[str, Any]]:
     """(category, bbox, segmentation) of one shape that lies inside the picture: a square or a
     triangle as a polygon, a disc as a compressed RLE (a crowd region as uncompressed RLE)."""
     category = CATEGORIES[k % 3]["id"]
@@ -78,7 +79,8 @@ def write_coco(root: Path, seed: int = 0, images: int = 12, planted: bool = True
         image_entries.append({"id": image_id, "file_name": name, "width": w, "height": h})
         return image_id
 
-    def ann(image_id: int, category: int, bbox: list[float], segmentation: Any, crowd: int = 0) -> dict[str, Any]:
+    def ann(image_id: int, category: int, bbox: list[float], segmentation: Any,
+            crowd: int = 0) -> dict[str, Any]:
         entry = {"id": len(anns) + 100, "image_id": image_id, "category_id": category, "bbox": bbox,
                  "iscrowd": crowd, "area": float(bbox[2] * bbox[3]), "segmentation": segmentation}
         anns.append(entry)
@@ -135,7 +137,8 @@ def write_coco(root: Path, seed: int = 0, images: int = 12, planted: bool = True
         out.bad["bad_many.png"] = "too many objects"
         image("bad_size.png", 80, 60, 0, entry_size=(81, 60))
         out.bad["bad_size.png"] = "image size"
-    out.annotations.write_text(json.dumps({"images": image_entries, "annotations": anns, "categories": CATEGORIES}))
+    document = {"images": image_entries, "annotations": anns, "categories": CATEGORIES}
+    out.annotations.write_text(json.dumps(document))
     return out
 
 
@@ -237,12 +240,13 @@ def write_semantic(root: Path, seed: int = 2, images: int = 8) -> SemanticSet:
         draw = ImageDraw.Draw(label)
         for k in range(4):
             x0, y0 = rng.uniform(0, width), rng.uniform(0, height)
-            draw.rectangle([x0, y0, x0 + rng.uniform(3, width), y0 + rng.uniform(3, height)], fill=[1, 2, 3, 255][k])
+            x1, y1 = x0 + rng.uniform(3, width), y0 + rng.uniform(3, height)
+            draw.rectangle([x0, y0, x1, y1], fill=[1, 2, 3, 255][k])
         draw.ellipse([width / 4, height / 4, width / 2, height / 2], fill=4)
         label.save(masks / name.replace(".jpg", ".png"))
         out.sizes[name] = (width, height)
-    for name, reason in (("bad_size.jpg", "mask size"), ("bad_rgb.jpg", "mask mode"), ("bad_missing.jpg", "no mask"),
-                         ("bad_class.jpg", "unknown category")):
+    for name, reason in (("bad_size.jpg", "mask size"), ("bad_rgb.jpg", "mask mode"),
+                         ("bad_missing.jpg", "no mask"), ("bad_class.jpg", "unknown category")):
         background(rng, 40, 30, 0).save(src / name, quality=95)
         if reason == "mask size":
             Image.new("L", (41, 30), 0).save(masks / name.replace(".jpg", ".png"))

@@ -114,7 +114,8 @@ def test_coco_boxes_and_instance_masks_follow_the_fit(coco: CocoSet, tmp_path: P
             canvas = np.zeros((height, width), dtype=np.uint8)
             for k, o in enumerate(kept, 1):  # the one listed last wins a shared pixel
                 canvas[o["mask"] != 0] = k
-            np.testing.assert_array_equal(masks[sample], _pil_nearest(canvas, width, height, fit, 0), err_msg=name)
+            reference = _pil_nearest(canvas, width, height, fit, 0)
+            np.testing.assert_array_equal(masks[sample], reference, err_msg=name)
         assert stored == summary.objects == targets.record.objects
         assert outside == summary.outside
         assert fit == "crop" or outside == 0
@@ -149,7 +150,8 @@ def test_a_reject_names_the_annotation(coco: CocoSet, tmp_path: Path) -> None:
     reasons = _rejects(out, coco.src)
     annotations = json.loads(coco.annotations.read_text())
     ids = {img["file_name"]: img["id"] for img in annotations["images"]}
-    for name in ("bad_outside.png", "bad_degenerate.png", "bad_category.png", "bad_rle_size.png", "bad_crowd.png"):
+    for name in ("bad_outside.png", "bad_degenerate.png", "bad_category.png", "bad_rle_size.png",
+                 "bad_crowd.png"):
         ann = next(a for a in annotations["annotations"] if a["image_id"] == ids[name])
         assert f"annotation {ann['id']}" in reasons[name], reasons[name]
     assert "the image is 80x60, the annotations say 81x60" in reasons["bad_size.png"]
@@ -159,7 +161,8 @@ def _run_refused(tmp_path: Path, src: Path, document: Any, match: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(document if isinstance(document, str) else json.dumps(document))
     with pytest.raises(SourceError, match=match) as e:
-        preprocess(src, tmp_path / "out", TileSettings(tile=T), workers=1, targets=TargetOptions(annotations=str(path)))
+        preprocess(src, tmp_path / "out", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(annotations=str(path)))
     assert "\n" not in str(e.value)
 
 
@@ -169,7 +172,8 @@ def test_a_file_the_run_cannot_be_made_from_is_refused_in_one_line(coco: CocoSet
     _run_refused(tmp_path, coco.src, {"images": []}, "not a COCO instances file")
     _run_refused(tmp_path, coco.src, {**good, "categories": [*good["categories"], {"id": 4, "name": "again"}]},
                  "category id 4 is listed twice")
-    _run_refused(tmp_path, coco.src, {**good, "categories": [{"id": "1", "name": "square"}]}, "category 0 needs")
+    _run_refused(tmp_path, coco.src, {**good, "categories": [{"id": "1", "name": "square"}]},
+                 "category 0 needs")
     stray = {"id": 99999, "image_id": 12345, "category_id": 1, "bbox": [1, 1, 2, 2]}
     _run_refused(tmp_path, coco.src, {**good, "annotations": [*good["annotations"], stray]},
                  "annotation 99999 names image_id 12345")
@@ -201,7 +205,8 @@ def test_a_yolo_folder_through_the_command(tmp_path: Path, fit: str) -> None:
     assert rejects == yolo.bad
     with StoreReader(out) as reader:
         targets = reader.targets
-        assert targets is not None and targets.record.categories == ((0, "square"), (1, "disc"), (2, "triangle"))
+        assert targets is not None
+        assert targets.record.categories == ((0, "square"), (1, "disc"), (2, "triangle"))
         sources = _samples(out)
         assert len(sources) == len(yolo.boxes)
         for sample, path in enumerate(sources):
@@ -213,7 +218,8 @@ def test_a_yolo_folder_through_the_command(tmp_path: Path, fit: str) -> None:
             expected[:, 1::2] = np.clip(expected[:, 1::2], max(y, 0), min(y + h, height))
             keep = (expected[:, 2] > expected[:, 0]) & (expected[:, 3] > expected[:, 1])
             rows = targets.rows([sample])[0]
-            np.testing.assert_allclose(_to_source(rows, targets.frames_of([sample])[0]), expected[keep], atol=1e-3)
+            back = _to_source(rows, targets.frames_of([sample])[0])
+            np.testing.assert_allclose(back, expected[keep], atol=1e-3, rtol=0)
             assert rows[:, 4].tolist() == [b[0] for b, k in zip(yolo.boxes[name], keep, strict=True) if k]
     assert verify(out) == []
     shown = run_cli("info", str(out))
@@ -224,9 +230,11 @@ def test_a_yolo_folder_without_class_names_is_refused(tmp_path: Path) -> None:
     yolo = write_yolo(tmp_path)
     (yolo.src / "data.yaml").unlink()
     with pytest.raises(SourceError, match="names its classes in neither"):
-        preprocess(yolo.src, tmp_path / "out", TileSettings(tile=T), workers=1, targets=TargetOptions(yolo=True))
+        preprocess(yolo.src, tmp_path / "out", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(yolo=True))
     (yolo.src / "classes.txt").write_text("a\nb\nc\n")
-    summary = preprocess(yolo.src, tmp_path / "out", TileSettings(tile=T), workers=1, targets=TargetOptions(yolo=True))
+    summary = preprocess(yolo.src, tmp_path / "out", TileSettings(tile=T), workers=1,
+                         targets=TargetOptions(yolo=True))
     assert summary.accepted == len(yolo.boxes)
 
 
@@ -234,7 +242,8 @@ def test_a_yolo_folder_without_class_names_is_refused(tmp_path: Path) -> None:
 def test_semantic_masks_equal_pil_nearest_on_the_same_geometry(tmp_path: Path, fit: str) -> None:
     sem = write_semantic(tmp_path)
     out = tmp_path / "store"
-    preprocess(sem.src, out, TileSettings(tile=T, fit=fit), workers=2, targets=TargetOptions(masks=str(sem.masks)))
+    preprocess(sem.src, out, TileSettings(tile=T, fit=fit), workers=2,
+               targets=TargetOptions(masks=str(sem.masks)))
     assert {n: r.split(":")[0] for n, r in _rejects(out, sem.src).items()} == sem.bad
     with StoreReader(out) as reader:
         targets = reader.targets

@@ -53,7 +53,7 @@ def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec
 
 
 INFO_KEYS = ["path", "format", "samples", "sources", "accepted", "rejected", "classes", "tile", "codec",
-             "quality", "shard_size", "shards", "bytes", "made", "rejects"]
+             "quality", "shard_size", "shards", "bytes", "made", "rejects", "targets"]
 
 
 def test_the_settings_record_plain_strings_as_they_always_did() -> None:
@@ -84,7 +84,7 @@ def test_info_is_a_record_whose_dict_is_what_info_json_prints(tmp_path: Path, im
     preprocess(image_folder, out, SMALL, StoreSettings(codec="jpeg", shard_size=4), workers=1)
     d = info(out)
     assert isinstance(d, StoreInfo) and list(d.as_dict()) == INFO_KEYS
-    assert (d.format, d.samples, d.codec, d.quality) == ("tilefeed v2", 15, "jpeg", 90)
+    assert (d.format, d.samples, d.codec, d.quality) == ("tilefeed v3", 15, "jpeg", 90)
     assert (d.tile, d.shards) == ([32, 32, 3], 4)
     assert_plain(d.as_dict())
     r = run_cli("info", str(out), "--json")

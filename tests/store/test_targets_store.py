@@ -59,7 +59,8 @@ def _offsets_chunk(store: Path, change: Callable[[np.ndarray], object]) -> None:
         assert reader.targets is not None and reader.targets.offsets is not None
         offsets = np.array(reader.targets.offsets)
     change(offsets)
-    write_small_chunk(store, fmt.OBJECT_OFFSETS, 0, bytes(COMPRESSORS["zstd"].encode(offsets.astype("<i8").tobytes())))
+    payload = bytes(COMPRESSORS["zstd"].encode(offsets.astype("<i8").tobytes()))
+    write_small_chunk(store, fmt.OBJECT_OFFSETS, 0, payload)
 
 
 def _mask_chunk(store: Path, sample: int, payload: bytes) -> None:
@@ -84,7 +85,8 @@ def _refused(store: Path, error: type[Exception], match: str, deep: bool = False
     with pytest.raises(error, match=match) as e:
         with StoreReader(store) as reader:
             assert reader.targets is not None
-            reader.targets.read_masks_into(np.arange(len(reader)), np.empty((len(reader), T, T), dtype=np.uint8))
+            out = np.empty((len(reader), T, T), dtype=np.uint8)
+            reader.targets.read_masks_into(np.arange(len(reader)), out)
     assert "\n" not in str(e.value)
     problems = verify(store, deep=deep)
     assert any(m in line for line in problems for m in match.split("|")), problems
@@ -124,7 +126,10 @@ def test_targets_in_a_version_2_store_are_refused(store: Path) -> None:
 
 
 def test_decreasing_offsets_are_refused(store: Path) -> None:
-    _offsets_chunk(store, lambda o: o.__setitem__(2, o[3] + 1) if o[3] + 1 > o[2] else o.__setitem__(3, o[2] - 1))
+    def decrease(offsets: np.ndarray) -> None:
+        offsets[2] = offsets[3] + 1  # sample 2 ends after sample 3
+
+    _offsets_chunk(store, decrease)
     _refused(store, StoreFormatError, "object_offsets decrease")
 
 
