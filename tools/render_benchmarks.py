@@ -241,6 +241,12 @@ def recipe_table(files: list[Json]) -> str:
     return markdown(RecipeResult.from_dict(_fields(files[0])).table())
 
 
+def detection_table(files: list[Json]) -> str:
+    from tilefeed.bench.suites.detection import DetectionResult
+
+    return markdown(DetectionResult.from_dict(_fields(files[0])).table())
+
+
 def _fields(data: Json) -> Json:
     """A bench's JSON without what the record added."""
     return {k: v for k, v in data.items() if k != "provenance"}
@@ -270,6 +276,7 @@ TABLES: dict[str, Table] = {
     "clients": Table(("docs/data/clients.json",), clients_table),
     "soak": Table(("docs/data/soak.json",), soak_table),
     "recipe": Table(("docs/data/recipe.json",), recipe_table),
+    "detection": Table(("docs/data/detection.json",), detection_table),
 }
 
 
