@@ -26,8 +26,7 @@ from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.planning.sizes import Schedule, check_size
 from tilefeed.pipeline.recipe.recipe import Recipe
-from tilefeed.pipeline.targets.batches import Layout as TargetsLayout
-from tilefeed.pipeline.targets.batches import Targets, parse_targets
+from tilefeed.pipeline.targets.batches import Targets, TargetsLayout, parse_targets
 from tilefeed.pipeline.stats import Advice
 from tilefeed.store.errors import ConfigError, DaliMissingError
 from tilefeed.store.host import usable_cores

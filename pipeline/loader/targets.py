@@ -24,7 +24,7 @@ import numpy as np
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.crops import graph_inputs, sent_names
 from tilefeed.pipeline.reading.reader import StoreReader
-from tilefeed.pipeline.targets.batches import FramedTargets, Layout, Targets, frame_targets
+from tilefeed.pipeline.targets.batches import FramedTargets, Targets, TargetsLayout, frame_targets
 from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.objects import Objects
 
@@ -90,7 +90,7 @@ class BatchTargets:
     """
 
     asked: frozenset[Targets]
-    layout: Layout
+    layout: TargetsLayout
     augment: Augment
     seed: int
     epoch: int
@@ -137,4 +137,5 @@ class BatchTargets:
         keys = None if self.keys is None else self.keys[batch * self.batch_size : batch * self.batch_size
                                                         + len(samples)]
         framed = self.framed(samples, keys)
-        out[TARGETS] = framed.as_dicts() if self.layout is Layout.DICTS else framed.as_padded(self.max_objects)
+        padded = self.layout is TargetsLayout.PADDED
+        out[TARGETS] = framed.as_padded(self.max_objects) if padded else framed.as_dicts()

@@ -20,6 +20,7 @@ from tilefeed.pipeline.targets.geometry import Framing, check_thresholds, transf
 from tilefeed.pipeline.targets.masks import instance_masks, remap_ids, transform_masks
 from tilefeed.pipeline.targets.objects import Objects
 from tilefeed.store.errors import ConfigError
+from tilefeed.store.format import MaskKind
 
 PAD_LABEL = -1  # a padded slot's label: no category id is negative
 
@@ -35,14 +36,7 @@ class Targets(StrEnum):
     MASKS = "masks"
 
 
-class MaskKind(StrEnum):
-    """What a store's masks hold (its ``targets`` attributes' ``masks``)."""
-
-    SEMANTIC = "semantic"
-    INSTANCE = "instance"
-
-
-class Layout(StrEnum):
+class TargetsLayout(StrEnum):
     """How a batch's boxes are laid out: torchvision's list of per-image dicts, or padded tensors."""
 
     DICTS = "dicts"

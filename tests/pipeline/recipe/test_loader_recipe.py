@@ -171,7 +171,8 @@ def test_mixing_turned_off_between_epochs_drops_the_batches_mixed_ahead(store: P
         loader.set_epoch(1)
         plain = [tuple(t.clone() for t in b) for b in loader]
     assert all(t.dtype == torch.int64 for _, t in switched)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(switched, plain, strict=True))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+               for a, b in zip(switched, plain, strict=True))
 
 
 def test_erasing_and_mixing_run_on_the_feeding_thread(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
