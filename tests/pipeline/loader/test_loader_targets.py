@@ -247,3 +247,17 @@ def test_semantic_masks_follow_the_crop_as_torchvisions(tmp_path: Path) -> None:
                 assert torch.equal(targets[k]["masks"], want)
                 compared += int((want != 0).sum() > 0)
         assert compared > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_targets_on_a_gpu_are_the_cpus(coco_store: tuple[Path, ...]) -> None:
+    """On a GPU the batch's images come from the device graph; its targets, made on the host
+    from the same draws, equal the CPU path's bit for bit."""
+    store = coco_store[0]
+    out: dict[str, dict[int, Any]] = {}
+    for device in ("cpu", "cuda"):
+        with Loader(store, 4, targets=("boxes", "masks"), device=device, **OPTS) as loader:
+            out[device] = by_sample(list(loader))
+    assert out["cpu"].keys() == out["cuda"].keys()
+    assert all(same_target(out["cpu"][i], out["cuda"][i]) for i in out["cpu"])
