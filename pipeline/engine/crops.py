@@ -18,6 +18,7 @@ import numpy as np
 
 from tilefeed.pipeline.planning.counters import uniforms
 from tilefeed.pipeline.recipe.draws import draw, input_names
+from tilefeed.pipeline.recipe.recipe import Crop
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.reading.mixed import MixedArray
@@ -88,7 +89,8 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
     from ``keys`` (default the samples themselves).
 
     ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
-    random-resized crop of the picture (the same at every output size). Evaluation: its
+    random-resized crop of the picture (the same at every output size), or with a recipe's
+    ``crop="none"`` the whole tile. Evaluation: its
     framing of the picture for output ``size`` (default the tile side: shorter side to
     ``size / crop_pct``, centre crop ``size``), no flip.
     """
@@ -96,6 +98,9 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
     if a.train:
         w = random_resized_crops(seed, epoch, samples if keys is None else keys, height, width, a.scale,
                                  a.ratio)
+        if a.recipe is not None and a.recipe.crop is Crop.NONE:  # the whole tile; the same flips
+            n = len(samples)
+            return np.zeros((n, 2), np.float32), np.full((n, 2), a.tile, np.float32), w.flip
         start, end = w.roi()
         offset = np.stack([top, left], axis=1).astype(np.float32)
         return start + offset, end + offset, w.flip

@@ -41,6 +41,19 @@ class Interpolation(StrEnum):
     RANDOM = "random"
 
 
+class Crop(StrEnum):
+    """The training crop (``Recipe.crop``); a member equals its string.
+
+    ``RANDOM_RESIZED``: torchvision's ``RandomResizedCrop`` of each picture (the Loader's
+    ``scale`` and ``ratio``). ``NONE``: no crop: the whole tile as stored (a pad-fit store's
+    letterbox) resized to the output side, what detection's ``hflip`` preset trains on (its
+    models resize the whole picture themselves).
+    """
+
+    RANDOM_RESIZED = "random_resized"
+    NONE = "none"
+
+
 # DALI's DALIInterpType codes (INTERP_NN, INTERP_LINEAR, INTERP_CUBIC, INTERP_LANCZOS3): what the
 # per-sample filter input carries, numbered here so the host draws them without loading DALI
 # (tests/pipeline/recipe checks them against DALI's own)
@@ -150,6 +163,9 @@ class Recipe:
         Mixup or cutmix of each batch (``pipeline.recipe.batch_mix``); the Loader then yields
         float32 soft targets (batch x ``num_classes``) in place of the labels. Needs a float
         output dtype.
+    crop : Crop or str, default "random_resized"
+        The training crop (see ``Crop``): torchvision's random-resized crop, or ``"none"``, the
+        whole tile resized to the output size (the flips still drawn as with the crop).
 
     Notes
     -----
@@ -170,12 +186,16 @@ class Recipe:
     auto_augment: AutoAugment | None = None
     erasing: RandomErasing | None = None
     mix: BatchMix | None = None
+    crop: Crop = Crop.RANDOM_RESIZED
 
     def __post_init__(self) -> None:
         if self.interpolation not in set(Interpolation):
             names = ", ".join(i.value for i in Interpolation)
             raise ConfigError(f"interpolation must be one of {names}, got {self.interpolation!r}")
         object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
+        if self.crop not in set(Crop):
+            raise ConfigError(f"crop must be one of {', '.join(c.value for c in Crop)}, got {self.crop!r}")
+        object.__setattr__(self, "crop", Crop(self.crop))
         for name in ("hflip", "vflip", "grayscale"):
             object.__setattr__(self, name, _probability(name, getattr(self, name)))
         if self.color_jitter is not None and not isinstance(self.color_jitter, ColorJitter):

@@ -261,3 +261,28 @@ def test_targets_on_a_gpu_are_the_cpus(coco_store: tuple[Path, ...]) -> None:
             out[device] = by_sample(list(loader))
     assert out["cpu"].keys() == out["cuda"].keys()
     assert all(same_target(out["cpu"][i], out["cuda"][i]) for i in out["cpu"])
+
+
+def test_no_crop_trains_on_the_whole_letterbox_with_the_flips(coco_store: tuple[Path, ...]) -> None:
+    """``Recipe(crop="none")``, detection's hflip preset: each sample's window is its whole tile,
+    so its boxes are the stored ones scaled to the output side and mirrored where it is flipped,
+    with the flips the random-resized crop would have drawn."""
+    store = coco_store[0]
+    with Loader(store, 4, targets="boxes", recipe=Recipe(crop="none"), **OPTS) as loader:
+        flips = 0
+        for _, targets, indices in loader:
+            samples = indices.numpy()
+            start, end, flip = loader.windows(0, samples)
+            assert (start == 0).all() and (end == T).all()
+            for k, sample in enumerate(samples.tolist()):
+                rows = loader.reader.targets.rows([sample])[0]
+                want = rows[:, :4] * 48 / T
+                if flip[k]:
+                    want = np.stack([48 - want[:, 2], want[:, 1], 48 - want[:, 0], want[:, 3]], axis=1)
+                assert np.allclose(targets[k]["boxes"].double().numpy(), want, atol=1e-3)
+                flips += int(flip[k])
+    with Loader(store, 4, targets="boxes", **OPTS) as cropped:
+        assert np.array_equal(cropped.windows(0, np.arange(12))[2], loader.windows(0, np.arange(12))[2])
+    assert 0 < flips < 12
+    with pytest.raises(ConfigError, match="crop must be one of"):
+        Recipe(crop="centre")
