@@ -17,8 +17,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tilefeed.pipeline.planning.counters import uniforms
+from tilefeed.store.errors import ConfigError
 from tilefeed.pipeline.recipe.draws import draw, input_names
 from tilefeed.pipeline.recipe.recipe import Crop
+from tilefeed.pipeline.targets.objects import Objects
+from tilefeed.pipeline.targets.windows import DrawnWindows, IoUCrop, iou_crops
+
+# a store's boxes as the IoU crop draws against them: its object offsets (N + 1,) and rows (M, 6)
+StoreObjects = tuple[np.ndarray, np.ndarray]
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.reading.mixed import MixedArray
@@ -82,15 +88,28 @@ def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np
                    width.astype(np.int64), flip)
 
 
+def iou_windows(seed: int, epoch: int, samples: np.ndarray, keys: np.ndarray | None, pictures: np.ndarray,
+                objects: StoreObjects | None) -> DrawnWindows:
+    """SSD's IoU-constrained crop (torchvision v2's ``RandomIoUCrop`` and its defaults) of each
+    sample's picture, against its stored boxes: the windows, and which boxes they keep."""
+    if objects is None:
+        raise ConfigError("crop='iou' draws against each sample's stored boxes: read a store made with "
+                          "boxes (--annotations or --yolo)")
+    batch = Objects.gather(objects[0], objects[1], np.asarray(samples, dtype=np.int64))
+    return iou_crops(IoUCrop(), seed, epoch, np.asarray(samples if keys is None else keys), pictures, batch)
+
+
 def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int,
                   samples: np.ndarray, size: int | None = None,
-                  keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+                  keys: np.ndarray | None = None,
+                  objects: StoreObjects | None = None) -> tuple[np.ndarray, ...]:
     """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip, drawn
     from ``keys`` (default the samples themselves).
 
     ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
     random-resized crop of the picture (the same at every output size), or with a recipe's
-    ``crop="none"`` the whole tile. Evaluation: its
+    ``crop="none"`` the whole tile, or with ``crop="iou"`` SSD's IoU-constrained crop against
+    the samples' stored boxes (``objects``: the store's object offsets and rows). Evaluation: its
     framing of the picture for output ``size`` (default the tile side: shorter side to
     ``size / crop_pct``, centre crop ``size``), no flip.
     """
@@ -101,6 +120,9 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
         if a.recipe is not None and a.recipe.crop is Crop.NONE:  # the whole tile; the same flips
             n = len(samples)
             return np.zeros((n, 2), np.float32), np.full((n, 2), a.tile, np.float32), w.flip
+        if a.recipe is not None and a.recipe.crop is Crop.IOU:  # SSD's, against the stored boxes
+            drawn = iou_windows(seed, epoch, samples, keys, boxes[samples], objects)
+            return drawn.start.astype(np.float32), drawn.end.astype(np.float32), w.flip
         start, end = w.roi()
         offset = np.stack([top, left], axis=1).astype(np.float32)
         return start + offset, end + offset, w.flip
@@ -112,7 +134,8 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
 
 
 def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+                 samples: np.ndarray, keys: np.ndarray | None = None,
+                 objects: StoreObjects | None = None) -> tuple[np.ndarray, ...]:
     """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``.
 
     With windows: (start, end, flip, output [h, w]). Without (evaluation framing of whole
@@ -121,16 +144,19 @@ def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
     """
     n = len(samples)
     if a.windows:
-        return (*window_inputs(boxes, a, seed, epoch, samples, size, keys), np.full((n, 2), size, np.float32))
+        return (*window_inputs(boxes, a, seed, epoch, samples, size, keys, objects),
+                np.full((n, 2), size, np.float32))
     return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)
 
 
 def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+                 samples: np.ndarray, keys: np.ndarray | None = None,
+                 objects: StoreObjects | None = None) -> tuple[np.ndarray, ...]:
     """Everything the graph takes per sample besides the pixels: ``frame_inputs``, then the
     recipe's inputs (``draws.input_names``); without a recipe, ``frame_inputs`` alone. A
-    recipe's ``hflip`` other than 0.5 replaces the window's flip with its own draw."""
-    base = frame_inputs(boxes, a, seed, epoch, size, samples, keys)
+    recipe's ``hflip`` other than 0.5 replaces the window's flip with its own draw. ``objects``:
+    the store's object offsets and rows, which a recipe's ``crop="iou"`` draws against."""
+    base = frame_inputs(boxes, a, seed, epoch, size, samples, keys, objects)
     recipe = a.recipe
     if recipe is None:
         return base

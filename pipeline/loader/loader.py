@@ -29,7 +29,7 @@ from tilefeed.pipeline.recipe.batch_ops import BatchOps
 from tilefeed.pipeline.loader.targets import TARGETS, BatchTargets, sample_framing
 from tilefeed.pipeline.targets.batches import check_targets
 from tilefeed.pipeline.targets.mapping import boxes_to_source
-from tilefeed.pipeline.recipe.recipe import Recipe
+from tilefeed.pipeline.recipe.recipe import Crop, Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
@@ -288,6 +288,7 @@ class Loader:
         self.augment = s.augment(self.reader.tile, self.reader.padded)
         if s.targets:
             self._check_targets(s)
+        _ = self._store_objects  # a crop="iou" without boxes fails here, not at the first batch
         # the stored tiles, handed out with no graph, while nothing can ask for another size
         self._direct = (not callable(schedule) and self.device.type == "cpu"
                         and self.augment.stored_tiles(schedule))
@@ -303,6 +304,19 @@ class Loader:
         # a bucket store starts fetching the first epoch's shards now, while the graph is built
         self.reader.will_read(self.next_epoch_indices().numpy())
         self._take_graph()
+
+    @cached_property
+    def _store_objects(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The store's object offsets and rows, which a recipe's ``crop="iou"`` draws against
+        (None: no such crop). A store without boxes, or a mixture, is refused for it here."""
+        recipe = self.recipe
+        if recipe is None or recipe.crop is not Crop.IOU or not self.settings.train:
+            return None
+        store = self.reader.targets if isinstance(self.reader, StoreReader) else None
+        if store is None or store.offsets is None or store.objects is None:
+            raise ConfigError("crop='iou' draws each window against the sample's stored boxes: read a "
+                              "store made with boxes (--annotations or --yolo), on its own")
+        return store.offsets, store.objects
 
     def _check_targets(self, s: LoaderSettings) -> None:
         """Refuse targets the store does not hold, in one line."""
@@ -455,7 +469,7 @@ class Loader:
         keys = None if self.mixture is None else np.asarray(samples, dtype=np.int64)
         located = samples if self.mixture is None else self.mixture.locate(epoch, samples)
         start, end, flip = window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located,
-                                         self.size_of(epoch), keys)
+                                         self.size_of(epoch), keys, self._store_objects)
         recipe = self.augment.recipe
         if recipe is not None and self.augment.train:  # a flip probability other than 0.5 draws its own
             drawn = draw(recipe, self.seed, epoch, located if keys is None else keys)
@@ -488,7 +502,8 @@ class Loader:
         samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
                              dtype=np.int64).reshape(-1)
         epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)
-        framing = sample_framing(reader, self.augment, self.seed, epoch, self.size_of(epoch), samples)
+        framing = sample_framing(reader, self.augment, self.seed, epoch, self.size_of(epoch), samples,
+                                 objects=self._store_objects)
         host = [b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else b for b in boxes]
         return boxes_to_source(host, framing, reader.targets.frames_of(samples))
 
@@ -552,7 +567,8 @@ class Loader:
     def _epoch_of(self, plan: OpenEpoch) -> Epoch:
         # the extras are a plain function of the settings, not a bound method: the graph, which
         # may outlive this Loader in the pool, must not keep it alive (or form a cycle with it)
-        extras = partial(graph_inputs, self.reader.boxes, self.augment, self.seed, plan.epoch, plan.size)
+        extras = partial(graph_inputs, self.reader.boxes, self.augment, self.seed, plan.epoch, plan.size,
+                         objects=self._store_objects)
         # a mixture's labels in one gather an epoch: gathered per batch, split by store, they cost
         # the rate a few percent (tilefeed bench loader), far more than their own CPU time
         labels = None if self.mixture is None else self.reader.labels[plan.indices]

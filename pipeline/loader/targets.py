@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.crops import graph_inputs, sent_names
+from tilefeed.pipeline.engine.crops import StoreObjects, graph_inputs, iou_windows, sent_names
+from tilefeed.pipeline.recipe.recipe import Crop
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.targets.batches import FramedTargets, Targets, TargetsLayout, frame_targets
 from tilefeed.pipeline.targets.geometry import Framing
@@ -32,7 +33,8 @@ TARGETS = "targets"  # the hand-over's entry that holds them
 
 
 def sample_framing(reader: StoreReader, augment: Augment, seed: int, epoch: int, size: int,
-                   samples: np.ndarray, keys: np.ndarray | None = None) -> Framing:
+                   samples: np.ndarray, keys: np.ndarray | None = None,
+                   objects: StoreObjects | None = None) -> Framing:
     """How the graph frames ``samples`` of ``epoch`` at output side ``size``: the same draws it
     is given (``graph_inputs``, by the names ``sent_names`` gives): their crop windows, flips
     and output size; or, for whole tiles in evaluation, the resize and centre crop.
@@ -49,13 +51,15 @@ def sample_framing(reader: StoreReader, augment: Augment, seed: int, epoch: int,
         Store indices.
     keys : numpy.ndarray, optional
         Their crop keys (None: the samples).
+    objects : tuple of numpy.ndarray, optional
+        The store's object offsets and rows, for a recipe's ``crop="iou"``.
 
     Returns
     -------
     Framing
         One framing per sample.
     """
-    sent = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys)
+    sent = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects)
     inputs = dict(zip(sent_names(augment), sent, strict=True))
     if augment.windows:
         return Framing.windows(inputs["start"], inputs["end"], inputs["size"], inputs["flip"],
@@ -121,10 +125,16 @@ class BatchTargets:
         assert reader is not None and reader.targets is not None
         store = reader.targets
         samples = np.asarray(samples, dtype=np.int64)
-        framing = sample_framing(reader, self.augment, self.seed, self.epoch, self.size, samples, keys)
+        stored = None if store.offsets is None or store.objects is None else (store.offsets, store.objects)
+        iou = self.augment.train and self.augment.recipe is not None and self.augment.recipe.crop is Crop.IOU
+        framing = sample_framing(reader, self.augment, self.seed, self.epoch, self.size, samples, keys,
+                                 stored if iou else None)
         objects = None
-        if Targets.BOXES in self.asked and store.offsets is not None and store.objects is not None:
-            objects = Objects.gather(store.offsets, store.objects, samples)
+        if Targets.BOXES in self.asked and stored is not None:
+            objects = Objects.gather(stored[0], stored[1], samples)
+            if iou:  # the boxes whose centres SSD's crop leaves out go, as RandomIoUCrop marks them
+                drawn = iou_windows(self.seed, self.epoch, samples, keys, reader.boxes[samples], stored)
+                objects = objects.select(drawn.keep)
         masks = None
         if Targets.MASKS in self.asked:
             masks = np.empty((len(samples), store.tile, store.tile), dtype=np.uint8)

@@ -47,11 +47,15 @@ class Crop(StrEnum):
     ``RANDOM_RESIZED``: torchvision's ``RandomResizedCrop`` of each picture (the Loader's
     ``scale`` and ``ratio``). ``NONE``: no crop: the whole tile as stored (a pad-fit store's
     letterbox) resized to the output side, what detection's ``hflip`` preset trains on (its
-    models resize the whole picture themselves).
+    models resize the whole picture themselves). ``IOU``: SSD's IoU-constrained crop of each
+    picture, torchvision v2's ``RandomIoUCrop`` with its defaults (``pipeline.targets.windows``),
+    drawn against the sample's stored boxes: a store with boxes only; boxes whose centres the
+    window leaves out are dropped, as that transform marks them for ``SanitizeBoundingBoxes``.
     """
 
     RANDOM_RESIZED = "random_resized"
     NONE = "none"
+    IOU = "iou"
 
 
 # DALI's DALIInterpType codes (INTERP_NN, INTERP_LINEAR, INTERP_CUBIC, INTERP_LANCZOS3): what the

@@ -286,3 +286,47 @@ def test_no_crop_trains_on_the_whole_letterbox_with_the_flips(coco_store: tuple[
     assert 0 < flips < 12
     with pytest.raises(ConfigError, match="crop must be one of"):
         Recipe(crop="centre")
+
+
+def test_ssds_iou_crop_keeps_the_boxes_whose_centres_it_holds(coco_store: tuple[Path, ...],
+                                                              tmp_path: Path) -> None:
+    """``Recipe(crop="iou")``: each window is RandomIoUCrop's rule's against the sample's stored
+    boxes; the boxes whose centres lie in it go through torchvision's resized crop and flip, the
+    rest are dropped; a store without boxes is refused for it."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as F
+
+    store = coco_store[0]
+    cropped = 0
+    with Loader(store, 4, targets="boxes", recipe=Recipe(crop="iou"), **OPTS) as loader:
+        for _, targets, indices in loader:
+            samples = indices.numpy()
+            start, end, flip = loader.windows(0, samples)
+            for k, sample in enumerate(samples.tolist()):
+                rows = loader.reader.targets.rows([sample])[0]
+                (top, left), (bottom, right) = start[k], end[k]
+                cx, cy = (rows[:, 0] + rows[:, 2]) / 2, (rows[:, 1] + rows[:, 3]) / 2
+                held = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+                picture = loader.reader.boxes[sample]
+                whole = (top, left, bottom - top, right - left) == tuple(float(v) for v in picture)
+                if not whole:
+                    cropped += 1
+                    assert held.any()  # a window is taken only where some box's centre lies in it
+                kept = rows[held if not whole else np.ones(len(rows), bool)]
+                boxes = tv_tensors.BoundingBoxes(torch.from_numpy(kept[:, :4].copy()), format="XYXY",
+                                                 canvas_size=(T, T))
+                window = (int(top), int(left), int(bottom - top), int(right - left))
+                out = {"boxes": F.resized_crop(boxes, *window, [48, 48]),
+                       "labels": torch.from_numpy(kept[:, 4].astype(np.int64))}
+                if flip[k]:
+                    out["boxes"] = F.horizontal_flip(out["boxes"])
+                want = v2.Compose([v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes()])(out)
+                assert torch.equal(targets[k]["labels"], want["labels"])
+                assert torch.allclose(targets[k]["boxes"].double(), want["boxes"].double(), atol=1e-3, rtol=0)
+    assert cropped > 0
+    plain = tmp_path / "plain"
+    preprocess(make_image_folder(tmp_path / "classes", classes=2, per_class=2, sizes=((64, 48),)), plain,
+               TileSettings(tile=T), workers=1)
+    with pytest.raises(ConfigError, match="crop='iou'"):
+        Loader(plain, 4, train=True, recipe=Recipe(crop="iou"))
