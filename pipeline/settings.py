@@ -289,7 +289,7 @@ class LoaderSettings:
         mean, std = pixel_units(mean, std)  # kept in 0..255 units, whichever were given
         if recipe is not None and not isinstance(recipe, Recipe):
             raise ConfigError(f"recipe must be a tilefeed Recipe or None, got {type(recipe).__name__}")
-        if recipe is not None and recipe.per_batch and dtype == torch.uint8:
+        if recipe is not None and recipe.per_batch and dtype == torch.uint8 and train:  # eval: the filter alone
             raise ConfigError("random erasing and mixup/cutmix act on the normalised batch: give a float "
                               "dtype (float32, float16 or bfloat16), not uint8")
         if targets_layout not in tuple(TargetsLayout):

@@ -194,3 +194,14 @@ def test_erasing_and_mixing_run_on_the_feeding_thread(store: Path, monkeypatch: 
         batches = list(loader)
     assert len(threads) >= len(batches) > 0
     assert threading.current_thread() not in threads
+
+
+def test_uint8_is_refused_for_erasing_and_mixing_only_where_they_apply(store: Path) -> None:
+    """Erasing and mixing act on the normalised training batch: uint8 training with them is
+    refused in one line; an evaluation Loader, which takes only the recipe's filter, accepts it."""
+    recipe = Recipe(erasing=RandomErasing(p=1.0))
+    with pytest.raises(ConfigError, match="not uint8"):
+        Loader(store, 4, recipe=recipe, dtype=torch.uint8, train=True)
+    with Loader(store, 4, recipe=recipe, dtype=torch.uint8, train=False) as loader:
+        images, _ = next(iter(loader))
+    assert images.dtype == torch.uint8
