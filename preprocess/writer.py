@@ -260,4 +260,5 @@ def _summary_from_attrs(attrs: dict[str, Any] | None, out: Storage) -> Summary:
         sources=attrs["sources"], accepted=attrs["accepted"], rejected=attrs["rejected"],
         tiles=attrs["samples"], shards=attrs["shards"], bytes=nbytes, seconds=0.0,
         rejects_by_reason=reason_counts(r["reason"] for r in attrs["rejects"]), up_to_date=True,
+        objects=(attrs.get("targets") or {}).get("objects", 0),
     )

@@ -15,7 +15,7 @@ import pytest
 import zarr
 from PIL import Image
 
-from tests.helpers import run_cli
+from tests.helpers import run_cli, tree_bytes
 from tests.preprocess.targets_data import CATEGORIES, CocoSet, write_coco, write_semantic, write_yolo
 from tilefeed.pipeline import StoreReader
 from tilefeed.preprocess import TargetOptions, TileSettings, preprocess
@@ -262,3 +262,31 @@ def test_semantic_masks_equal_pil_nearest_on_the_same_geometry(tmp_path: Path, f
             assert abs(x * sx + tx - left) < 1e-9 and abs((x + w) * sx + tx - left - nw) < 1e-9
             assert abs(y * sy + ty - top) < 1e-9 and abs((y + h) * sy + ty - top - nh) < 1e-9
     assert verify(out, deep=True) == []
+
+
+def test_a_run_stopped_before_its_metadata_resumes_to_the_same_bytes(coco: CocoSet, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts and image shards done, the run stopped before the masks' shards and the metadata: the
+    rerun takes every part from the work folder and ends in the bytes of an uninterrupted run;
+    a third run finds the store complete and reports its objects."""
+    from tilefeed.preprocess import writer
+
+    targets = TargetOptions(annotations=str(coco.annotations), instance_masks=True)
+    settings = TileSettings(tile=T)
+    whole = tmp_path / "whole"
+    preprocess(coco.src, whole, settings, workers=1, targets=targets)
+
+    def stop(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    out = tmp_path / "resumed"
+    with monkeypatch.context() as patch:
+        patch.setattr(writer, "publish", stop)
+        with pytest.raises(KeyboardInterrupt):
+            preprocess(coco.src, out, settings, workers=1, targets=targets)
+    assert (out / fmt.WORK_DIR).is_dir() and not (out / "zarr.json").exists()
+    summary = preprocess(coco.src, out, settings, workers=1, targets=targets)
+    assert summary.resumed_parts > 0
+    assert tree_bytes(out) == tree_bytes(whole)
+    again = preprocess(coco.src, out, settings, workers=1, targets=targets)
+    assert again.up_to_date and again.objects == summary.objects > 0
