@@ -290,3 +290,32 @@ def test_a_run_stopped_before_its_metadata_resumes_to_the_same_bytes(coco: CocoS
     assert tree_bytes(out) == tree_bytes(whole)
     again = preprocess(coco.src, out, settings, workers=1, targets=targets)
     assert again.up_to_date and again.objects == summary.objects > 0
+
+
+def test_the_targets_are_part_of_the_run_s_identity(coco: CocoSet, tmp_path: Path) -> None:
+    """A store is up to date only for the same targets: a YOLO label file or a mask that changed
+    size, or another annotation file, makes OUT's store another one (refused without
+    --overwrite), and the same ones find it complete."""
+    from tilefeed.store.errors import StoreExistsError
+
+    yolo = write_yolo(tmp_path)
+    out = tmp_path / "yolo-store"
+    settings, targets = TileSettings(tile=T), TargetOptions(yolo=True)
+    preprocess(yolo.src, out, settings, workers=1, targets=targets)
+    assert preprocess(yolo.src, out, settings, workers=1, targets=targets).up_to_date
+    with open(yolo.src / "labels" / "001.txt", "a") as f:
+        f.write("2 0.5 0.5 0.1 0.1\n")
+    with pytest.raises(StoreExistsError, match="made from other sources or settings"):
+        preprocess(yolo.src, out, settings, workers=1, targets=targets)
+    (yolo.src / "labels" / "002.txt").unlink(missing_ok=True)  # a label file gone: its size is -1
+    summary = preprocess(yolo.src, out, settings, workers=1, targets=targets, overwrite=True)
+    assert not summary.up_to_date
+
+    store = tmp_path / "coco-store"
+    preprocess(coco.src, store, settings, workers=1, targets=TargetOptions(annotations=str(coco.annotations)))
+    other = tmp_path / "other.json"
+    document = json.loads(coco.annotations.read_text())
+    document["annotations"][0]["bbox"][0] += 1.0
+    other.write_text(json.dumps(document))
+    with pytest.raises(StoreExistsError, match="made from other sources or settings"):
+        preprocess(coco.src, store, settings, workers=1, targets=TargetOptions(annotations=str(other)))
