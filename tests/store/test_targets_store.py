@@ -233,3 +233,23 @@ def test_a_masks_document_that_disagrees_is_refused(store: Path) -> None:
     assert any("masks/zarr.json: codecs are" in line for line in problems), problems
     with pytest.raises(CorruptChunkError, match="codecs are"):
         StoreReader(store)
+
+
+def test_the_node_s_record_holds_the_targets_and_vouches_for_no_changed_file(store: Path) -> None:
+    """The first open checks the targets and leaves them in the node's record; the next maps
+    them (the same values); a chunk rewritten since (re-signed) is checked again and refused."""
+    with StoreReader(store) as first:
+        assert first.targets is not None and first.targets.objects is not None
+        rows = np.array(first.targets.objects)
+        frames = np.array(first.targets.frames)
+    with StoreReader(store) as second:
+        assert second._arrays_mapped and second.targets is not None
+        np.testing.assert_array_equal(second.targets.objects, rows)
+        np.testing.assert_array_equal(second.targets.frames, frames)
+        copy = pickle.loads(pickle.dumps(second))
+        assert copy.targets is not None
+        np.testing.assert_array_equal(copy.targets.objects, rows)
+        copy.close()
+    _objects_chunk(store, lambda r: r.__setitem__((0, 2), T + 3.0))
+    with pytest.raises(StoreFormatError, match="not inside its"):
+        StoreReader(store)
