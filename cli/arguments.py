@@ -114,6 +114,11 @@ VOCABULARY: dict[str, Term] = {
     "--allow-bucket": Term("manifest buckets", "a bucket a manifest's URL rows may read; repeat "
                            "for more", "bucket"),
     "--allow-empty-classes": Term("empty classes", "keep a class folder with no files", "-"),
+    "--annotations": Term("COCO annotations", "a COCO instances JSON whose boxes (and masks) go into "
+                          "the store with its images", "file"),
+    "--instance-masks": Term("instance masks", "store each object's mask from the annotations too", "-"),
+    "--yolo": Term("YOLO labels", "SRC holds images/ and labels/ of YOLO boxes", "-"),
+    "--masks": Term("semantic masks", "a folder of class-id PNGs, one per image by its path", "folder"),
     "--strict": Term("strict", "exit 1 when any input was rejected", "-"),
     "--overwrite": Term("overwrite", "replace the tilefeed store already there", "-"),
     "--deep": Term("deep check", "also decode every tile", "-"),

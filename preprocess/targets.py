@@ -83,6 +83,19 @@ def read_targets(job: TargetJob, path: str, record: bytes, size: tuple[int, int]
     return _semantic(job, path, size)
 
 
+def target_file(job: TargetJob, path: str) -> tuple[str, str]:
+    """The file that holds the targets of the image at ``path`` (YOLO: its label file;
+    semantic: its mask), and its name as a reason shows it ('', '' for COCO, whose targets are
+    in the one annotation file)."""
+    if job.kind is TargetKind.YOLO:
+        stem = os.path.splitext(os.path.relpath(path, os.path.join(job.root, YOLO_IMAGES)))[0]
+        return os.path.join(job.root, YOLO_LABELS, stem + ".txt"), os.path.join(YOLO_LABELS, stem + ".txt")
+    if job.kind is TargetKind.SEMANTIC:
+        mask = os.path.join(job.mask_dir, os.path.splitext(os.path.relpath(path, job.root))[0] + MASK_SUFFIX)
+        return mask, mask
+    return "", ""
+
+
 def _empty() -> SourceTargets:
     return SourceTargets(np.zeros((0, 4)), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
@@ -189,10 +202,7 @@ def _decode(rle: dict[str, Any], what: str) -> np.ndarray:
 def _yolo(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets:
     """``labels/<rel>.txt`` for ``images/<rel>.<ext>``: a line ``class cx cy w h`` per object,
     normalised to the image's size. No label file means no objects (YOLO's background image)."""
-    images = os.path.join(job.root, YOLO_IMAGES)
-    rel = os.path.relpath(path, images)
-    label = os.path.join(job.root, YOLO_LABELS, os.path.splitext(rel)[0] + ".txt")
-    shown = os.path.join(YOLO_LABELS, os.path.splitext(rel)[0] + ".txt")
+    label, shown = target_file(job, path)
     try:
         with open(label, "rb") as f:
             text = f.read(64 << 20)
@@ -237,8 +247,7 @@ def _semantic(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets
     indices) of class ids, MASK_IGNORE for no label, of the image's size."""
     from PIL import Image
 
-    rel = os.path.relpath(path, job.root)
-    mask_path = os.path.join(job.mask_dir, os.path.splitext(rel)[0] + MASK_SUFFIX)
+    mask_path, _ = target_file(job, path)
     try:
         with Image.open(mask_path) as im:
             if im.mode not in ("L", "P"):

@@ -26,10 +26,10 @@ from numcodecs import blosc
 from tilefeed.store import format as fmt
 from tilefeed.store.codec import TileCodec
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
-from tilefeed.preprocess.settings import StoreSettings, TileSettings
+from tilefeed.preprocess.settings import StoreSettings, TargetKind, TileSettings
 from tilefeed.preprocess.sources.source_list import decode_paths, split_paths
 from tilefeed.preprocess.sources.targets import TargetJob
-from tilefeed.preprocess.targets import TileTargets, place_targets, read_targets, split_records
+from tilefeed.preprocess.targets import TileTargets, place_targets, read_targets, split_records, target_file
 from tilefeed.store.codec import COMPRESSORS
 from tilefeed.store.shard import ShardIndex
 from tilefeed.store.storage import Storage, is_url
@@ -271,10 +271,11 @@ def write_shards(out: Storage, work: str, shards: list[ShardSpec]) -> dict[str, 
     return TaskDone(None, tuple(write_shard(out, work, spec) for spec in shards)).to_dict()
 
 
-def source_sizes(paths: bytes) -> bytes:
+def source_sizes(paths: bytes, targets: TargetJob | None = None) -> bytes:
     """Worker task: the size of each file in ``paths`` (NUL-ended, as in the source list), -1
     for a URL or a file that cannot be read, as little-endian int64 bytes: the stats of the
-    run's fingerprint, taken where the cores are."""
+    run's fingerprint, taken where the cores are. ``targets`` read from a file per image (YOLO's
+    labels, semantic masks): those files' sizes follow, one per source, -1 where absent."""
     sizes = []
     for path in split_paths(paths):
         if b":" in path and is_url(path.decode("utf-8", "surrogateescape")):
@@ -284,6 +285,12 @@ def source_sizes(paths: bytes) -> bytes:
             sizes.append(os.stat(path).st_size)
         except (OSError, ValueError):
             sizes.append(-1)
+    if targets is not None and targets.kind is not TargetKind.COCO:
+        for name in decode_paths(paths):
+            try:
+                sizes.append(os.stat(target_file(targets, name)[0]).st_size)
+            except (OSError, ValueError):
+                sizes.append(-1)
     return np.array(sizes, dtype="<i8").tobytes()
 
 

@@ -231,25 +231,30 @@ def part_sources(count: int) -> int:
 
 def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Pool) -> RunPlan:
     """The run's identity: the settings, the classes and every source's path, label and size,
-    hashed in order block by block from the list. The sizes are stat()s, taken by the workers
-    (a stat costs more than the rest of a source's hashing); the driver hashes."""
+    hashed in order block by block from the list (and the targets: the annotation file's bytes,
+    or the size of each source's label file or mask). The sizes are stat()s, taken by the
+    workers (a stat costs more than the rest of a source's hashing); the driver hashes."""
     h = hashlib.sha256()
     h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), store.identity(), listing.classes]).encode())
     if listing.targets is not None:  # the annotations (COCO: the file's bytes) and the category table
         h.update(json.dumps(["targets", listing.targets.identity, listing.targets.categories]).encode())
+    job = listing.targets.job if listing.targets is not None else None
     blocks: deque[tuple[int, bytes, Future[bytes]]] = deque()
     firsts = iter(range(0, len(listing), PLAN_BLOCK))
     while True:
         while len(blocks) < 2 * pool.workers and (first := next(firsts, None)) is not None:
             data = listing.files.read(first, PLAN_BLOCK)
-            blocks.append((first, data, pool.submit(tasks.source_sizes, data)))
+            blocks.append((first, data, pool.submit(tasks.source_sizes, data, job)))
         if not blocks:
             break
         first, data, sizes = blocks.popleft()
         paths = split_paths(data)
         labels = listing.files.labels(first, len(paths)).tolist()
+        found = np.frombuffer(sizes.result(), dtype="<i8")
         h.update(b"".join([b"%s\0%d\0%d\n" % line for line in zip(
-            paths, labels, np.frombuffer(sizes.result(), dtype="<i8").tolist(), strict=True)]))
+            paths, labels, found[: len(paths)].tolist(), strict=True)]))
+        if len(found) > len(paths):  # each source's label file or mask
+            h.update(found[len(paths):].tobytes())
     return RunPlan(fingerprint=h.hexdigest(), sources=len(listing), settings=describe(tiles, store))
 
 
@@ -260,4 +265,5 @@ def _summary_from_attrs(attrs: dict[str, Any] | None, out: Storage) -> Summary:
         sources=attrs["sources"], accepted=attrs["accepted"], rejected=attrs["rejected"],
         tiles=attrs["samples"], shards=attrs["shards"], bytes=nbytes, seconds=0.0,
         rejects_by_reason=reason_counts(r["reason"] for r in attrs["rejects"]), up_to_date=True,
+        objects=(attrs.get("targets") or {}).get("objects", 0),
     )

@@ -6,7 +6,8 @@ store (`tilefeed bench scale` measures it), before the first batch. So the first
 a node to open a store version checks it and leaves, in a private folder of the cache
 (``checked/<key>``, this user's, mode 0700):
 
-* the labels and boxes, decoded, as ``.npy`` files every process maps (the page cache holds
+* the labels and boxes (and a store's targets: object offsets, objects, frames, their values
+  checked), decoded, as ``.npy`` files every process maps (the page cache holds
   one copy for the node, and a process pays only for the pages its batches touch);
 * a record of what was checked: the size, inode, device, modification and change times of every
   store file the check read, and the names of the ``.npy`` files it wrote.
@@ -32,20 +33,21 @@ import threading
 import uuid
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from typing_extensions import Buffer
 
 from tilefeed.store import format as fmt
 from tilefeed.store.arrays import boxes_problem, check_array, labels_problem, read_small_array
+from tilefeed.store.targets import TARGET_DTYPES, read_target_arrays, target_shapes
 from tilefeed.store.attrs import StoreAttrs
 from tilefeed.store.errors import StoreFormatError
 from tilefeed.store.atomic import NOFOLLOW, create_new
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: the targets' arrays too
 RECORD = "record.json"
 MAX_RECORD_BYTES = 64 << 20  # one stat line per file: 400 M samples make 400 k shards
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -55,12 +57,14 @@ Stat = tuple[int, int, int, int, int]  # size, inode, device, mtime_ns, ctime_ns
 
 @dataclass(frozen=True)
 class CheckedArrays:
-    """What every read needs per sample, checked: labels (N,) and boxes (N, 4), int64."""
+    """What every read needs per sample, checked: labels (N,) and boxes (N, 4), int64; and a
+    store with targets, their arrays (``targets.read_target_arrays``), by name."""
 
     labels: np.ndarray
     boxes: np.ndarray
     padded: bool  # some tile holds padding (pad fit, grid edges)
     mapped: bool  # from the node's record (False: checked and held in this process)
+    targets: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def checked_arrays(root: Path, store: StoreAttrs, location: str, cache_dir: Path, *,
@@ -127,7 +131,7 @@ def _check(root: Path, store: StoreAttrs, location: str, files: list[str],
     before = _stats(root, files)
     masks = (fmt.MASKS,) if store.masks is not None and shards_here else ()
     for name in (fmt.IMAGES, *masks, *store.arrays) if shards_here else store.arrays:
-        if name not in (fmt.LABELS, fmt.BOXES):  # those two are checked as they are read
+        if name not in (fmt.LABELS, fmt.BOXES, *TARGET_DTYPES):  # those are checked as they are read
             check_array(root, store, name)
     labels = read_small_array(root, store, fmt.LABELS).astype(np.int64, copy=False)
     boxes = read_small_array(root, store, fmt.BOXES).astype(np.int64, copy=False)
@@ -136,7 +140,8 @@ def _check(root: Path, store: StoreAttrs, location: str, files: list[str],
         if problem:
             raise StoreFormatError(f"{location}/{name}: {problem}")
     full = np.array([0, 0, store.tile, store.tile])
-    return CheckedArrays(labels, boxes, bool((boxes != full).any()), mapped=False), before
+    targets = read_target_arrays(root, store, location)
+    return CheckedArrays(labels, boxes, bool((boxes != full).any()), mapped=False, targets=targets), before
 
 
 # -- the private folder ---------------------------------------------------------------------------
@@ -191,15 +196,24 @@ def _from_record(root: Path, folder: int, store: StoreAttrs, files: list[str]) -
         labels = _mapped(folder, record["labels"], (store.samples,))
         boxes = _mapped(folder, record["boxes"], (store.samples, 4))
         padded = record["padded"]
+        targets = {name: _mapped(folder, record["targets"][name], shape, TARGET_DTYPES[name])
+                   for name, shape in target_shapes(store).items()}
     except (ValueError, KeyError, TypeError, OSError):
         return None  # a record this code did not write whole: check again
-    if labels is None or boxes is None or not isinstance(padded, bool):
+    if labels is None or boxes is None or not isinstance(padded, bool) or any(
+            values is None for values in targets.values()):
         return None
-    return CheckedArrays(labels, boxes, padded, mapped=True)
+    return CheckedArrays(labels, boxes, padded, mapped=True,
+                         targets={name: values for name, values in targets.items() if values is not None})
 
 
-def _mapped(folder: int, name: Any, shape: tuple[int, ...]) -> np.ndarray | None:
-    """The ``.npy`` file ``name`` of the folder, mapped read-only, if it holds int64 ``shape``."""
+_INT64: Final = np.dtype("<i8")
+
+
+def _mapped(folder: int, name: Any, shape: tuple[int, ...],
+            expected: np.dtype[Any] = _INT64) -> np.ndarray | None:
+    """The ``.npy`` file ``name`` of the folder, mapped read-only, if it holds ``expected``
+    values of ``shape`` (int64 unless said)."""
     if not isinstance(name, str) or "/" in name or not name.endswith(".npy"):
         return None
     fd = os.open(name, os.O_RDONLY | NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=folder)
@@ -210,8 +224,10 @@ def _mapped(folder: int, name: Any, shape: tuple[int, ...]) -> np.ndarray | None
         if version != (1, 0):
             return None
         found, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        if found != shape or fortran or dtype != np.dtype("<i8"):
+        if found != shape or fortran or dtype != expected:
             return None
+        if not np.prod(shape):  # nothing to map (a store whose tiles hold no objects)
+            return np.empty(shape, dtype=expected)
         # the map checks the file holds the whole array (ValueError when it is short); a plain
         # array over it (the map its base), as gathering rows from a memmap costs its subclass's
         return np.asarray(np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape))
@@ -223,16 +239,20 @@ def _keep(folder: int, store: StoreAttrs, files: list[str], stats: list[Stat],
     not whole); earlier arrays of the folder go. Failing to keep them costs only a recheck."""
     token = uuid.uuid4().hex[:12]
     names = {"labels": f"labels-{token}.npy", "boxes": f"boxes-{token}.npy"}
+    targets = {name: f"{name}-{token}.npy" for name in arrays.targets}
     try:
-        for key, values in (("labels", arrays.labels), ("boxes", arrays.boxes)):
+        saved: list[tuple[str, np.ndarray, np.dtype[Any]]] = [
+            ("labels", arrays.labels, _INT64), ("boxes", arrays.boxes, _INT64),
+            *((name, arrays.targets[name], TARGET_DTYPES[name]) for name in targets)]
+        for key, values, dtype in saved:
             buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(values, dtype="<i8"), allow_pickle=False)
-            _write(folder, names[key], buf.getbuffer())
+            np.save(buf, np.ascontiguousarray(values, dtype=dtype), allow_pickle=False)
+            _write(folder, names.get(key) or targets[key], buf.getbuffer())
         record = {"version": RECORD_VERSION, "digest": store.digest, "files": files,
-                  "stats": [list(s) for s in stats], "padded": arrays.padded, **names}
+                  "stats": [list(s) for s in stats], "padded": arrays.padded, **names, "targets": targets}
         _write(folder, RECORD, json.dumps(record, separators=(",", ":")).encode())
         for entry in os.listdir(folder):
-            if entry.endswith(".npy") and entry not in names.values():
+            if entry.endswith(".npy") and entry not in (*names.values(), *targets.values()):
                 os.unlink(entry, dir_fd=folder)
     except OSError as e:  # a full disk, a folder made read-only
         warnings.warn(f"the store check could not be kept ({e}); the next process checks again",

@@ -13,8 +13,9 @@ declared size against the tile before it is decompressed, and its values against
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
@@ -207,33 +208,55 @@ def decode_mask(f: ShardFile, local: int, out: np.ndarray) -> None:
         raise CorruptChunkError(str(f.path), f.first + local, f"mask does not decode: {one_line(e)}") from None
 
 
-def open_targets(root: Path, store: StoreAttrs, location: str, *,
-                 shards_here: bool = True) -> StoreTargets | None:
-    """The checked targets of the store at ``root``; None for a store without targets (any
-    version-2 store). ``shards_here``: the masks' shards are under ``root`` and are checked for
-    presence and size here (a store in a bucket with masks is refused: its cache holds images)."""
+TARGET_DTYPES: Final = {fmt.OBJECT_OFFSETS: np.dtype("<i8"), fmt.OBJECTS: np.dtype("<f8"),
+                         fmt.FRAMES: np.dtype("<f8")}
+
+
+def target_shapes(store: StoreAttrs) -> dict[str, tuple[int, ...]]:
+    """The shape of each of the targets' arrays read whole that the store holds, by name."""
     if store.targets is None:
-        return None
-    if store.masks is not None:
-        if not shards_here:
-            raise StoreFormatError(f"{location}: masks of a store in object storage are not read yet; "
-                                   "copy the store to a folder")
-        check_array(root, store, fmt.MASKS)
-    offsets = objects = None
-    if store.targets.boxes:
-        offsets = read_small_array(root, store, fmt.OBJECT_OFFSETS).astype(np.int64, copy=False)
-        objects = read_small_array(root, store, fmt.OBJECTS).astype(np.float64, copy=False).reshape(-1, 6)
-        problem = objects_problem(offsets, objects, store)
+        return {}
+    shapes = {fmt.OBJECT_OFFSETS: (store.samples + 1,), fmt.OBJECTS: (store.targets.objects, 6),
+              fmt.FRAMES: (store.samples, 4)}
+    return {name: shapes[name] for name in store.targets.arrays if name in shapes}
+
+
+def read_target_arrays(root: Path, store: StoreAttrs, location: str) -> dict[str, np.ndarray]:
+    """The targets' arrays read whole (every chunk checked against its crc32c, each array
+    against its digest), then their values checked (``objects_problem``, ``frames_problem``):
+    StoreFormatError or CorruptChunkError naming the array. By name, as ``target_shapes``."""
+    arrays = {name: read_small_array(root, store, name).astype(TARGET_DTYPES[name], copy=False).reshape(shape)
+              for name, shape in target_shapes(store).items()}
+    if fmt.OBJECTS in arrays:
+        problem = objects_problem(arrays[fmt.OBJECT_OFFSETS], arrays[fmt.OBJECTS], store)
         if problem:
             raise StoreFormatError(f"{location}/{fmt.OBJECTS}: {problem}")
-    frames = read_small_array(root, store, fmt.FRAMES).astype(np.float64, copy=False).reshape(-1, 4)
-    problem = frames_problem(frames, store.samples)
+    problem = frames_problem(arrays[fmt.FRAMES], store.samples) if arrays else ""
     if problem:
         raise StoreFormatError(f"{location}/{fmt.FRAMES}: {problem}")
-    for values in (offsets, objects, frames):
-        if values is not None:
-            values.flags.writeable = False
-    return StoreTargets(root, store, offsets, objects, frames)
+    return arrays
+
+
+def open_targets(root: Path, store: StoreAttrs, location: str, *, shards_here: bool = True,
+                 arrays: Mapping[str, np.ndarray] | None = None) -> StoreTargets | None:
+    """The checked targets of the store at ``root``; None for a store without targets (any
+    version-2 store). ``shards_here``: the masks' shards are under ``root`` and are checked for
+    presence and size here (a store in a bucket with masks is refused: its cache holds images).
+    ``arrays``: the arrays as ``read_target_arrays`` gave them, with the masks' shards checked
+    by the same check (the node's record of it, ``checked``); read and checked here otherwise."""
+    if store.targets is None:
+        return None
+    if store.masks is not None and not shards_here:
+        raise StoreFormatError(f"{location}: masks of a store in object storage are not read yet; "
+                               "copy the store to a folder")
+    if arrays is None:
+        if store.masks is not None:
+            check_array(root, store, fmt.MASKS)
+        arrays = read_target_arrays(root, store, location)
+    for values in arrays.values():
+        values.flags.writeable = False
+    return StoreTargets(root, store, arrays.get(fmt.OBJECT_OFFSETS), arrays.get(fmt.OBJECTS),
+                        arrays[fmt.FRAMES])
 
 
 def targets_problems(root: Path, store: StoreAttrs) -> tuple[list[str], StoreTargets | None]:

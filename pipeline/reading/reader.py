@@ -107,7 +107,8 @@ class StoreReader:
         self._arrays_mapped = arrays.mapped
         # boxes, frames and masks of a store made with targets, checked; None without them
         self.targets: StoreTargets | None = open_targets(self.root, self._meta, self.location,
-                                                         shards_here=self.remote is None)
+                                                         shards_here=self.remote is None,
+                                                         arrays=arrays.targets)
 
     @property
     def meta(self) -> StoreAttrs:
@@ -301,7 +302,7 @@ class StoreReader:
         state["_mapped"] = OrderedDict()
         del state["_lock"]
         if self._arrays_mapped:  # mapped again there, not copied through the pipe
-            del state["labels"], state["boxes"]
+            del state["labels"], state["boxes"], state["targets"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -81,8 +81,10 @@ class TargetSource:
         (b'' where there are none)."""
         if self.records is None:
             return b""
-        index = np.fromfile(self.records / RECORD_INDEX, dtype="<i8")
-        start, stop = int(index[first]), int(index[min(first + count, len(index) - 1)])
+        index = self.records / RECORD_INDEX
+        last = index.stat().st_size // 8 - 1  # the index holds each line's offset, then the end
+        start = int(np.fromfile(index, dtype="<i8", count=1, offset=8 * first)[0])
+        stop = int(np.fromfile(index, dtype="<i8", count=1, offset=8 * min(first + count, last))[0])
         with open(self.records / RECORDS, "rb") as f:
             f.seek(start)
             return f.read(stop - start)

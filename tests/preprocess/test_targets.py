@@ -15,7 +15,7 @@ import pytest
 import zarr
 from PIL import Image
 
-from tests.helpers import run_cli
+from tests.helpers import run_cli, tree_bytes
 from tests.preprocess.targets_data import CATEGORIES, CocoSet, write_coco, write_semantic, write_yolo
 from tilefeed.pipeline import StoreReader
 from tilefeed.preprocess import TargetOptions, TileSettings, preprocess
@@ -262,3 +262,60 @@ def test_semantic_masks_equal_pil_nearest_on_the_same_geometry(tmp_path: Path, f
             assert abs(x * sx + tx - left) < 1e-9 and abs((x + w) * sx + tx - left - nw) < 1e-9
             assert abs(y * sy + ty - top) < 1e-9 and abs((y + h) * sy + ty - top - nh) < 1e-9
     assert verify(out, deep=True) == []
+
+
+def test_a_run_stopped_before_its_metadata_resumes_to_the_same_bytes(coco: CocoSet, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts and image shards done, the run stopped before the masks' shards and the metadata: the
+    rerun takes every part from the work folder and ends in the bytes of an uninterrupted run;
+    a third run finds the store complete and reports its objects."""
+    from tilefeed.preprocess import writer
+
+    targets = TargetOptions(annotations=str(coco.annotations), instance_masks=True)
+    settings = TileSettings(tile=T)
+    whole = tmp_path / "whole"
+    preprocess(coco.src, whole, settings, workers=1, targets=targets)
+
+    def stop(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    out = tmp_path / "resumed"
+    with monkeypatch.context() as patch:
+        patch.setattr(writer, "publish", stop)
+        with pytest.raises(KeyboardInterrupt):
+            preprocess(coco.src, out, settings, workers=1, targets=targets)
+    assert (out / fmt.WORK_DIR).is_dir() and not (out / "zarr.json").exists()
+    summary = preprocess(coco.src, out, settings, workers=1, targets=targets)
+    assert summary.resumed_parts > 0
+    assert tree_bytes(out) == tree_bytes(whole)
+    again = preprocess(coco.src, out, settings, workers=1, targets=targets)
+    assert again.up_to_date and again.objects == summary.objects > 0
+
+
+def test_the_targets_are_part_of_the_run_s_identity(coco: CocoSet, tmp_path: Path) -> None:
+    """A store is up to date only for the same targets: a YOLO label file or a mask that changed
+    size, or another annotation file, makes OUT's store another one (refused without
+    --overwrite), and the same ones find it complete."""
+    from tilefeed.store.errors import StoreExistsError
+
+    yolo = write_yolo(tmp_path)
+    out = tmp_path / "yolo-store"
+    settings, targets = TileSettings(tile=T), TargetOptions(yolo=True)
+    preprocess(yolo.src, out, settings, workers=1, targets=targets)
+    assert preprocess(yolo.src, out, settings, workers=1, targets=targets).up_to_date
+    with open(yolo.src / "labels" / "001.txt", "a") as f:
+        f.write("2 0.5 0.5 0.1 0.1\n")
+    with pytest.raises(StoreExistsError, match="made from other sources or settings"):
+        preprocess(yolo.src, out, settings, workers=1, targets=targets)
+    (yolo.src / "labels" / "002.txt").unlink(missing_ok=True)  # a label file gone: its size is -1
+    summary = preprocess(yolo.src, out, settings, workers=1, targets=targets, overwrite=True)
+    assert not summary.up_to_date
+
+    store = tmp_path / "coco-store"
+    preprocess(coco.src, store, settings, workers=1, targets=TargetOptions(annotations=str(coco.annotations)))
+    other = tmp_path / "other.json"
+    document = json.loads(coco.annotations.read_text())
+    document["annotations"][0]["bbox"][0] += 1.0
+    other.write_text(json.dumps(document))
+    with pytest.raises(StoreExistsError, match="made from other sources or settings"):
+        preprocess(coco.src, store, settings, workers=1, targets=TargetOptions(annotations=str(other)))

@@ -5,6 +5,7 @@ as anyone can) refused in one line by the reader and listed by ``verify``."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +98,26 @@ def test_the_honest_store_is_sound(honest: Path) -> None:
     attrs, meta = open_store(honest)
     assert attrs["version"] == 3 and meta.targets is not None and meta.masks is not None
     assert info(honest).format == "tilefeed v3"
+
+
+def test_the_targets_cross_to_another_process(honest: Path) -> None:
+    """A reader pickled (as the Loader sends it to its workers) reads the same rows and masks."""
+    with StoreReader(honest) as reader:
+        assert reader.targets is not None
+        masks = np.empty((len(reader), T, T), dtype=np.uint8)
+        reader.targets.read_masks_into(np.arange(len(reader)), masks)
+        copy = pickle.loads(pickle.dumps(reader))
+    try:
+        assert copy.targets is not None
+        again = np.empty_like(masks)
+        copy.targets.read_masks_into(np.arange(len(copy)), again)
+        np.testing.assert_array_equal(again, masks)
+        everyone = range(len(copy))
+        for a, b in zip(copy.targets.rows(everyone), reader.targets.rows(everyone), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert copy.read(0).shape == (T, T, 3)
+    finally:
+        copy.close()
 
 
 def test_a_version_2_store_is_read_and_has_no_targets(tmp_path: Path) -> None:
@@ -211,4 +232,24 @@ def test_a_masks_document_that_disagrees_is_refused(store: Path) -> None:
     problems = verify(store)
     assert any("masks/zarr.json: codecs are" in line for line in problems), problems
     with pytest.raises(CorruptChunkError, match="codecs are"):
+        StoreReader(store)
+
+
+def test_the_node_s_record_holds_the_targets_and_vouches_for_no_changed_file(store: Path) -> None:
+    """The first open checks the targets and leaves them in the node's record; the next maps
+    them (the same values); a chunk rewritten since (re-signed) is checked again and refused."""
+    with StoreReader(store) as first:
+        assert first.targets is not None and first.targets.objects is not None
+        rows = np.array(first.targets.objects)
+        frames = np.array(first.targets.frames)
+    with StoreReader(store) as second:
+        assert second._arrays_mapped and second.targets is not None
+        np.testing.assert_array_equal(second.targets.objects, rows)
+        np.testing.assert_array_equal(second.targets.frames, frames)
+        copy = pickle.loads(pickle.dumps(second))
+        assert copy.targets is not None
+        np.testing.assert_array_equal(copy.targets.objects, rows)
+        copy.close()
+    _objects_chunk(store, lambda r: r.__setitem__((0, 2), T + 3.0))
+    with pytest.raises(StoreFormatError, match="not inside its"):
         StoreReader(store)
