@@ -238,6 +238,12 @@ class CocoEvaluation:
         """Close the Loader."""
         self.loader.close()
 
+    def __enter__(self) -> CocoEvaluation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def torchvision_detection_loader(store: str | os.PathLike[str], args: Any, dataset: Any, *,
                                  train: bool) -> Loader | CocoEvaluation:
