@@ -434,7 +434,7 @@ TORCHVISION_DETECTION_FLAGS: dict[str, Flag] = {
     "use_copypaste": Flag("--use-copypaste", R, "SimpleCopyPaste in the training collate function",
                           lambda a, c, t: t and bool(getattr(a, "use_copypaste", False))),
     "use_v2": Flag("--use-v2", H, "crowd objects stay in the training targets (iscrowd 1), as the Loader hands "
-                   "them over; without it the script drops them, which a store with crowd objects refuses"),
+                   "them over; without it the script drops them: refused where a training picture has one"),
     "backend": Flag("--backend", H, "no effect: the Loader decodes the tiles itself (PIL, tensor or tv_tensor "
                     "alike)"),
     "weights": Flag("--weights (with --test-only)", H, "the weights' evaluation transforms: 0..1 floats of the "
