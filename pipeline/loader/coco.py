@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -300,7 +300,7 @@ def torchvision_detection_loader(store: str | os.PathLike[str], args: Any, datas
         if any(a.get("iscrowd", 0) and a["image_id"] in chosen for a in coco.anns.values()):
             raise ConfigError(f"{script} without --use-v2 drops crowd objects from its training targets; the "
                               "Loader hands them over (iscrowd 1), as --use-v2 does: pass --use-v2")
-    loader = Loader(Path(store), indices=samples.tolist(), with_index=not train, **options)
+    loader = Loader(os.fspath(store), indices=samples.tolist(), with_index=not train, **options)
     if train:
         return loader
     ids = np.full(len(loader.reader), -1, dtype=np.int64)

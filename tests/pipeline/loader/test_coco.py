@@ -118,7 +118,7 @@ def test_training_loads_the_datasets_pictures_whole_and_mirrored(stretched: tupl
         seen = sorted(ids[epoch].tolist())
         start, end, flip = loader.windows(0, epoch)
         flips = flip.tolist()
-    assert seen == sorted(chosen.dataset.ids[:8])
+    assert seen == sorted(dataset(src, annotations).ids[:8])
     assert np.array_equal(start, np.zeros_like(start)) and np.array_equal(end, np.full_like(end, T))
     assert 0 < sum(flips) < len(flips)
 
@@ -176,7 +176,8 @@ def test_evaluation_hands_over_image_ids_and_maps_boxes_and_masks_back(padded: t
     store, src, annotations = padded
     full = dataset(src, annotations)
     document = json.loads(annotations.read_text())
-    ious, naive = [], []
+    ious: list[float] = []
+    naive: list[float] = []
     masked = args(model="maskrcnn_resnet50_fpn")
     with torchvision_detection_loader(store, masked, full, train=False) as evaluation:
         assert isinstance(evaluation, CocoEvaluation) and evaluation.dataset is full
