@@ -271,14 +271,16 @@ def torchvision_detection_loader(store: str | os.PathLike[str], args: Any, datas
     Raises
     ------
     ConfigError
-        A refused flag (``TORCHVISION_DETECTION_FLAGS``); training pictures that do not fill
-        square tiles; crowd objects in training without ``--use-v2``; in evaluation, a picture of
-        the dataset missing from the store, or one picture cut into several tiles.
+        A refused flag (``TORCHVISION_DETECTION_FLAGS``); a store made with ``--fit crop``;
+        training pictures that do not fill square tiles; crowd objects in training without
+        ``--use-v2``; in evaluation, a picture of the dataset missing from the store, or one
+        picture cut into several tiles.
     """
     options = torchvision_detection_options(args, train=train)
     with StoreReader(store) as reader:
         samples, image_ids, absent = dataset_samples(reader, dataset)
         pictures = reader.boxes[samples]
+        fit = reader.meta.made.get("fit")
     script = "torchvision detection train.py"
     if absent and train:
         warnings.warn(f"{store}: {len(absent)} training pictures of the dataset are not in the store "
@@ -290,6 +292,10 @@ def torchvision_detection_loader(store: str | os.PathLike[str], args: Any, datas
     if not train and len(np.unique(image_ids)) < len(image_ids):
         raise ConfigError(f"{store}: a picture is cut into several tiles; evaluation scores whole pictures "
                           "(preprocess with one tile a picture)")
+    if fit == "crop":
+        raise ConfigError(f"{script}: {store} was made with --fit crop, which cuts the pictures; the "
+                          "script trains on and scores whole pictures (preprocess with --fit stretch, or pad "
+                          "to evaluate)")
     if train and not bool(np.all(pictures[:, 2] == pictures[:, 3])):
         raise ConfigError(f"{script} --data-augmentation hflip trains on whole pictures: {store}'s pictures "
                           "do not fill square tiles, and the Loader's training crops cut inside the picture "

@@ -138,6 +138,11 @@ def test_the_detection_scripts_refusals(padded: tuple[Path, Path, Path], stretch
     # letterboxed pictures: the training crops would cut inside them
     with pytest.raises(ConfigError, match="--fit stretch"):
         torchvision_detection_loader(padded[0], args(), dataset(padded[1], padded[2]), train=True)
+    # a cut picture: neither trained on nor scored whole
+    cropped = made(tmp_path / "crop", "crop")
+    for train in (True, False):
+        with pytest.raises(ConfigError, match="--fit crop, which cuts the pictures"):
+            torchvision_detection_loader(cropped[0], args(), dataset(cropped[1], cropped[2]), train=train)
     # a crowd object: dropped by the script without --use-v2, kept by the Loader
     document = json.loads(annotations.read_text())
     document["annotations"][0]["iscrowd"] = 1
