@@ -26,9 +26,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFile, ImageFont
 
 from tilefeed.pipeline.planning.order import epoch_order
-from tilefeed.store import format as fmt
-from tilefeed.store.arrays import read_small_array
-from tilefeed.store.errors import ConfigError, StoreFormatError
+from tilefeed.pipeline.reading.reader import source_paths
+from tilefeed.store.errors import ConfigError
 from tilefeed.store.inspection import printable
 from tilefeed.store.storage import is_url
 
@@ -193,25 +192,6 @@ def enlargement(side: int) -> int:
 
 
 # -- captions --------------------------------------------------------------------------------------
-def source_paths(reader: StoreReader, indices: np.ndarray) -> list[str]:
-    """The source file of each sample, where the store keeps ``source_paths``; else empty
-    strings."""
-    arrays = reader.meta.arrays
-    if fmt.SOURCE_PATHS not in arrays or fmt.SOURCES not in arrays:
-        return [""] * len(indices)
-    owners = read_small_array(reader.root, reader.meta, fmt.SOURCES)
-    try:  # strings: zarr reads them (the reader checked the chunks' digests when it opened)
-        import zarr
-
-        paths = zarr.open_array(str(reader.root / fmt.SOURCE_PATHS), mode="r", zarr_format=3)
-        wanted = np.unique(owners[indices])
-        found = {int(o): str(paths[int(o)]) for o in wanted if 0 <= o < paths.shape[0]}
-    except Exception as e:  # noqa: BLE001 - any failure to read them is the store's damage
-        raise StoreFormatError(f"{reader.location}/{fmt.SOURCE_PATHS}: cannot be read: "
-                               f"{type(e).__name__}: {e}") from None
-    return [found.get(int(o), "") for o in owners[indices]]
-
-
 def sample_captions(reader: StoreReader, indices: np.ndarray, labels: np.ndarray) -> list[tuple[str, ...]]:
     """Per sample: its class name, its index and its source path (when the store keeps it)."""
     sources = source_paths(reader, indices)

@@ -26,7 +26,9 @@ from tilefeed.store.attrs import StoreAttrs
 from tilefeed.store.codec import jpeg_size
 from tilefeed.store.documents import open_store
 from tilefeed.store.shard import ShardFile, chunks, read_tiles_into
-from tilefeed.store.errors import ConfigError, CorruptChunkError, TileDecodeError
+from tilefeed.store import format as fmt
+from tilefeed.store.arrays import read_small_array
+from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreFormatError, TileDecodeError
 from tilefeed.store.checked import checked_arrays
 from tilefeed.store.cache_dir import default_cache_dir
 from tilefeed.store.remote import RemoteStore
@@ -310,3 +312,35 @@ class StoreReader:
         self._lock = threading.Lock()
         if "labels" not in state:
             self._open_arrays()
+
+
+def source_paths(reader: StoreReader, indices: np.ndarray) -> list[str]:
+    """The source file of each sample, where the store keeps ``source_paths``; else empty
+    strings.
+
+    Parameters
+    ----------
+    reader : StoreReader
+        The store.
+    indices : numpy.ndarray
+        Sample indices.
+
+    Returns
+    -------
+    list of str
+        Per sample, the path or URL its picture was read from, as the scan listed it.
+    """
+    arrays = reader.meta.arrays
+    if fmt.SOURCE_PATHS not in arrays or fmt.SOURCES not in arrays:
+        return [""] * len(indices)
+    owners = read_small_array(reader.root, reader.meta, fmt.SOURCES)
+    try:  # strings: zarr reads them (the reader checked the chunks' digests when it opened)
+        import zarr
+
+        paths = zarr.open_array(str(reader.root / fmt.SOURCE_PATHS), mode="r", zarr_format=3)
+        wanted = np.unique(owners[indices])
+        found = {int(o): str(paths[int(o)]) for o in wanted if 0 <= o < paths.shape[0]}
+    except Exception as e:  # noqa: BLE001 - any failure to read them is the store's damage
+        raise StoreFormatError(f"{reader.location}/{fmt.SOURCE_PATHS}: cannot be read: "
+                               f"{type(e).__name__}: {e}") from None
+    return [found.get(int(o), "") for o in owners[indices]]

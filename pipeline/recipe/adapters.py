@@ -1,16 +1,17 @@
 """Loader keyword arguments from what a training script holds: timm's ``train.py`` (its argparse
-namespace and ``resolve_data_config``'s output) and torchvision's reference
-``references/classification/train.py`` (its argparse namespace, as its ``presets.py`` applies it).
+namespace and ``resolve_data_config``'s output) and torchvision's references
+``references/classification/train.py`` and ``references/detection/train.py`` (their argparse
+namespaces, as their ``presets.py`` apply them).
 
-Every flag of either script that reaches its data loading is a row of that script's table
-(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``): ``HONOURED`` (mapped onto a Loader option or the
-training ``Recipe``, or of no effect on a Loader, said so) or ``REFUSED`` (not applied). A
-refused flag stops the script in one ``ConfigError`` naming it, and only where the script would
-apply it (a colour jitter that timm turns off under an ``--aa`` policy is not named); nothing is
-silently dropped. Flipping a
-row to ``HONOURED`` is the change that goes with the Loader learning that option: the row's
-``active`` test is what the script itself looks at, and the mapping lives in
-``timm_options``/``torchvision_options``.
+Every flag of a script that reaches its data loading is a row of that script's table
+(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``, ``TORCHVISION_DETECTION_FLAGS``): ``HONOURED`` (mapped
+onto a Loader option or the training ``Recipe``, or of no effect on a Loader, said so) or
+``REFUSED`` (not applied). A refused flag stops the script in one ``ConfigError`` naming it, and
+only where the script would apply it (a colour jitter that timm turns off under an ``--aa``
+policy is not named); nothing is silently dropped. Flipping a row to ``HONOURED`` is the change
+that goes with the Loader learning that option: the row's ``active`` test is what the script
+itself looks at, and the mapping lives in ``timm_options``/``torchvision_options``/
+``torchvision_detection_options``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -397,6 +398,99 @@ def _torchvision_recipe(args: Any, interpolation: Interpolation, num_classes: in
         mix = BatchMix.from_torchvision(num_classes, mixup_alpha=mixup, cutmix_alpha=cutmix)
     return Recipe(interpolation=interpolation, auto_augment=policy,
                   erasing=RandomErasing(p=erase) if erase > 0 else None, mix=mix)
+
+
+# torchvision references/detection/train.py: every flag that reaches its datasets (get_coco and
+# presets.DetectionPresetTrain/Eval: the pictures at their own size, 0..1 floats, no normalisation,
+# which the model's own transform does), its batch samplers, its collate functions and its two
+# DataLoaders
+DETECTION_AUGMENTATIONS: Final = ("hflip", "lsj", "multiscale", "ssd", "ssdlite")
+
+
+def _augmentation(args: Any) -> str:
+    return str(getattr(args, "data_augmentation", "hflip"))
+
+
+TORCHVISION_DETECTION_FLAGS: dict[str, Flag] = {
+    "data_path": Flag("--data-path", H, "the folder of the script's COCO layout: the stores `store-train` and "
+                      "`store-val` beside `annotations/instances_{train,val}2017.json`"),
+    "dataset": Flag("--dataset coco", H, "boxes and category ids (COCO's 91 classes), with each object's "
+                    "instance mask for a model whose name holds `mask`"),
+    "coco_kp": Flag("--dataset coco_kp", R, "person keypoints (a store holds no keypoints)",
+                    lambda a, c, t: getattr(a, "dataset", "coco") == "coco_kp"),
+    "batch_size": Flag("-b/--batch-size", H, "training batch size per rank (full batches, as the script's "
+                       "batch samplers make them): batch_size; evaluation takes one picture a batch, as the "
+                       "script does"),
+    "workers": Flag("-j/--workers", H, "loader workers: num_workers (DALI's threads)"),
+    "aspect_ratio_group_factor": Flag("--aspect-ratio-group-factor", H, "no effect: every tile has one "
+                                      "shape, so every batch is one aspect group"),
+    "hflip": Flag("--data-augmentation hflip", H, "the whole picture, mirrored with probability 0.5: a "
+                  "random-resized crop of scale 1 (the picture itself; a training store's pictures must "
+                  "fill square tiles, `--fit stretch`) and the Loader's flip"),
+    "augmentation": Flag("--data-augmentation lsj/multiscale/ssd/ssdlite", R,
+                         "large-scale jitter, shortest-side resizes, SSD's zoom-out, photometric distortion "
+                         "and IoU crops (the graph does not cut these windows yet)",
+                         lambda a, c, t: t and _augmentation(a) != "hflip"),
+    "use_copypaste": Flag("--use-copypaste", R, "SimpleCopyPaste in the training collate function",
+                          lambda a, c, t: t and bool(getattr(a, "use_copypaste", False))),
+    "use_v2": Flag("--use-v2", H, "crowd objects stay in the training targets (iscrowd 1), as the Loader hands "
+                   "them over; without it the script drops them: refused where a training picture has one"),
+    "backend": Flag("--backend", H, "no effect: the Loader decodes the tiles itself (PIL, tensor or tv_tensor "
+                    "alike)"),
+    "weights": Flag("--weights (with --test-only)", H, "the weights' evaluation transforms: 0..1 floats of the "
+                    "whole picture, as the script's own preset"),
+    "device": Flag("--device", H, "the device batches land on: device"),
+    "distributed": Flag("(distributed launch)", H, "rank and world_size from torch.distributed (the "
+                        "DistributedSamplers' split)"),
+}
+
+
+def torchvision_detection_options(args: Any, *, train: bool) -> dict[str, Any]:
+    """Loader keyword arguments (all but the store and its subset) for torchvision's detection
+    reference, ``references/detection/train.py``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The script's parsed arguments.
+    train : bool
+        ``data_loader`` (``DetectionPresetTrain``, a random order in full batches) or
+        ``data_loader_test`` (``DetectionPresetEval``, one picture a batch, in order).
+
+    Returns
+    -------
+    dict
+        ``Loader(store, **options)``'s options: the tiles at their own side (the model's
+        transform resizes them, as it resizes the script's full-size pictures), 0..1 floats
+        (``ToDtype(torch.float, scale=True)``: mean 0, std 1, no normalisation), boxes with
+        their category ids as targets (and instance masks for a model whose name holds
+        ``mask``); training frames each whole picture and mirrors it with probability 0.5;
+        evaluation frames the whole tile.
+
+    Raises
+    ------
+    ConfigError
+        Naming, in one line, each refused flag (``TORCHVISION_DETECTION_FLAGS``) the script would
+        apply.
+    """
+    refuse("torchvision detection train.py", TORCHVISION_DETECTION_FLAGS, args, {}, train)
+    augmentation = _augmentation(args)
+    if augmentation not in DETECTION_AUGMENTATIONS:  # the script's preset refuses it too, before this
+        raise ConfigError(f"torchvision detection train.py --data-augmentation {augmentation}: one of "
+                          f"{', '.join(DETECTION_AUGMENTATIONS)}")
+    targets = ("boxes", "masks") if "mask" in str(getattr(args, "model", "")) else ("boxes",)
+    options: dict[str, Any] = {
+        "batch_size": int(args.batch_size) if train else 1, "shuffle": train, "drop_last": train,
+        "train": train, "num_workers": max(1, int(args.workers)), "device": getattr(args, "device", None),
+        "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "targets": targets,
+    }
+    if train:
+        # scale 1 over ratios this wide: on a square picture a window of the picture's own area
+        # fits only as the picture itself (or the draws end in RandomResizedCrop's whole-picture
+        # fallback), so the crop is the picture, bit for bit; torchvision_detection_loader refuses
+        # stores whose pictures are not square, where rounding could shave a pixel off
+        options["scale"], options["ratio"] = (1.0, 1.0), (1e-3, 1e3)
+    return options
 
 
 def table(flags: Mapping[str, Flag]) -> list[tuple[str, str, str]]:
