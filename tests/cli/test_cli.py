@@ -84,8 +84,8 @@ def test_every_bench_form_has_a_summary_and_every_option_help() -> None:
     from tilefeed.cli.arguments import RENAMED
     from tilefeed.cli.bench import FORMS, main_parser
 
-    assert {"preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "schedule", "recipe", "gpu-report",
-            "cloud", "clients", "parts", "stats", "scale"} == set(FORMS)
+    assert {"preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "schedule", "recipe", "detection",
+            "gpu-report", "cloud", "clients", "parts", "stats", "scale"} == set(FORMS)
     parsers = {"": main_parser()}
     for name, form in FORMS.items():
         assert form.name == name and form.summary.strip() and "\n" not in form.summary, name
@@ -103,8 +103,8 @@ def test_bench_names_an_unknown_form_and_lists_the_forms() -> None:
     r = tilefeed("bench", "nonsense", "--count", "2")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == ("tilefeed: error: unknown bench form 'nonsense'; the forms: preprocess, "
-                                "loader, sweep, diagnose, soak, aspect, schedule, recipe, gpu-report, "
-                                "cloud, clients, parts, stats, scale")
+                                "loader, sweep, diagnose, soak, aspect, schedule, recipe, detection, "
+                                "gpu-report, cloud, clients, parts, stats, scale")
 
 
 def test_bench_rejects_unknown_loader(data: tuple[Path, Path]) -> None:

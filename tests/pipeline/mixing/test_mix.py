@@ -106,7 +106,7 @@ def test_elastic_resume_on_another_world_size_and_the_audit(stores: dict[str, Pa
                 counts.update(next(batches)[-1].tolist())
             saved.append(loader.state_dict())
     state = json.loads(json.dumps(saved[0]))
-    assert state["version"] == 6 and state["mixture"]
+    assert state["version"] == 7 and state["mixture"]
     for rank in range(3):  # three ranks finish the epoch
         with Loader(mix(stores), 16, rank=rank, world_size=3, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
             loader.load_state_dict(state)
