@@ -1,8 +1,9 @@
-"""Write the swaps and flag tables of docs/integrations.md from their sources: each script's
-``tests/scripts/<script>/swap.patch`` and its adapter table (``TIMM_FLAGS``,
-``TORCHVISION_FLAGS``), between ``<!-- swap: NAME -->`` / ``<!-- flags: NAME -->`` and
-``<!-- /generated -->`` markers. ``tests/pipeline/recipe/test_adapters.py`` fails until the page
-matches: run ``python tools/integration_docs.py`` after changing a patch or a table.
+"""Write the swaps and flag tables of docs/integrations.md and docs/detection.md from their
+sources: each script's ``tests/scripts/<script>/swap.patch`` and its adapter table
+(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``, ``TORCHVISION_DETECTION_FLAGS``), between
+``<!-- swap: NAME -->`` / ``<!-- flags: NAME -->`` and ``<!-- /generated -->`` markers.
+``tests/pipeline/recipe/test_adapters.py`` fails until the pages match: run
+``python tools/integration_docs.py`` after changing a patch or a table.
 """
 
 from __future__ import annotations
@@ -12,16 +13,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "integrations.md"
-SCRIPTS = ("timm", "torchvision")
+PAGES = (ROOT / "docs" / "integrations.md", ROOT / "docs" / "detection.md")
+SCRIPTS = ("timm", "torchvision", "torchvision_detection")
 BLOCK = re.compile(r"(<!-- (swap|flags): (\w+) -->\n).*?(<!-- /generated -->)", re.S)
 
 
 def flags_table(script: str) -> str:
     """The script's adapter table as a markdown table."""
-    from tilefeed.pipeline.recipe.adapters import TIMM_FLAGS, TORCHVISION_FLAGS, table
+    from tilefeed.pipeline.recipe.adapters import (TIMM_FLAGS, TORCHVISION_DETECTION_FLAGS, TORCHVISION_FLAGS,
+                                                   table)
 
-    rows = table(TIMM_FLAGS if script == "timm" else TORCHVISION_FLAGS)
+    rows = table({"timm": TIMM_FLAGS, "torchvision": TORCHVISION_FLAGS,
+                  "torchvision_detection": TORCHVISION_DETECTION_FLAGS}[script])
     lines = ["| flag | Loader | what |", "| --- | --- | --- |"]
     lines += [f"| `{flag}` | {verdict} | {meaning} |" for flag, verdict, meaning in rows]
     return "\n".join(lines) + "\n"
@@ -38,7 +41,7 @@ def rendered(text: str) -> str:
     def fill(match: re.Match[str]) -> str:
         kind, script = match.group(2), match.group(3)
         if script not in SCRIPTS:
-            raise SystemExit(f"{PAGE}: no script named {script!r} (known: {', '.join(SCRIPTS)})")
+            raise SystemExit(f"no script named {script!r} (known: {', '.join(SCRIPTS)})")
         body = swap(script) if kind == "swap" else flags_table(script)
         return match.group(1) + body + match.group(4)
 
@@ -46,9 +49,9 @@ def rendered(text: str) -> str:
 
 
 def main() -> int:
-    text = PAGE.read_text()
-    PAGE.write_text(rendered(text))
-    print(f"wrote {PAGE}")
+    for page in PAGES:
+        page.write_text(rendered(page.read_text()))
+        print(f"wrote {page}")
     return 0
 
 

@@ -272,14 +272,13 @@ def torchvision_detection_loader(store: str | os.PathLike[str], args: Any, datas
     ------
     ConfigError
         A refused flag (``TORCHVISION_DETECTION_FLAGS``); a store made with ``--fit crop``;
-        training pictures that do not fill square tiles; crowd objects in training without
+        crowd objects in training without
         ``--use-v2``; in evaluation, a picture of the dataset missing from the store, or one
         picture cut into several tiles.
     """
     options = torchvision_detection_options(args, train=train)
     with StoreReader(store) as reader:
         samples, image_ids, absent = dataset_samples(reader, dataset)
-        pictures = reader.boxes[samples]
         fit = reader.meta.made.get("fit")
     script = "torchvision detection train.py"
     if absent and train:
@@ -296,10 +295,6 @@ def torchvision_detection_loader(store: str | os.PathLike[str], args: Any, datas
         raise ConfigError(f"{script}: {store} was made with --fit crop, which cuts the pictures; the "
                           "script trains on and scores whole pictures (preprocess with --fit stretch, or pad "
                           "to evaluate)")
-    if train and not bool(np.all(pictures[:, 2] == pictures[:, 3])):
-        raise ConfigError(f"{script} --data-augmentation hflip trains on whole pictures: {store}'s pictures "
-                          "do not fill square tiles, and the Loader's training crops cut inside the picture "
-                          "(preprocess with --fit stretch)")
     if train and not getattr(args, "use_v2", False):
         coco = coco_dataset(dataset)[0]
         chosen = set(image_ids.tolist())

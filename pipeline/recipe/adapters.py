@@ -27,7 +27,7 @@ from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.policies import Interpolation as PolicyInterpolation
-from tilefeed.pipeline.recipe.recipe import ColorJitter, Interpolation, Recipe
+from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, Interpolation, Recipe
 from tilefeed.store.errors import ConfigError
 
 
@@ -424,13 +424,15 @@ TORCHVISION_DETECTION_FLAGS: dict[str, Flag] = {
     "workers": Flag("-j/--workers", H, "loader workers: num_workers (DALI's threads)"),
     "aspect_ratio_group_factor": Flag("--aspect-ratio-group-factor", H, "no effect: every tile has one "
                                       "shape, so every batch is one aspect group"),
-    "hflip": Flag("--data-augmentation hflip", H, "the whole picture, mirrored with probability 0.5: a "
-                  "random-resized crop of scale 1 (the picture itself; a training store's pictures must "
-                  "fill square tiles, `--fit stretch`) and the Loader's flip"),
-    "augmentation": Flag("--data-augmentation lsj/multiscale/ssd/ssdlite", R,
-                         "large-scale jitter, shortest-side resizes, SSD's zoom-out, photometric distortion "
-                         "and IoU crops (the graph does not cut these windows yet)",
-                         lambda a, c, t: t and _augmentation(a) != "hflip"),
+    "hflip": Flag("--data-augmentation hflip", H, "the whole tile, mirrored with probability 0.5: "
+                  "Recipe(crop=\"none\") (with a `--fit stretch` store, the picture as the script's models "
+                  "see it; with `--fit pad`, its letterbox)"),
+    "ssdlite": Flag("--data-augmentation ssdlite", H, "RandomIoUCrop with its defaults, then the flip: "
+                    "Recipe(crop=\"iou\"), drawn against each picture's stored boxes"),
+    "augmentation": Flag("--data-augmentation lsj/multiscale/ssd", R,
+                         "large-scale jitter, shortest-side resizes, SSD's zoom-out and photometric "
+                         "distortion (the graph does not cut these windows yet)",
+                         lambda a, c, t: t and _augmentation(a) not in ("hflip", "ssdlite")),
     "use_copypaste": Flag("--use-copypaste", R, "SimpleCopyPaste in the training collate function",
                           lambda a, c, t: t and bool(getattr(a, "use_copypaste", False))),
     "use_v2": Flag("--use-v2", H, "crowd objects stay in the training targets (iscrowd 1), as the Loader hands "
@@ -464,8 +466,8 @@ def torchvision_detection_options(args: Any, *, train: bool) -> dict[str, Any]:
         transform resizes them, as it resizes the script's full-size pictures), 0..1 floats
         (``ToDtype(torch.float, scale=True)``: mean 0, std 1, no normalisation), boxes with
         their category ids as targets (and instance masks for a model whose name holds
-        ``mask``); training frames each whole picture and mirrors it with probability 0.5;
-        evaluation frames the whole tile.
+        ``mask``); training frames each whole tile (``hflip``) or SSD's IoU crop of its picture
+        (``ssdlite``) and mirrors it with probability 0.5; evaluation frames the whole tile.
 
     Raises
     ------
@@ -484,12 +486,8 @@ def torchvision_detection_options(args: Any, *, train: bool) -> dict[str, Any]:
         "train": train, "num_workers": max(1, int(args.workers)), "device": getattr(args, "device", None),
         "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "targets": targets,
     }
-    if train:
-        # scale 1 over ratios this wide: on a square picture a window of the picture's own area
-        # fits only as the picture itself (or the draws end in RandomResizedCrop's whole-picture
-        # fallback), so the crop is the picture, bit for bit; torchvision_detection_loader refuses
-        # stores whose pictures are not square, where rounding could shave a pixel off
-        options["scale"], options["ratio"] = (1.0, 1.0), (1e-3, 1e3)
+    if train:  # the preset's crop (none, or SSD's IoU crop), then RandomHorizontalFlip(0.5)
+        options["recipe"] = Recipe(crop=Crop.IOU if augmentation == "ssdlite" else Crop.NONE)
     return options
 
 

@@ -125,7 +125,7 @@ def test_the_scripts_evaluation_scores_the_annotations_ap_1(data: Path, tmp_path
 def test_a_refused_detection_flag_stops_the_script_before_training(data: Path, tmp_path: Path) -> None:
     script = swapped(FOLDER, FILES, tmp_path / FOLDER)
     done = run(["train.py", "--data-path", str(data), *COMMON, "--epochs", "1",
-                "--output-dir", str(tmp_path / "out"), "--data-augmentation", "ssdlite"], script)
+                "--output-dir", str(tmp_path / "out"), "--data-augmentation", "ssd"], script)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("tilefeed.store.errors.ConfigError")]
     assert len(lines) == 1 and "--data-augmentation" in lines[0], done.stderr[-3000:]

@@ -105,6 +105,7 @@ def test_a_datasets_pictures_through_subsets_and_the_v2_wrapper(padded: tuple[Pa
 
 
 def test_training_loads_the_datasets_pictures_whole_and_mirrored(stretched: tuple[Path, Path, Path]) -> None:
+    """--data-augmentation hflip: each whole tile, mirrored at even odds."""
     store, src, annotations = stretched
     chosen = torch.utils.data.Subset(dataset(src, annotations), list(range(8)))
     with torchvision_detection_loader(store, args(), chosen, train=True) as loader:
@@ -127,17 +128,16 @@ def test_the_detection_scripts_refusals(padded: tuple[Path, Path, Path], stretch
                                        tmp_path: Path) -> None:
     store, src, annotations = stretched
     full = dataset(src, annotations)
-    for changed, named in ((dict(data_augmentation="ssdlite"), "--data-augmentation lsj/multiscale/ssd"),
+    for changed, named in ((dict(data_augmentation="ssd"), "--data-augmentation lsj/multiscale/ssd"),
                            (dict(dataset="coco_kp"), "--dataset coco_kp"),
                            (dict(data_augmentation="lsj", use_copypaste=True), "--use-copypaste")):
         with pytest.raises(ConfigError, match="flags the tilefeed Loader does not apply") as refused:
             torchvision_detection_loader(store, args(**changed), full, train=True)
         assert named in str(refused.value) and "\n" not in str(refused.value)
     # evaluation applies neither training augmentation
-    torchvision_detection_loader(store, args(data_augmentation="ssdlite"), full, train=False).close()
-    # letterboxed pictures: the training crops would cut inside them
-    with pytest.raises(ConfigError, match="--fit stretch"):
-        torchvision_detection_loader(padded[0], args(), dataset(padded[1], padded[2]), train=True)
+    torchvision_detection_loader(store, args(data_augmentation="ssd"), full, train=False).close()
+    # letterboxed pictures train as their whole tiles, letterbox included
+    torchvision_detection_loader(padded[0], args(), dataset(padded[1], padded[2]), train=True).close()
     # a cut picture: neither trained on nor scored whole
     cropped = made(tmp_path / "crop", "crop")
     for train in (True, False):
@@ -217,3 +217,16 @@ def test_evaluation_hands_over_image_ids_and_maps_boxes_and_masks_back(padded: t
     assert sorted(seen) == sorted(full.ids)
     assert len(ious) >= 10 and min(ious) > 0.6 and float(np.mean(ious)) > 0.8, ious
     assert float(np.mean(naive)) < float(np.mean(ious)) - 0.2, (naive, ious)
+
+
+def test_ssdlite_trains_on_ssds_iou_crops(stretched: tuple[Path, Path, Path]) -> None:
+    """--data-augmentation ssdlite: RandomIoUCrop's windows inside each picture, then the flip."""
+    store, src, annotations = stretched
+    with torchvision_detection_loader(store, args(data_augmentation="ssdlite"), dataset(src, annotations),
+                                      train=True) as loader:
+        assert loader.recipe is not None and loader.recipe.crop == "iou"
+        epoch = loader.epoch_indices(0).numpy()
+        start, end, _ = loader.windows(0, epoch)
+        assert list(next(iter(loader))[1][0]) == ["boxes", "labels", "iscrowd"]
+    assert (start >= 0).all() and (end <= T).all()
+    assert ((end - start) < T).any()  # some windows cut the picture

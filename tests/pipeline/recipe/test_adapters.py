@@ -188,8 +188,9 @@ def test_every_row_says_honoured_or_refused_and_refused_rows_can_fire() -> None:
 
 
 def test_the_integrations_page_shows_the_committed_swaps_and_tables() -> None:
-    """docs/integrations.md's swaps and flag tables are what tools/integration_docs.py makes of the
-    patches and TIMM_FLAGS / TORCHVISION_FLAGS; a changed row shows up as a difference."""
+    """docs/integrations.md's and docs/detection.md's swaps and flag tables are what
+    tools/integration_docs.py makes of the patches and TIMM_FLAGS / TORCHVISION_FLAGS /
+    TORCHVISION_DETECTION_FLAGS; a changed row shows up as a difference."""
     import importlib.util
 
     root = Path(__file__).parents[3]
@@ -202,3 +203,9 @@ def test_the_integrations_page_shows_the_committed_swaps_and_tables() -> None:
     assert page.count("<!-- /generated -->") == 4
     stale = page.replace("| `--aa` | honoured", "| `--aa` | refused")
     assert tool.rendered(stale) != stale  # the negative control: an edited row is rewritten
+    detection = (root / "docs" / "detection.md").read_text()
+    assert tool.rendered(detection) == detection, "run python tools/integration_docs.py"
+    assert detection.count("<!-- /generated -->") == 2
+    row = "| `--data-augmentation ssdlite` | "
+    stale = detection.replace(row + "honoured", row + "refused")
+    assert stale != detection and tool.rendered(stale) != stale
