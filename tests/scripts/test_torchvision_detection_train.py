@@ -110,6 +110,16 @@ def test_swapped_detection_reference_trains_evaluates_and_resumes(data: Path, tm
     assert (out / "model_1.pth").is_file()
 
 
+def test_the_ssdlite_recipe_trains_on_iou_crops(data: Path, tmp_path: Path) -> None:
+    """--data-augmentation ssdlite, SSDlite's own recipe: RandomIoUCrop and the flip, an epoch."""
+    script = swapped(FOLDER, FILES, tmp_path / FOLDER)
+    done = run(["train.py", "--data-path", str(data), *COMMON, "--epochs", "1",
+                "--data-augmentation", "ssdlite", "--output-dir", str(tmp_path / "out")], script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stdout + done.stderr
+    assert "Epoch: [0] Total time" in log and len(AP.findall(log)) == 1, log[-3000:]
+
+
 def test_the_scripts_evaluation_scores_the_annotations_ap_1(data: Path, tmp_path: Path) -> None:
     script = swapped(FOLDER, FILES, tmp_path / FOLDER)
     for extra in ([], ["--use-v2"]):
