@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -143,6 +144,9 @@ class TargetOptions:
             raise ConfigError(f"{' and '.join(given)}: a store takes its targets from one source")
         if self.instance_masks and self.annotations is None:
             raise ConfigError("--instance-masks reads a COCO file's segmentations: give --annotations FILE")
+        if self.instance_masks and importlib.util.find_spec("pycocotools") is None:
+            raise ConfigError("--instance-masks decodes polygons and RLE with pycocotools, which is not "
+                              "installed: pip install 'tilefeed[coco]'")
 
     @property
     def kind(self) -> TargetKind | None:
