@@ -319,3 +319,14 @@ def test_the_targets_are_part_of_the_run_s_identity(coco: CocoSet, tmp_path: Pat
     other.write_text(json.dumps(document))
     with pytest.raises(StoreExistsError, match="made from other sources or settings"):
         preprocess(coco.src, store, settings, workers=1, targets=TargetOptions(annotations=str(other)))
+
+
+def test_instance_masks_without_pycocotools_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pycocotools" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'tilefeed\[coco\]'"):
+        TargetOptions(annotations="a.json", instance_masks=True)
+    TargetOptions(annotations="a.json")  # boxes alone need no pycocotools
