@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tilefeed.preprocess.writer import Summary
 
 
 def cache_dir() -> Path:
@@ -36,12 +42,25 @@ def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pa
     # named by the folder's full path too: two folders of one name make two stores
     where = hashlib.sha256(str(images.resolve()).encode()).hexdigest()[:8]
     store = cache_dir() / f"{images.name}-{where}-{size}-{codec}-{fit}{shards}"
-    s = preprocess(images, store, TileSettings(tile=size, fit=fit),
-                   StoreSettings(codec=codec, shard_size=shard_size),
-                   progress=progress_bar(sys.stderr.isatty()))
+    s = cached(store, partial(preprocess, images, store, TileSettings(tile=size, fit=fit),
+                              StoreSettings(codec=codec, shard_size=shard_size),
+                              progress=progress_bar(sys.stderr.isatty())))
     print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})",
           flush=True)
     return store
+
+
+def cached(store: Path, make: Callable[..., Summary]) -> Summary:
+    """``make()``: a store in the cache, reused when complete; one made by another tilefeed
+    version or from other settings (the cache is tilefeed's own) is made again, with a note."""
+    from tilefeed.store.errors import StoreExistsError
+
+    try:
+        return make()
+    except StoreExistsError:
+        print(f"store: {store} was made by another tilefeed version or from other settings: making it "
+              "again", flush=True)
+        return make(overwrite=True)
 
 
 def demo_coco(count: int) -> tuple[Path, Path]:
@@ -62,8 +81,8 @@ def demo_coco_store(images: Path, annotations: Path, size: int, masks: bool) -> 
 
     where = hashlib.sha256(str(images.resolve()).encode()).hexdigest()[:8]
     store = cache_dir() / f"{images.parent.name}-{where}-{size}-lz4-pad{'-masks' if masks else ''}"
-    s = preprocess(images, store, TileSettings(tile=size, fit="pad"),
-                   targets=TargetOptions(annotations=str(annotations), instance_masks=masks),
-                   progress=progress_bar(sys.stderr.isatty()))
+    s = cached(store, partial(preprocess, images, store, TileSettings(tile=size, fit="pad"),
+                              targets=TargetOptions(annotations=str(annotations), instance_masks=masks),
+                              progress=progress_bar(sys.stderr.isatty())))
     print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})", flush=True)
     return store
