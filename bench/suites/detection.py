@@ -70,7 +70,7 @@ class DetectionResult:
                  "| --- | ---: | ---: |"]
         for side in (LOADER, DATALOADER):
             lines.append(f"| {side} | {self.rate[side].text(',.0f')} | {self.stall[side].text('.1%')} |")
-        lines.append(f"Loader / DataLoader: {self.speedup:.1f}x")
+        lines.append(f"Loader / DataLoader: {self.speedup:.2f}x")
         return "\n".join(lines)
 
 

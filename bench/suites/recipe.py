@@ -111,7 +111,7 @@ class RecipeResult:
                  "| --- | ---: | ---: |"]
         for side in (LOADER, DATALOADER):
             lines.append(f"| {side} | {self.rate[side].text(',.0f')} | {self.stall[side].text('.1%')} |")
-        lines.append(f"Loader / DataLoader: {self.speedup:.1f}x")
+        lines.append(f"Loader / DataLoader: {self.speedup:.2f}x")
         if self.operations:
             lines += ["", "what each operation costs (img/s, no step):",
                       f"| operations | {LOADER} | {DATALOADER} |", "| --- | ---: | ---: |"]

@@ -40,7 +40,7 @@ def test_both_sides_run_the_recipe_and_the_table_comes_back_from_json(data: tupl
     assert {r["loader"] for r in runs} == {LOADER, DATALOADER}
     assert len({r["samples"] for r in runs}) == 1
     again = RecipeResult.from_dict(json.loads(json.dumps(result.as_dict())))
-    assert again.table() == result.table() and f"{result.speedup:.1f}x" in result.table()
+    assert again.table() == result.table() and f"{result.speedup:.2f}x" in result.table()
 
 
 def test_both_sides_yield_soft_targets_of_the_same_shape(data: tuple[Path, Path]) -> None:
