@@ -83,7 +83,7 @@ wheelhouse: setup
 # On the node, into its own Python (which has CUDA torch): no network needed.
 NODE_PY ?= python3
 install-offline:
-	$(NODE_PY) -m pip install --no-index --find-links $(WHEELHOUSE) 'tilefeed[cuda$(WH_CUDA)]' \
+	$(NODE_PY) -m pip install --no-index --find-links $(WHEELHOUSE) 'tilefeed[cuda$(WH_CUDA),coco]' \
 		pillow-avif-plugin pillow-heif pillow
 	$(NODE_PY) -m tilefeed.cli.doctor --pil --offline
 
@@ -100,3 +100,4 @@ gpu-check:
 	-$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --junitxml bench-out/gpu-tests.xml
 	$(TF) bench gpu-report --tests-xml bench-out/gpu-tests.xml --out bench-out/gpu-report.json
 	$(TF) bench recipe --count 4800 --out bench-out/recipe.json
+	-$(TF) bench detection --count 512 --out bench-out/detection.json

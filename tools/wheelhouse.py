@@ -4,11 +4,12 @@
 
 Downloads, for the target Python and platform (manylinux x86_64), tilefeed's own wheel, its
 dependencies without torch (the node has its own CUDA build), DALI for the CUDA major version
-with the nvImageCodec / nvCOMP / nvJPEG wheels it requires, the AVIF and HEIC plugins, plain
+with the nvImageCodec / nvCOMP / nvJPEG wheels it requires, pycocotools (the ``coco`` extra),
+the AVIF and HEIC plugins, plain
 pillow (the fallback PIL where pillow-simd cannot be compiled) and the pillow-simd source. Writes
 ``MANIFEST.json``: file, name, version and sha256 of each. Install it on the node with
 
-    python -m pip install --no-index --find-links wheelhouse 'tilefeed[cuda13]' \\
+    python -m pip install --no-index --find-links wheelhouse 'tilefeed[cuda13,coco]' \\
         pillow-avif-plugin pillow-heif pillow
 """
 
@@ -35,7 +36,9 @@ def requirements(cuda: int) -> list[str]:
     """tilefeed's dependencies for a node, torch left out."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     deps = [d for d in project["dependencies"] if not re.match(r"torch\b", d)]
-    return deps + project["optional-dependencies"][f"cuda{cuda}"] + list(EXTRAS)
+    # the coco extra too: a GPU node's detection bench and --instance-masks need pycocotools
+    return deps + project["optional-dependencies"][f"cuda{cuda}"] + project["optional-dependencies"]["coco"] \
+        + list(EXTRAS)
 
 
 def pip(*args: str) -> None:
