@@ -93,6 +93,9 @@ class RemoteStore:
         self._small = _declared(self.attrs, listing, self.storage)
         self._mirror(listing, fresh=False)
         self.shard_sizes = [listing.get(fmt.shard_relpath(s)) for s in range(self.attrs["shards"])]
+        # the masks' shards (a store with targets) are listed, checked against the attributes
+        # by size, and not fetched: the Loader does not read masks from a bucket
+        self._mask_sizes = [listing.get(fmt.shard_relpath(s, fmt.MASKS)) for s in range(self.attrs["shards"])]
         self.bytes = sum(listing.values())
         if check:
             problems = self.problems()
@@ -136,7 +139,8 @@ class RemoteStore:
         """What ``array_problems`` finds, for every array, named by URL rather than mirror path."""
         found = []
         for name in self.attrs["arrays"]:
-            for path, detail in array_problems(self.mirror, self.attrs, name, self.shard_sizes):
+            sizes = self._mask_sizes if name == fmt.MASKS else self.shard_sizes
+            for path, detail in array_problems(self.mirror, self.attrs, name, sizes):
                 found.append((self.where(path), detail))
         return found
 
@@ -163,14 +167,11 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
     if not isinstance(arrays, dict) or fmt.IMAGES not in arrays:
         raise StoreFormatError(f"{storage.url}: the store's attributes list no arrays")
     keys: dict[str, int] = {}
-    if fmt.MASKS in arrays:
-        raise StoreFormatError(f"{storage.url}: masks of a store in object storage are not read yet; "
-                               "copy the store to a folder")
     for name, rec in arrays.items():
-        if name not in (fmt.IMAGES, *fmt.SMALL_ARRAYS):
+        if name not in (fmt.IMAGES, fmt.MASKS, *fmt.SMALL_ARRAYS):
             raise StoreFormatError(f"{storage.url}: the store's attributes list an unknown array {name!r}")
         keys[f"{name}/zarr.json"] = ARRAY_DOC_BYTES
-        if name == fmt.IMAGES:
+        if name in (fmt.IMAGES, fmt.MASKS):  # shards: fetched as they are read (masks: not yet read)
             continue
         try:
             length, chunk, ndim = int(rec["length"]), int(rec["chunk"]), int(rec.get("ndim", 1))

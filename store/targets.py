@@ -90,9 +90,12 @@ class StoreTargets:
     """
 
     def __init__(self, root: Path, store: StoreAttrs, offsets: np.ndarray | None, objects: np.ndarray | None,
-                 frames: np.ndarray) -> None:
+                 frames: np.ndarray, *, location: str = "", masks_here: bool = True) -> None:
         assert store.targets is not None
         self.record: TargetsRecord = store.targets
+        self.location = location or str(root)
+        # a store in object storage: its boxes and frames are read, its masks' shards are not
+        self.masks_here = masks_here
         self.offsets, self.objects, self.frames = offsets, objects, frames
         self.root, self.tile, self.shard_size = root, store.tile, store.shard_size
         self._store = store
@@ -153,6 +156,9 @@ class StoreTargets:
         the shard file and the sample."""
         if self.record.masks is None:
             raise ValueError("this store holds no masks")
+        if not self.masks_here:
+            raise StoreFormatError(f"{self.location}: masks of a store in object storage are not read yet; "
+                                   "copy the store to a folder")
         idx = np.asarray(indices, dtype=np.int64)
         t = self.tile
         if out.dtype != np.uint8 or out.shape != (len(idx), t, t) or not out.flags.c_contiguous:
@@ -241,22 +247,20 @@ def open_targets(root: Path, store: StoreAttrs, location: str, *, shards_here: b
                  arrays: Mapping[str, np.ndarray] | None = None) -> StoreTargets | None:
     """The checked targets of the store at ``root``; None for a store without targets (any
     version-2 store). ``shards_here``: the masks' shards are under ``root`` and are checked for
-    presence and size here (a store in a bucket with masks is refused: its cache holds images).
+    presence and size here (a store in a bucket: its boxes and frames are read, its masks are
+    not, and reading them is refused in one line).
     ``arrays``: the arrays as ``read_target_arrays`` gave them, with the masks' shards checked
     by the same check (the node's record of it, ``checked``); read and checked here otherwise."""
     if store.targets is None:
         return None
-    if store.masks is not None and not shards_here:
-        raise StoreFormatError(f"{location}: masks of a store in object storage are not read yet; "
-                               "copy the store to a folder")
     if arrays is None:
-        if store.masks is not None:
+        if store.masks is not None and shards_here:
             check_array(root, store, fmt.MASKS)
         arrays = read_target_arrays(root, store, location)
     for values in arrays.values():
         values.flags.writeable = False
     return StoreTargets(root, store, arrays.get(fmt.OBJECT_OFFSETS), arrays.get(fmt.OBJECTS),
-                        arrays[fmt.FRAMES])
+                        arrays[fmt.FRAMES], location=location, masks_here=shards_here)
 
 
 def targets_problems(root: Path, store: StoreAttrs) -> tuple[list[str], StoreTargets | None]:

@@ -330,3 +330,31 @@ def test_ssds_iou_crop_keeps_the_boxes_whose_centres_it_holds(coco_store: tuple[
                TileSettings(tile=T), workers=1)
     with pytest.raises(ConfigError, match="crop='iou'"):
         Loader(plain, 4, train=True, recipe=Recipe(crop="iou"))
+
+
+def test_a_store_with_boxes_in_a_bucket_hands_over_the_same_targets(tmp_path: Path) -> None:
+    """A store read from object storage (a real S3 server) gives the boxes its local copy gives;
+    asking for masks there is refused in one line, and a store with masks still gives its boxes."""
+    from tilefeed.store.object_storage import ObjectStorage
+    from tests.helpers import s3_environment
+
+    coco = write_coco(tmp_path / "set", images=8, planted=False)
+    boxes, masks = tmp_path / "boxes", tmp_path / "masks"
+    preprocess(coco.src, boxes, TileSettings(tile=T), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations)))
+    preprocess(coco.src, masks, TileSettings(tile=T), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations), instance_masks=True))
+    with s3_environment(tmp_path / "cache"):
+        for local, url in ((boxes, "s3://tilefeed/targets/boxes"), (masks, "s3://tilefeed/targets/masks")):
+            ObjectStorage(url).upload_tree(local, last="zarr.json")
+        with Loader(boxes, 4, targets="boxes", **OPTS) as here, \
+                Loader("s3://tilefeed/targets/boxes", 4, targets="boxes", **OPTS) as there:
+            near, far = by_sample(list(here)), by_sample(list(there))
+        assert near.keys() == far.keys() and all(same_target(near[i], far[i]) for i in near)
+        with pytest.raises(ConfigError, match="masks lie in object storage") as refused:
+            Loader("s3://tilefeed/targets/masks", 4, targets=("boxes", "masks"), **OPTS)
+        assert "\n" not in str(refused.value)
+        # its images and boxes are still read: only the masks' shards stay in the bucket
+        with Loader("s3://tilefeed/targets/masks", 4, targets="boxes", **OPTS) as there:
+            far = by_sample(list(there))
+        assert near.keys() == far.keys() and all(same_target(near[i], far[i]) for i in near)
