@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilefeed.preprocess.tasks as tasks
+import tilefeed.preprocess.worker_pool as worker_pool
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store import format as fmt
 from tilefeed.store.documents import read_attrs
@@ -81,6 +82,10 @@ def test_disk_full_is_a_clear_error_and_the_store_resumes(
         target: str) -> None:
     src, reference = source
     monkeypatch.setattr(tasks, target, _FullDiskOnThirdCall(target, tmp_path / "calls"))
+    # the fault lives in this process's module, so the workers must be forked from it: after an
+    # earlier test ran a bucket client here, the pool would use forkserver, whose workers import
+    # the real tasks (this run touches no bucket, so forking is safe)
+    monkeypatch.setattr(worker_pool, "client_started", lambda: False)
     out = tmp_path / "store"
     tiles, store = TileSettings(tile=32), StoreSettings(shard_size=50)
     with pytest.raises(StoreWriteError, match="No space left on device.*rerun the same command"):
