@@ -170,36 +170,26 @@ def _fields_problem(doc: dict[str, Any], expected: dict[str, Any]) -> str:
 def images_document_problem(doc: Any, store: StoreAttrs) -> str:
     """How the images array's zarr.json disagrees with the attributes ('' when it does not):
     zarr-python reads what it declares, tilefeed what the attributes say, and both must agree."""
-    if not isinstance(doc, dict):
-        return "not a JSON object"
     t = store.tile
-    problem = _fields_problem(doc, {
-        "zarr_format": 3, "node_type": "array", "shape": [store.samples, t, t, 3], "data_type": "uint8",
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [store.shard_size, t, t, 3]}},
-        "chunk_key_encoding": _DEFAULT_KEYS})
-    if problem:
-        return problem
-    codecs = doc.get("codecs")
-    sharding = codecs[0] if isinstance(codecs, list) and len(codecs) == 1 else None
-    if not isinstance(sharding, dict) or sharding.get("name") != "sharding_indexed":
-        return f"codecs are {short_repr(codecs)}, expected one sharding_indexed"
-    config = sharding.get("configuration")
-    if not isinstance(config, dict):
-        return "sharding_indexed has no configuration"
-    problem = _fields_problem(config, {"chunk_shape": [1, t, t, 3], "index_codecs": _INDEX_CODECS,
-                                       "index_location": "end"})
-    return problem or _codecs_problem(config.get("codecs"), CODEC_TABLE[store.codec].declared())
+    return _sharded_document_problem(doc, store, [t, t, 3], CODEC_TABLE[store.codec].declared())
 
 
 def masks_document_problem(doc: Any, store: StoreAttrs) -> str:
     """How the masks array's zarr.json disagrees with the attributes ('' when it does not): one
     (T, T) uint8 tile per chunk, sharded as the images, zstd then crc32c inside."""
+    t = store.tile
+    return _sharded_document_problem(doc, store, [t, t], CODEC_TABLE[MASK_CODEC].declared())
+
+
+def _sharded_document_problem(doc: Any, store: StoreAttrs, tile: list[int],
+                              declared: list[tuple[str, dict[str, Any]]]) -> str:
+    """How a sharded tile array's zarr.json (uint8, ``tile`` shaped chunks, ``shard_size`` of
+    them a shard) disagrees with the attributes and its inner codecs ``declared``."""
     if not isinstance(doc, dict):
         return "not a JSON object"
-    t = store.tile
     problem = _fields_problem(doc, {
-        "zarr_format": 3, "node_type": "array", "shape": [store.samples, t, t], "data_type": "uint8",
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [store.shard_size, t, t]}},
+        "zarr_format": 3, "node_type": "array", "shape": [store.samples, *tile], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [store.shard_size, *tile]}},
         "chunk_key_encoding": _DEFAULT_KEYS})
     if problem:
         return problem
@@ -210,9 +200,9 @@ def masks_document_problem(doc: Any, store: StoreAttrs) -> str:
     config = sharding.get("configuration")
     if not isinstance(config, dict):
         return "sharding_indexed has no configuration"
-    problem = _fields_problem(config, {"chunk_shape": [1, t, t], "index_codecs": _INDEX_CODECS,
+    problem = _fields_problem(config, {"chunk_shape": [1, *tile], "index_codecs": _INDEX_CODECS,
                                        "index_location": "end"})
-    return problem or _codecs_problem(config.get("codecs"), CODEC_TABLE[MASK_CODEC].declared())
+    return problem or _codecs_problem(config.get("codecs"), declared)
 
 
 def small_document_problem(doc: Any, rec: ArrayRecord) -> str:
