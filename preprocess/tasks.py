@@ -26,6 +26,7 @@ from numcodecs import blosc
 from tilefeed.store import format as fmt
 from tilefeed.store.codec import TileCodec
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
+from tilefeed.store.errors import one_line
 from tilefeed.preprocess.settings import StoreSettings, TargetKind, TileSettings
 from tilefeed.preprocess.sources.source_list import decode_paths, split_paths
 from tilefeed.preprocess.sources.targets import TargetJob
@@ -183,10 +184,7 @@ def write_part(
             try:
                 result = load_isolated(path, tiles, exact) if isolate else load_tiles(path, tiles, exact)
                 if targets is not None:
-                    assert result.placement is not None  # targets are made in resize mode only
-                    found = read_targets(targets, path, per_source[k], result.size)
-                    placed.append(place_targets(found, result.placement, result.size, tiles.tile,
-                                                targets.masks))
+                    placed.append(_placed_targets(targets, path, per_source[k], result, tiles.tile))
             except Rejected as e:
                 rejects.append((first + k, path, str(e)))
                 continue
@@ -232,7 +230,8 @@ def _write_targets(out: Storage, work: str, part: int, placed: list[TileTargets]
     objects = np.concatenate(rows) if rows else np.zeros((0, 6))
     out.write(f"{work}/{part_name(part, '.objects')}", np.ascontiguousarray(objects, dtype="<f8").tobytes())
     table["objects"] = [len(r) for r in rows]
-    table["frame"] = [tile.frame for tile in placed]
+    if placed:  # a part whose every image was rejected has no rows to fill
+        table["frame"] = [tile.frame for tile in placed]
     out.write(f"{work}/{part_name(part, '.targets')}", table.tobytes())
     return len(objects), sum(tile.outside for tile in placed)
 
@@ -251,6 +250,19 @@ def read_objects(out: Storage, work: str, part: int, count: int) -> np.ndarray:
     if len(data) != count * OBJECT_ROW.itemsize:
         raise ValueError(f"part {part}: its objects file does not hold its {count} objects")
     return np.frombuffer(data, dtype="<f8").reshape(count, 6)
+
+
+def _placed_targets(targets: TargetJob, path: str, record: bytes, result: Tiles, tile: int) -> TileTargets:
+    """One image's targets read and placed in its tile; any failure of its annotations (not
+    only the ones the readers name) rejects this image alone, with the reason."""
+    assert result.placement is not None  # targets are made in resize mode only
+    try:
+        found = read_targets(targets, path, record, result.size)
+        return place_targets(found, result.placement, result.size, tile, targets.masks)
+    except Rejected:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything one image's annotations raise: this image only
+        raise Rejected(f"bad annotation: {type(e).__name__}: {one_line(e)}") from None
 
 
 def run_part(

@@ -19,6 +19,7 @@ from tests.helpers import run_cli, tree_bytes
 from tests.preprocess.targets_data import CATEGORIES, CocoSet, write_coco, write_semantic, write_yolo
 from tilefeed.pipeline import StoreReader
 from tilefeed.preprocess import TargetOptions, TileSettings, preprocess
+from tilefeed.preprocess.targets import place_targets
 from tilefeed.store import format as fmt
 from tilefeed.store.arrays import read_small_array
 from tilefeed.store.documents import open_store
@@ -330,3 +331,33 @@ def test_instance_masks_without_pycocotools_name_the_extra(monkeypatch: pytest.M
     with pytest.raises(ConfigError, match=r"pip install 'tilefeed\[coco\]'"):
         TargetOptions(annotations="a.json", instance_masks=True)
     TargetOptions(annotations="a.json")  # boxes alone need no pycocotools
+
+
+
+_CALLS = [0]
+
+
+def _every_other_raises(*args: Any) -> Any:
+    """place_targets, but every second image's raises what no reader names."""
+    _CALLS[0] += 1
+    if _CALLS[0] % 2 == 0:
+        raise KeyError("segmentation")
+    return place_targets(*args)
+
+
+def test_any_failure_of_one_images_annotations_rejects_that_image(coco: CocoSet, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only the failures the readers name: whatever an image's annotations raise makes that
+    image a reject with the reason, and the run still writes its store."""
+    import tilefeed.preprocess.tasks as tasks
+    import tilefeed.preprocess.worker_pool as worker_pool
+
+    monkeypatch.setattr(tasks, "place_targets", _every_other_raises)
+    monkeypatch.setattr(worker_pool, "client_started", lambda: False)  # workers forked with the patch
+    out = tmp_path / "out"
+    summary = preprocess(coco.src, out, TileSettings(tile=T), workers=1,
+                         targets=TargetOptions(annotations=str(coco.annotations)))
+    reasons = _rejects(out, coco.src)
+    broken = {name for name, reason in reasons.items() if reason == "bad annotation: KeyError: 'segmentation'"}
+    assert broken and summary.accepted > 0
+    assert summary.accepted + len(reasons) == len(coco.objects) + len(coco.bad)  # every image somewhere
