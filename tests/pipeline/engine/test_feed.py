@@ -123,3 +123,26 @@ def test_device_batches_kept_over_epochs_stay_intact_at_every_prefetch_depth(
                 assert images.device.type == "cuda"
                 assert torch.equal(idx.cpu(), idx2.cpu()) and torch.equal(labels.cpu(), labels2.cpu())
                 assert torch.equal(images.cpu(), again.cpu())
+
+
+def test_the_feeding_thread_works_on_one_intra_op_thread_and_leaves_the_callers(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from tilefeed.pipeline.engine import feed
+
+    if not feed._threads_are_per_thread():
+        pytest.skip("torch's parallel backend is not OpenMP: the count would be the process's")
+    calls: list[tuple[bool, int]] = []
+    real = torch.set_num_threads
+
+    def recording(n: int) -> None:
+        calls.append((threading.current_thread() is threading.main_thread(), n))
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", recording)
+    before = torch.get_num_threads()
+    with Loader(store, 8, seed=4, train=True, size=24) as loader:
+        assert len(list(loader)) > 0
+    assert calls == [(False, 1)], "set once, on the feeding thread"
+    assert torch.get_num_threads() == before, "the caller's own count is untouched"
