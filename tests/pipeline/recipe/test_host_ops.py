@@ -260,3 +260,37 @@ def test_the_loaders_cpu_output_is_the_host_kernels_on_its_own_draws(store: Path
         assert np.array_equal(ours[k], ref), k
         changed += not np.array_equal(ref, np.asarray(cut)[:, ::-1] if windows[2][k] else np.asarray(cut))
     assert changed >= len(samples) // 2  # the ops did act on most samples (not the bare cut)
+
+
+def test_the_table_and_paste_roads_give_pils_own_bytes() -> None:
+    """Brightness and contrast by a table of the blend's answers, and whole-pixel translations by
+    a paste, against ``ImageEnhance`` and PIL's own transform on pictures of odd sizes (every
+    line length, so any vectorised blend's tail is met) at 120 factors each, inside and outside
+    0..1; the control, a table rounded rather than truncated as PIL's blend does, differs."""
+    from PIL import ImageEnhance
+
+    rng = np.random.default_rng(11)
+    factors = np.concatenate([np.linspace(0.0, 1.99, 60), rng.uniform(0.0, 3.0, 60)])
+    rounded_differs = 0
+    for k, factor in enumerate(factors.tolist()):
+        h, w = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+        img = PIL.Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        for ours, theirs in ((host_ops.adjust_brightness, ImageEnhance.Brightness),
+                             (host_ops.adjust_contrast, ImageEnhance.Contrast)):
+            assert np.array_equal(np.asarray(ours(img, factor)), np.asarray(theirs(img).enhance(factor))), \
+                (ours.__name__, factor, h, w)
+        mean = float(np.asarray(img.convert("L")).mean())
+        base = int(mean + 0.5)
+        rounded = [min(255, max(0, round(base + factor * (i - base)))) for i in range(256)] * 3
+        rounded_differs += not np.array_equal(np.asarray(img.point(rounded)),
+                                              np.asarray(ImageEnhance.Contrast(img).enhance(factor)))
+        for interpolation in (Interpolation.NEAREST, Interpolation.BILINEAR):
+            fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+            policy = AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=interpolation)
+            dx, dy = int(rng.integers(-w - 2, w + 3)), int(rng.integers(-h - 2, h + 3))
+            matrix = np.array([[1, 0, dx], [0, 1, dy]], dtype=np.float32)
+            ours = host_ops.policy_op(img, Op.TRANSLATE_X if k % 2 else Op.TRANSLATE_Y, 0.0, matrix, policy)
+            ref = img.transform(img.size, PIL.Image.Transform.AFFINE, (1.0, 0.0, dx, 0.0, 1.0, dy),
+                                host_ops._RESAMPLE[interpolation], fillcolor=fill)
+            assert np.array_equal(np.asarray(ours), np.asarray(ref)), (interpolation, dx, dy, h, w)
+    assert rounded_differs >= 30, rounded_differs
