@@ -504,6 +504,9 @@ class Loader:
         if reader.targets is None:  # of a mixture, each sample's store's frames
             raise ConfigError("boxes_to_source needs a store made with targets (its frames map tiles to "
                               "source images)")
+        if self.mixture is not None and self.augment.train:
+            raise ConfigError("boxes_to_source over a mixture maps evaluation batches: its training crops "
+                              "are drawn from positions, which ids do not name")
         samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
                              dtype=np.int64).reshape(-1)
         epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)

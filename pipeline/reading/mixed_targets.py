@@ -91,8 +91,6 @@ class MixedTargets:
         (M, 6) float64 rows as ``StoreTargets.objects``, every store's in order.
     masks : MaskKind or None
         The stores' mask kind (None when none holds masks; ``check`` refuses kinds that differ).
-    categories : tuple of (int, str)
-        The merged table (``combine_categories``).
     """
 
     def __init__(self, sources: Sequence[StoreTargets | None], names: Sequence[str], sizes: Sequence[int],

@@ -58,15 +58,22 @@ def sizes_of(stores: dict[str, Path]) -> dict[str, int]:
 
 def test_every_sample_once_with_what_its_store_alone_gives(stores: dict[str, Path]) -> None:
     """Evaluation (the whole letterbox, no draws): each sample of the mixture once, its boxes,
-    labels and masks those of its store read on its own; a background image has none."""
+    labels and masks those of its store read on its own, and mapped back to its source image
+    as there; a background image has none (and no frame to map through)."""
     got: dict[tuple[str, int], Any] = {}
+    back: dict[tuple[str, int], np.ndarray] = {}
     with Loader(mix_of(stores), 4, targets=("boxes", "masks"), with_index=True, shuffle=True, seed=3) as loader:
         for images, targets, ids in loader:
             assert len(targets) == len(images)
             names, local = loader.source_of(ids)
-            for target, name, i in zip(targets, names, local.tolist(), strict=True):
+            for k, (target, name, i) in enumerate(zip(targets, names, local.tolist(), strict=True)):
                 assert (name, i) not in got
                 got[name, i] = target
+                if name != "neg":
+                    back[name, i] = loader.boxes_to_source([target["boxes"]], ids[k:k + 1])[0]
+                else:
+                    with pytest.raises(ConfigError, match="'neg' holds no frames"):
+                        loader.boxes_to_source([target["boxes"]], ids[k:k + 1])
     sizes = sizes_of(stores)
     assert set(got) == {(name, i) for name, n in sizes.items() for i in range(n)}
     objects = 0
@@ -75,6 +82,7 @@ def test_every_sample_once_with_what_its_store_alone_gives(stores: dict[str, Pat
             for _, targets, ids in alone:
                 for target, i in zip(targets, ids.tolist(), strict=True):
                     assert same_target(got[name, i], target), (name, i)
+                    assert np.array_equal(back[name, i], alone.boxes_to_source([target["boxes"]], [i])[0])
                     objects += len(target["boxes"])
     assert objects > 10
     for i in range(sizes["neg"]):
@@ -104,6 +112,8 @@ def test_training_targets_are_torchvisions_on_each_stores_rows(stores: dict[str,
                 assert torch.allclose(got["boxes"].double(), want["boxes"].double(), atol=1e-3, rtol=0)
                 assert torch.equal(got["masks"], want["masks"].to(torch.uint8))
                 seen += len(got["boxes"])
+        with pytest.raises(ConfigError, match="drawn from positions"):
+            loader.boxes_to_source([targets[0]["boxes"]], ids[:1])
     assert seen > 10 and background == 5
 
 
