@@ -181,7 +181,8 @@ class Loader:
         sanitised as ``ClampBoundingBoxes`` + ``SanitizeBoundingBoxes``, masks by nearest
         sampling) and take the labels' place in the batch. In evaluation the whole tile is
         framed (the letterbox as stored), and ``boxes_to_source`` maps boxes back to the source
-        image. Part of the resume state's identity.
+        image. Of a ``Mix``, each sample's from its own store (``Mix(background=)`` names the
+        stores without targets whose images hold no objects). Part of the resume state's identity.
     targets_layout : {"dicts", "padded"}, default "dicts"
         ``"dicts"``: torchvision's detection targets, a list of per-image dicts (``boxes`` float32
         XYXY, ``labels``, ``iscrowd``, ``masks``). ``"padded"``: one dict of padded tensors with
