@@ -117,6 +117,27 @@ def test_training_targets_are_torchvisions_on_each_stores_rows(stores: dict[str,
     assert seen > 10 and background == 5
 
 
+def test_the_padded_layout_holds_the_dicts_boxes_with_counts(stores: dict[str, Path]) -> None:
+    """Padded targets of a mixture: each image's boxes and labels are the dicts layout's, a
+    background image's count 0 with every slot padded."""
+    options = dict(targets="boxes", **OPTS)
+    with Loader(mix_of(stores), 4, **options) as loader:
+        dicts = list(loader)
+    with Loader(mix_of(stores), 4, targets_layout="padded", max_objects=16, **options) as loader:
+        padded = list(loader)
+        sources = [loader.source_of(ids)[0] for _, _, ids in padded]
+    empty = 0
+    for (_, listed, i1), (_, table, i2), names in zip(dicts, padded, sources, strict=True):
+        assert torch.equal(i1, i2) and table["boxes"].shape == (len(i1), 16, 4)
+        for k, (target, name) in enumerate(zip(listed, names, strict=True)):
+            count = int(table["counts"][k])
+            assert count == len(target["boxes"]) and bool((table["labels"][k, count:] == -1).all())
+            assert torch.equal(table["boxes"][k, :count], target["boxes"])
+            assert torch.equal(table["labels"][k, :count], target["labels"])
+            empty += name == "neg" and count == 0
+    assert empty == 5
+
+
 def test_an_elastic_resume_of_a_mixture_gives_the_same_targets_bit_for_bit(stores: dict[str, Path]) -> None:
     """Two ranks hand over a batch each; three ranks at another batch size finish the epoch:
     every sample's boxes and masks are those the uninterrupted run gave, none twice."""
