@@ -36,6 +36,7 @@ from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
 from tilefeed.pipeline.settings import Layout, LoaderSettings, check_int, require_dali
 from tilefeed.pipeline.planning.order import Shuffle, batches_per_rank
+from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
 from tilefeed.pipeline.planning.sizes import Schedule
@@ -180,7 +181,8 @@ class Loader:
         sanitised as ``ClampBoundingBoxes`` + ``SanitizeBoundingBoxes``, masks by nearest
         sampling) and take the labels' place in the batch. In evaluation the whole tile is
         framed (the letterbox as stored), and ``boxes_to_source`` maps boxes back to the source
-        image. Part of the resume state's identity.
+        image. Of a ``Mix``, each sample's from its own store (``Mix(background=)`` names the
+        stores without targets whose images hold no objects). Part of the resume state's identity.
     targets_layout : {"dicts", "padded"}, default "dicts"
         ``"dicts"``: torchvision's detection targets, a list of per-image dicts (``boxes`` float32
         XYXY, ``labels``, ``iscrowd``, ``masks``). ``"padded"``: one dict of padded tensors with
@@ -312,18 +314,19 @@ class Loader:
         recipe = self.recipe
         if recipe is None or recipe.crop is not Crop.IOU or not self.settings.train:
             return None
-        store = self.reader.targets if isinstance(self.reader, StoreReader) else None
+        store = self.reader.targets
+        if isinstance(store, MixedTargets):  # each store's boxes, or a background store's none
+            store.check(boxes=True, masks=False, what="crop='iou'")
         if store is None or store.offsets is None or store.objects is None:
             raise ConfigError("crop='iou' draws each window against the sample's stored boxes: read a "
-                              "store made with boxes (--annotations or --yolo), on its own")
+                              "store made with boxes (--annotations or --yolo)")
         return store.offsets, store.objects
 
     def _check_targets(self, s: LoaderSettings) -> None:
         """Refuse targets the store does not hold, in one line."""
-        if self.mixture is not None:
-            raise ConfigError("targets: a mixture of stores hands over image labels only; read a store "
-                              "with targets on its own")
-        store = self.reader.targets if isinstance(self.reader, StoreReader) else None
+        store = self.reader.targets
+        if isinstance(store, MixedTargets):  # each store named where it lacks what is asked
+            store.check(Targets.BOXES in s.targets, Targets.MASKS in s.targets)
         if store is None:
             raise ConfigError(f"targets: {self.reader.location} holds no boxes or masks (it was made "
                               "without --annotations, --yolo or --masks)")
@@ -499,9 +502,12 @@ class Loader:
             Per sample, (k, 4) float64 XYXY in source-image pixels.
         """
         reader = self.reader
-        if not isinstance(reader, StoreReader) or reader.targets is None:
+        if reader.targets is None:  # of a mixture, each sample's store's frames
             raise ConfigError("boxes_to_source needs a store made with targets (its frames map tiles to "
                               "source images)")
+        if self.mixture is not None and self.augment.train:
+            raise ConfigError("boxes_to_source over a mixture maps evaluation batches: its training crops "
+                              "are drawn from positions, which ids do not name")
         samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
                              dtype=np.int64).reshape(-1)
         epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)
@@ -584,7 +590,6 @@ class Loader:
         s = self.settings
         if not s.targets:
             return None
-        assert isinstance(self.reader, StoreReader)  # targets of a mixture are refused
         return BatchTargets(s.targets, s.targets_layout, self.augment, self.seed, plan.epoch, plan.size,
                             self.batch_size, max_objects=s.max_objects, reader=self.reader, keys=plan.keys)
 

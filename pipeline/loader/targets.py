@@ -24,7 +24,7 @@ import numpy as np
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.crops import StoreObjects, graph_inputs, iou_windows, sent_names
 from tilefeed.pipeline.recipe.recipe import Crop
-from tilefeed.pipeline.reading.reader import StoreReader
+from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.targets.batches import FramedTargets, Targets, TargetsLayout, frame_targets
 from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.objects import Objects
@@ -32,7 +32,7 @@ from tilefeed.pipeline.targets.objects import Objects
 TARGETS = "targets"  # the hand-over's entry that holds them
 
 
-def sample_framing(reader: StoreReader, augment: Augment, seed: int, epoch: int, size: int,
+def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int,
                    samples: np.ndarray, keys: np.ndarray | None = None,
                    objects: StoreObjects | None = None) -> Framing:
     """How the graph frames ``samples`` of ``epoch`` at output side ``size``: the same draws it
@@ -41,16 +41,16 @@ def sample_framing(reader: StoreReader, augment: Augment, seed: int, epoch: int,
 
     Parameters
     ----------
-    reader : StoreReader
-        The store (its tiles' picture boxes).
+    reader : StoreReader or MixedReader
+        The store, or a mixture's stores (their tiles' picture boxes).
     augment : Augment
         The graph's framing and the recipe's flips.
     seed, epoch, size : int
         The Loader's seed, the epoch and its output side.
     samples : numpy.ndarray
-        Store indices.
+        Store indices (of a mixture: its global ids).
     keys : numpy.ndarray, optional
-        Their crop keys (None: the samples).
+        Their crop keys (None: the samples; of a mixture: the positions).
     objects : tuple of numpy.ndarray, optional
         The store's object offsets and rows, for a recipe's ``crop="iou"``.
 
@@ -87,8 +87,9 @@ class BatchTargets:
         ``SanitizeBoundingBoxes``' thresholds, in output pixels.
     max_objects : int or None
         The padded layout's slots per image (None: the batch's largest count).
-    reader : StoreReader
-        The store, whose boxes, mask tiles and picture boxes are read.
+    reader : StoreReader or MixedReader
+        The store, whose boxes, mask tiles and picture boxes are read; or a mixture, each
+        sample's from its own store (``MixedTargets``).
     keys : numpy.ndarray or None
         The stretch's crop keys; None: each batch's samples.
     """
@@ -103,7 +104,7 @@ class BatchTargets:
     min_size: float = 1.0
     min_area: float = 1.0
     max_objects: int | None = None
-    reader: StoreReader | None = field(default=None, compare=False)
+    reader: AnyReader | None = field(default=None, compare=False)
     keys: np.ndarray | None = field(default=None, compare=False)
 
     def framed(self, samples: np.ndarray, keys: np.ndarray | None = None) -> FramedTargets:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +62,13 @@ class Mix:
     indices : mapping of str to sequence of int, optional
         Name -> the samples of that store the mixture takes (a train/validation split, as the
         Loader's ``indices`` for one store); its size is then the subset's.
+    background : collection of str, optional
+        Names of stores made without targets whose images hold no objects (detection's
+        background images). A Loader asking for ``targets`` reads each of their samples with no
+        boxes and, with masks, an all-background mask; without being named here, a store without
+        targets is refused in a Loader that asks for them. Every other store of the mixture must
+        hold the targets asked; category ids are kept as each store numbers them, and stores that
+        name one id differently are refused.
     """
 
     stores: Mapping[str, str | Path]
@@ -69,6 +76,7 @@ class Mix:
     epoch_samples: int | None = None
     labels: LabelRule | str = LabelRule.SAME  # a LabelRule once made
     indices: Mapping[str, Any] | None = None
+    background: Collection[str] = ()  # a sorted tuple once made
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,6 +104,12 @@ class Mix:
         if self.indices is not None and not set(self.indices) <= set(stores):
             unknown = sorted(set(self.indices) - set(stores))
             raise ConfigError(f"Mix indices name stores it does not hold: {unknown}")
+        if isinstance(self.background, str) or not all(isinstance(n, str) for n in self.background):
+            raise ConfigError(f"Mix background must be a collection of store names, got {self.background!r}")
+        if not set(self.background) <= set(stores):
+            unknown = sorted(set(self.background) - set(stores))
+            raise ConfigError(f"Mix background names stores it does not hold: {unknown}")
+        object.__setattr__(self, "background", tuple(sorted(set(self.background))))
         object.__setattr__(self, "labels", label_rule(self.labels, "Mix labels"))
         object.__setattr__(self, "stores", stores)
         object.__setattr__(self, "names", tuple(stores))
@@ -128,10 +142,12 @@ class Mixture:
 
     def identity(self) -> str:
         """What a resumed state must agree on besides seed and shuffle: sources, sizes, subsets,
-        quotas, labels."""
+        quotas, labels, background stores."""
         subsets = [None if s is None else hashlib.sha256(s.tobytes()).hexdigest()[:16] for s in self.subsets]
         described = {"names": self.mix.names, "sizes": self.plan.sizes, "quotas": self.plan.quotas,
                      "labels": self.reader.rule.value, "shard_size": self.reader.shard_size, "subsets": subsets}
+        if self.mix.background:  # which stores' images hold no objects decides a batch's targets
+            described["background"] = list(self.mix.background)
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
@@ -153,7 +169,7 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
     try:
         for store in mix.stores.values():  # the bucket options are for the stores in buckets
             opened.append(settings.open_store(store if is_url(store) else StoreReader(store)))
-        reader = MixedReader(opened, list(mix.names), mix.labels)
+        reader = MixedReader(opened, list(mix.names), mix.labels, mix.background)
         given = mix.indices or {}
         subsets = tuple(None if n not in given else store_subset(given[n], len(r), f"Mix indices of {n!r}")
                         for n, r in zip(mix.names, opened, strict=True))

@@ -7,7 +7,8 @@ tile of a batch in one pass, in the batch's order, each from its own store's sha
 (a source in a bucket) a batch's ids are split by source, each source is called once with its
 own ids in the batch's order, and the results go back in the batch's order.
 Labels and boxes are ``MixedArray`` views that gather from the sources' own (memory-mapped)
-arrays at each lookup, so memory does not grow with the stores.
+arrays at each lookup, so memory does not grow with the stores. Their boxes and masks, each
+sample's from its own store: ``targets`` (``reading.mixed_targets``).
 
 What can be mixed: stores of one tile side, and of one decoder. JPEG tiles are decoded by
 nvJPEG or the host's JPEG decoder, lossless ones on the host, and a graph is built for one kind;
@@ -18,12 +19,14 @@ one codec, ``reader.codec`` (``source.BatchSource``). JPEG stores of different q
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Final, TypeAlias
 
 import numpy as np
 
+from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.errors import ConfigError
@@ -206,9 +209,10 @@ class MixedReader:
     every source (a closed StoreReader maps its shards again when read)."""
 
     def __init__(self, sources: Sequence[StoreReader], names: Sequence[str],
-                 labels: LabelRule | str = LabelRule.SAME) -> None:
+                 labels: LabelRule | str = LabelRule.SAME, background: Collection[str] = ()) -> None:
         self.sources = tuple(sources)
         self.names = tuple(names)
+        self.background = frozenset(background)
         if not self.sources:
             raise ConfigError("a mixture needs at least one store")
         if len(self.names) != len(self.sources):
@@ -218,6 +222,7 @@ class MixedReader:
             raise ConfigError(f"the stores of a mixture need distinct non-empty names, got "
                               f"{list(self.names)!r}")
         self.codec: TileCodec = self._check_decoding()
+        self._check_background()
         self.tile: int = self.sources[0].tile
         self.sizes = tuple(len(r) for r in self.sources)
         self.offsets = tuple(itertools.accumulate(self.sizes[:-1], initial=0))
@@ -255,6 +260,24 @@ class MixedReader:
                     f"{codec.name}, {name!r} is {r.codec.name} (tiles cut and resized on the host "
                     "are decoded by one codec, the reader's)")
         return codec
+
+    def _check_background(self) -> None:
+        """A background store is one whose images hold no objects: it must hold no targets."""
+        unknown = sorted(self.background - set(self.names))
+        if unknown:
+            raise ConfigError(f"a mixture's background names stores it does not hold: {unknown}")
+        for name, r in zip(self.names, self.sources, strict=True):
+            if name in self.background and r.targets is not None:
+                raise ConfigError(f"the mixture's store {name!r} holds targets, so its images are not "
+                                  "background images: drop it from background")
+
+    @cached_property
+    def targets(self) -> MixedTargets | None:
+        """The stores' targets by global id (``MixedTargets``); None when no store holds any."""
+        if all(r.targets is None for r in self.sources):
+            return None
+        return MixedTargets([r.targets for r in self.sources], self.names, self.sizes,
+                            [r.boxes for r in self.sources], self.tile, self.background)
 
     def _views(self) -> None:
         self.labels = MixedArray([r.labels for r in self.sources], self._lookups)  # (N,) int64
