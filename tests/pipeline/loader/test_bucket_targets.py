@@ -17,7 +17,8 @@ from tilefeed.preprocess.settings import StoreSettings, TargetOptions
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import CorruptChunkError
 from tilefeed.store.inspection import info, verify
-from tests.helpers import run_cli, s3_environment
+from tilefeed.store.object_storage import ObjectStorage
+from tests.helpers import run_cli, s3_environment, tree_bytes
 from tests.preprocess.targets_data import write_coco
 
 T = 64  # tile side
@@ -39,6 +40,14 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
     with s3_environment(tmp / "cache") as env:
         summary = preprocess(coco.src, URL, **settings)
         assert summary.shards == 3 and summary.objects > 0
+        # the bucket holds what the folder holds, object for file, byte for byte (the masks'
+        # shards and the targets' arrays included); the same command again changes nothing
+        storage = ObjectStorage(URL)
+        files = tree_bytes(local)
+        assert sorted(storage.sizes("")) == sorted(files)
+        assert any(key.startswith(f"{fmt.MASKS}/c/") for key in files)
+        assert all(storage.read(key) == data for key, data in files.items())
+        assert preprocess(coco.src, URL, **settings).up_to_date
         yield local, env
 
 
@@ -96,8 +105,6 @@ def test_a_bucket_store_with_masks_hands_over_what_its_folder_does(stores: tuple
 def _damage(key: str, at: int) -> bytes:
     """Flip one byte of object ``key`` of the store in the bucket (its size kept); the object's
     bytes before the damage."""
-    from tilefeed.store.object_storage import ObjectStorage
-
     storage = ObjectStorage(URL)
     good = storage.read(key)
     bad = bytearray(good)
@@ -108,8 +115,6 @@ def _damage(key: str, at: int) -> bytes:
 
 
 def _restore(key: str, good: bytes) -> None:
-    from tilefeed.store.object_storage import ObjectStorage
-
     with ObjectStorage(URL).writer(key) as f:
         f.write(good)
 
