@@ -135,7 +135,7 @@ def held_targets(reader: StoreReader) -> tuple[str, ...]:
     if store is None:
         return ()
     boxes = store.offsets is not None
-    masks = store.masks is not None and store.masks_here  # a bucket's masks are not read
+    masks = store.masks is not None
     return (("boxes",) if boxes else ()) + (("masks",) if masks else ())
 
 
@@ -169,7 +169,7 @@ def stored_targets(reader: StoreReader, indices: np.ndarray) -> list[dict[str, A
         return None
     out: list[dict[str, Any]] = []
     masks = None
-    if store.masks is not None and store.masks_here:
+    if store.masks is not None:
         masks = np.empty((len(indices), store.tile, store.tile), dtype=np.uint8)
         store.read_masks_into(indices, masks)
     for k, rows in enumerate(store.rows(indices)):

@@ -48,7 +48,7 @@ import numpy as np
 from tilefeed.store import format as fmt
 from tilefeed.preprocess import tasks
 from tilefeed.store.documents import parse_attrs
-from tilefeed.store.errors import ConfigError, StoreWriteError, TilefeedError
+from tilefeed.store.errors import StoreWriteError, TilefeedError
 from tilefeed.preprocess.output import RunPlan, out_inside, prepare_output, scan_folder, writer_lock
 from tilefeed.preprocess.worker_pool import Pool
 from tilefeed.preprocess.publish import publish, reason_counts
@@ -58,7 +58,7 @@ from tilefeed.preprocess.sources.source_list import split_paths
 from tilefeed.preprocess.sources.scanning import SourceOptions
 from tilefeed.preprocess.sources.finding import Listing, check_source, scan_sources
 from tilefeed.store.location import open_storage
-from tilefeed.store.storage import Storage, is_url, redacted
+from tilefeed.store.storage import Storage, redacted
 
 PART_SOURCES: Final = 64  # sources per part of a small run; the source list is indexed as often
 MAX_PART_SOURCES: Final = 2048
@@ -138,7 +138,7 @@ def preprocess(
         Settings added to the cloud's standard configuration, for bucket URLs.
     targets : TargetOptions, optional
         Boxes and masks read beside the images (a COCO file, a YOLO folder, semantic masks):
-        mapped into each tile with its pixels and stored with them (resize mode, a folder OUT).
+        mapped into each tile with its pixels and stored with them (resize mode; OUT a folder or a bucket URL).
 
     Returns
     -------
@@ -167,9 +167,6 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
     store = store or StoreSettings()
     if targets is not None and targets.kind is not None:
         targets.check(tiles)
-        if is_url(out):
-            raise ConfigError("a store with targets is written to a folder (stores in object storage "
-                              "carry no targets yet)")
     workers = default_workers(tiles.worker_memory) if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")

@@ -20,9 +20,11 @@ from tilefeed.store.errors import CacheError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW | CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | NOFOLLOW | CLOEXEC | getattr(os, "O_NONBLOCK", 0)  # a planted pipe never blocks
-# The folders, below a store's root, that hold one entry per shard number: what every shard's
-# key shares.
-_SHARDS_FOLDER = PurePosixPath(os.path.commonpath([fmt.shard_relpath(0), fmt.shard_relpath(1)])).parts
+# The folders, below a store's root, that hold one entry per shard number, per sharded array
+# (images, and the masks of a store with targets): what every shard's key of that array shares.
+_SHARDS_FOLDERS = {array: PurePosixPath(os.path.commonpath([fmt.shard_relpath(0, array),
+                                                            fmt.shard_relpath(1, array)])).parts
+                   for array in (fmt.IMAGES, fmt.MASKS)}
 
 
 def default_cache_dir() -> Path:
@@ -170,28 +172,30 @@ def cached_shards(cache_dir: Path) -> list[tuple[float, int, str]]:
         with os.scandir(top) as mirrors:
             names = [e.name for e in mirrors if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
         for mirror in names:
-            try:
-                shards_fd = enter_dir(top, [mirror, *_SHARDS_FOLDER], False, cache_dir)
-            except (OSError, CacheError):
-                continue
-            try:
-                found += _shard_files(shards_fd, mirror, cache_dir)
-            finally:
-                os.close(shards_fd)
+            for array, folder in _SHARDS_FOLDERS.items():
+                try:
+                    shards_fd = enter_dir(top, [mirror, *folder], False, cache_dir)
+                except (OSError, CacheError):
+                    continue
+                try:
+                    found += _shard_files(shards_fd, mirror, cache_dir, array)
+                finally:
+                    os.close(shards_fd)
     finally:
         os.close(top)
     return found
 
 
-def _shard_files(shards_fd: int, mirror: str, cache_dir: Path) -> list[tuple[float, int, str]]:
-    """``cached_shards`` of one store's mirror; ``shards_fd`` is its folder of shard numbers."""
+def _shard_files(shards_fd: int, mirror: str, cache_dir: Path, array: str) -> list[tuple[float, int, str]]:
+    """``cached_shards`` of one array of one store's mirror; ``shards_fd`` is its folder of
+    shard numbers."""
     with os.scandir(shards_fd) as entries:
         numbers = [e.name for e in entries
                    if e.name.isascii() and e.name.isdigit() and e.is_dir(follow_symlinks=False)]
     found: list[tuple[float, int, str]] = []
     for number in numbers:
-        rel = fmt.shard_relpath(int(number))
-        first, *folders, name = rel.split("/")[len(_SHARDS_FOLDER):]
+        rel = fmt.shard_relpath(int(number), array)
+        first, *folders, name = rel.split("/")[len(_SHARDS_FOLDERS[array]):]
         if first != number:  # '007': not a name a shard is given
             continue
         try:

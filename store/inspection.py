@@ -162,7 +162,7 @@ def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: b
     targets: StoreTargets | None = None
     if not problems:
         problems += _small_array_problems(root, meta)
-        found, targets = targets_problems(root, meta)
+        found, targets = targets_problems(root, meta, remote)
         problems += found
     if remote is not None:  # the scratch folder's paths named by URL
         problems = [remote.where(p) for p in problems]
@@ -174,7 +174,12 @@ def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: b
                              for p in _fetch_and_verify(remote, shard, meta, codec, deep)]
         elif fmt.shard_path(root, shard).is_file():  # a missing one is reported above
             problems += _verify_shard(root, shard, meta, codec, deep)
-        if meta.masks is not None and remote is None and fmt.shard_path(root, shard, fmt.MASKS).is_file():
+        if meta.masks is not None and remote is not None:
+            assert remote.mask_cache is not None
+            if remote.mask_sizes[shard] is not None:  # a missing one is reported above
+                problems += [remote.where(p)
+                             for p in _fetch_and_verify_masks(remote, shard, meta, deep, targets)]
+        elif meta.masks is not None and fmt.shard_path(root, shard, fmt.MASKS).is_file():
             problems += mask_shard_problems(root, meta, shard, deep, targets)
         if on_shard:
             on_shard()
@@ -222,6 +227,21 @@ def _fetch_and_verify(remote: RemoteStore, shard: int, meta: StoreAttrs, codec: 
         return _verify_shard(remote.mirror, shard, meta, codec, deep, digest=False)  # checked above
     finally:
         fmt.shard_path(remote.mirror, shard).unlink(missing_ok=True)
+
+
+def _fetch_and_verify_masks(remote: RemoteStore, shard: int, meta: StoreAttrs, deep: bool,
+                            targets: StoreTargets | None) -> list[str]:
+    """The masks shard downloaded as ``_fetch_and_verify`` downloads an images shard (size,
+    index and sha256 checked on the way), its chunks checked, then the copy removed."""
+    assert remote.mask_cache is not None
+    try:
+        remote.mask_cache.fetch(shard)
+    except Exception as e:  # noqa: BLE001 - a shard that cannot be fetched whole is a finding
+        return [str(e)]
+    try:
+        return mask_shard_problems(remote.mirror, meta, shard, deep, targets, digest=False)  # checked above
+    finally:
+        fmt.shard_path(remote.mirror, shard, fmt.MASKS).unlink(missing_ok=True)
 
 
 def _verify_shard(root: Path, shard: int, meta: StoreAttrs, codec: TileCodec, deep: bool,

@@ -21,8 +21,10 @@ class RangedTiles:
     """Tiles by ranged requests: each shard's index fetched once, a batch's tiles of one shard in
     one request (obstore coalesces nearby ranges), shards of a batch fetched concurrently."""
 
-    def __init__(self, storage: ObjectStorage, shard_bytes: list[int], tiles_per_shard: int) -> None:
+    def __init__(self, storage: ObjectStorage, shard_bytes: list[int], tiles_per_shard: int,
+                 array: str = fmt.IMAGES) -> None:
         self.storage, self.shard_bytes, self.tiles_per_shard = storage, shard_bytes, tiles_per_shard
+        self.array = array  # images, or a store's masks
         self._index: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -38,7 +40,7 @@ class RangedTiles:
         table = self._index.get(shard)
         if table is not None:
             return table
-        key, size = fmt.shard_relpath(shard), self.shard_bytes[shard]
+        key, size = fmt.shard_relpath(shard, self.array), self.shard_bytes[shard]
         tail = fmt.index_nbytes(self.tiles_per_shard)
         for attempt in range(ATTEMPTS):
             data = self.storage.read_ranges(key, [size - tail], [size])[0]
@@ -70,7 +72,7 @@ class RangedTiles:
         return out
 
     def _shard_tiles(self, shard: int, indices: list[int]) -> list[memoryview]:
-        table, key = self._table(shard), fmt.shard_relpath(shard)
+        table, key = self._table(shard), fmt.shard_relpath(shard, self.array)
         local = [i - shard * self.tiles_per_shard for i in indices]
         starts = [int(table[j, 0]) for j in local]
         ends = [s + int(table[j, 1]) for s, j in zip(starts, local, strict=True)]

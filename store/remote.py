@@ -13,6 +13,10 @@ Shards then come two ways:
 - ``RangedTiles`` (``ranged_tiles``): when random order meets a cache smaller than the store,
   tiles are read by ranged requests, nothing kept on disk.
 
+A store with masks has a second sharded array; its shards come the same two ways, checked the
+same way (size, index and chunk crc32c, the sha256 the attributes record), into the same cache
+folder under the same limit, fetched ahead only once masks are read.
+
 The attributes, and so the digests everything is checked against, are read from the bucket on
 every open, never from the cache. A store written before shards had digests is read with a
 warning (once per store and process) that its cache cannot be checked.
@@ -28,6 +32,8 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tilefeed.store import format as fmt
 from tilefeed.store.arrays import array_problems
@@ -93,9 +99,9 @@ class RemoteStore:
         self._small = _declared(self.attrs, listing, self.storage)
         self._mirror(listing, fresh=False)
         self.shard_sizes = [listing.get(fmt.shard_relpath(s)) for s in range(self.attrs["shards"])]
-        # the masks' shards (a store with targets) are listed, checked against the attributes
-        # by size, and not fetched: the Loader does not read masks from a bucket
-        self._mask_sizes = [listing.get(fmt.shard_relpath(s, fmt.MASKS)) for s in range(self.attrs["shards"])]
+        # the masks' shards (a store with targets): listed and checked against the attributes by
+        # size here, fetched as they are read
+        self.mask_sizes = [listing.get(fmt.shard_relpath(s, fmt.MASKS)) for s in range(self.attrs["shards"])]
         self.bytes = sum(listing.values())
         if check:
             problems = self.problems()
@@ -116,10 +122,42 @@ class RemoteStore:
         self.cache = ShardCache(self.storage, self.mirror, self.cache_dir, shard_bytes,
                                 self.attrs["shard_size"], cache_limit, digests)
         self.ranges = RangedTiles(self.storage, shard_bytes, self.attrs["shard_size"])
+        self.mask_cache: ShardCache | None = None
+        self.mask_ranges: RangedTiles | None = None
+        masks = self.attrs["arrays"].get(fmt.MASKS)
+        if masks is not None:  # its shard_bytes and shard_sha256 checked by load_attrs
+            per_shard = self.attrs["shard_size"]
+            self.mask_cache = ShardCache(self.storage, self.mirror, self.cache_dir, masks["shard_bytes"],
+                                         per_shard, cache_limit, masks["shard_sha256"], fmt.MASKS)
+            self.mask_ranges = RangedTiles(self.storage, masks["shard_bytes"], per_shard, fmt.MASKS)
+        # the masks' read-ahead follows the images' plan once a mask is read: a Loader that asks
+        # for no masks fetches none
+        self.masks_read = False
+        self._plan: tuple[np.ndarray, int, int] | None = None
+
+    def plan(self, indices: np.ndarray, window: int, depth: int) -> None:
+        """Fetch the shards ``indices`` need in the order they need them (``ShardCache.plan``):
+        the images', and the masks' once masks are read."""
+        self._plan = (indices, window, depth)
+        self.cache.plan(indices, window, depth)
+        if self.mask_cache is not None and self.masks_read:
+            self.mask_cache.plan(indices, window, depth)
+
+    def mask_shard(self, shard: int) -> None:
+        """Masks shard ``shard`` in the mirror, fetched and checked first if needed."""
+        assert self.mask_cache is not None
+        if not self.masks_read:
+            self.masks_read = True
+            if self._plan is not None:  # the rest of this epoch's masks fetched ahead too
+                self.mask_cache.plan(*self._plan)
+        self.mask_cache.fetch(shard)
 
     def close(self) -> None:
         self.cache.close()
         self.ranges.close()
+        if self.mask_cache is not None and self.mask_ranges is not None:
+            self.mask_cache.close()
+            self.mask_ranges.close()
 
     def _mirror(self, listing: dict[str, int], fresh: bool) -> None:
         """Copy the declared small objects missing from the mirror (digests are checked after),
@@ -139,7 +177,7 @@ class RemoteStore:
         """What ``array_problems`` finds, for every array, named by URL rather than mirror path."""
         found = []
         for name in self.attrs["arrays"]:
-            sizes = self._mask_sizes if name == fmt.MASKS else self.shard_sizes
+            sizes = self.mask_sizes if name == fmt.MASKS else self.shard_sizes
             for path, detail in array_problems(self.mirror, self.attrs, name, sizes):
                 found.append((self.where(path), detail))
         return found
@@ -171,7 +209,7 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
         if name not in (fmt.IMAGES, fmt.MASKS, *fmt.SMALL_ARRAYS):
             raise StoreFormatError(f"{storage.url}: the store's attributes list an unknown array {name!r}")
         keys[f"{name}/zarr.json"] = ARRAY_DOC_BYTES
-        if name in (fmt.IMAGES, fmt.MASKS):  # shards: fetched as they are read (masks: not yet read)
+        if name in (fmt.IMAGES, fmt.MASKS):  # shards: fetched as they are read
             continue
         try:
             length, chunk, ndim = int(rec["length"]), int(rec["chunk"]), int(rec.get("ndim", 1))

@@ -54,10 +54,14 @@ class ShardCache:
     """Whole shards in the mirror folder, at most ``limit`` bytes of shards in the cache folder."""
 
     def __init__(self, storage: ObjectStorage, mirror: Path, cache_dir: Path, shard_bytes: list[int],
-                 tiles_per_shard: int, limit: int | None, shard_sha256: list[str] | None = None) -> None:
+                 tiles_per_shard: int, limit: int | None, shard_sha256: list[str] | None = None,
+                 array: str = fmt.IMAGES) -> None:
         """``shard_sha256``: each shard's digest as the store records it; None for a store
-        without, whose cached copies are used as found (size and crc32c checks only)."""
+        without, whose cached copies are used as found (size and crc32c checks only).
+        ``array``: the sharded array these shards are of (``images``, or a store's ``masks``,
+        which share the cache folder and its limit)."""
         self.storage, self.mirror, self.cache_dir = storage, mirror, cache_dir
+        self.array = array
         self.shard_bytes, self.tiles_per_shard = shard_bytes, tiles_per_shard
         self.shard_sha256 = shard_sha256
         self.limit = limit
@@ -96,7 +100,11 @@ class ShardCache:
         return max(self.shard_bytes, default=0)
 
     def path(self, shard: int) -> Path:
-        return fmt.shard_path(self.mirror, shard)
+        return fmt.shard_path(self.mirror, shard, self.array)
+
+    def key(self, shard: int) -> str:
+        """The shard's key under the store's root (in the bucket and in the mirror)."""
+        return fmt.shard_relpath(shard, self.array)
 
     def fits(self, shards: int) -> bool:
         return self.limit is None or shards * self.largest <= self.limit
@@ -208,15 +216,17 @@ class ShardCache:
 
     def refetch(self, shard: int) -> None:
         """Drop a cached copy that failed a tile's check and download it again."""
-        unlink_entry(self.mirror, fmt.shard_relpath(shard))
+        unlink_entry(self.mirror, self.key(shard))
         self.fetch(shard)
 
     def _fetch(self, shard: int) -> Path:
         path, expected = self.path(shard), self.shard_bytes[shard]
-        key = fmt.shard_relpath(shard)
+        key = self.key(shard)
         *folders, name = key.split("/")
-        # one download per shard, all processes
-        with exclusive_lock(self.mirror / ".locks" / str(shard), root=self.mirror):
+        # one download per shard, all processes (the images' lock keeps its name: a process of
+        # an earlier version sharing the folder takes the same one)
+        lock = str(shard) if self.array == fmt.IMAGES else f"{self.array}-{shard}"
+        with exclusive_lock(self.mirror / ".locks" / lock, root=self.mirror):
             if self._cached(shard, hash_it=True):  # another process fetched it, or an earlier run
                 return path
             dfd = open_dir(self.mirror, folders, create=True)
@@ -281,7 +291,7 @@ class ShardCache:
         known to this process already or (``hash_it``) hashed now. A file of the right size that
         fails the digest is removed (``hash_it`` is passed under the shard's lock). Marks the
         file recently used: its access time, so that the modification time stays the key."""
-        key = fmt.shard_relpath(shard)
+        key = self.key(shard)
         *folders, name = key.split("/")
         try:
             dfd = open_dir(self.mirror, folders, create=False)
@@ -330,10 +340,10 @@ class ShardCache:
             raise ConfigError(f"cache_limit {self.limit} bytes is smaller than one shard ({need} bytes): "
                               f"raise it to at least {self.largest}")
         mine = f"{self.mirror.name}/"
-        own = mine + fmt.shard_relpath(shard)
+        own = mine + self.key(shard)
         with self._lock:
-            read = {mine + fmt.shard_relpath(s) for s in {*self._recent, *self._waiting}}  # evicted last
-            ahead = {mine + fmt.shard_relpath(s) for s in self.pinned} - read
+            read = {mine + self.key(s) for s in {*self._recent, *self._waiting}}  # evicted last
+            ahead = {mine + self.key(s) for s in self.pinned} - read
             reserved = 0 if placing else sum(b for s, b in self._reserved.items() if s != shard)
             # a shard pinned or waited for by a reader goes in place at others' cost
             forced = placing and (shard in self.pinned or shard in self._waiting)

@@ -7,15 +7,18 @@ count, every box inside its tile with positive width and height, every category 
 table, crowd flags 0 or 1, frames finite with positive scales, at most MAX_MASK_OBJECTS a
 tile with instance masks) before anything indexes with them. Mask tiles are read like image
 tiles: the shard's index checked once, each chunk's crc32c as it is read, its zstd frame's
-declared size against the tile before it is decompressed, and its values against the kind.
+declared size against the tile before it is decompressed, and its values against the kind. A
+store in a bucket has its mask shards fetched into its mirror (size, index and sha256 checked
+on the way) or its mask tiles read by ranged requests, as its images are (``remote``).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -26,6 +29,9 @@ from tilefeed.store.codec import COMPRESSORS, zstd_content_size
 from tilefeed.store.errors import CorruptChunkError, StoreFormatError, one_line
 from tilefeed.store.format import MaskKind
 from tilefeed.store.shard import ShardFile, shard_digest_problem
+
+if TYPE_CHECKING:
+    from tilefeed.store.remote import RemoteStore
 
 
 def objects_problem(offsets: np.ndarray, objects: np.ndarray, store: StoreAttrs) -> str:
@@ -90,16 +96,21 @@ class StoreTargets:
     """
 
     def __init__(self, root: Path, store: StoreAttrs, offsets: np.ndarray | None, objects: np.ndarray | None,
-                 frames: np.ndarray, *, location: str = "", masks_here: bool = True) -> None:
+                 frames: np.ndarray, *, location: str = "", remote: RemoteStore | None = None) -> None:
         assert store.targets is not None
         self.record: TargetsRecord = store.targets
         self.location = location or str(root)
-        # a store in object storage: its boxes and frames are read, its masks' shards are not
-        self.masks_here = masks_here
+        # a store in object storage: ``root`` is its mirror, where mask shards are fetched to
+        self.remote = remote
+        # set by StoreReader.stream: a bucket store's mask tiles read by ranged requests, and
+        # how many fetched mask shards stay mapped (a map holds an evicted file's disk space)
+        self.ranged = False
+        self.keep = store.shards
         self.offsets, self.objects, self.frames = offsets, objects, frames
         self.root, self.tile, self.shard_size = root, store.tile, store.shard_size
         self._store = store
         self._shards: list[ShardFile | None] = [None] * store.shards if store.masks is not None else []
+        self._mapped: OrderedDict[int, None] = OrderedDict()  # remote: maps kept, oldest first
         self._lock = threading.Lock()
         # the values a mask may hold, by kind: semantic, the category ids and "ignore"; instance,
         # at most the tile's object count (checked per tile)
@@ -143,12 +154,41 @@ class StoreTargets:
     def _shard(self, shard: int) -> ShardFile:
         f = self._shards[shard]
         if f is None:
+            if self.remote is not None:
+                self.remote.mask_shard(shard)  # outside the lock: other threads keep reading
             with self._lock:
                 f = self._shards[shard]
                 if f is None:
                     f = ShardFile(self.root, shard, self.shard_size, fmt.MASKS)
                     self._shards[shard] = f
+                    if self.remote is not None:
+                        self._mapped[shard] = None
+                        while len(self._mapped) > self.keep:
+                            old, _ = self._mapped.popitem(last=False)
+                            self._shards[old] = None
         return f
+
+    def _decode(self, sample: int, out: np.ndarray) -> None:
+        """Sample ``sample``'s mask tile into ``out``; a bucket store's cached shard that fails a
+        chunk's check is dropped and fetched again, once (a copy damaged on this disk)."""
+        shard, local = divmod(sample, self.shard_size)
+        if self.remote is None:
+            decode_mask(self._shard(shard), local, out)
+            return
+        f = self._shard(shard)  # fetched and checked whole: a failure here names the bucket's object
+        try:
+            decode_mask(f, local, out)
+            return
+        except CorruptChunkError:
+            assert self.remote.mask_cache is not None
+            with self._lock:
+                self._shards[shard] = None
+                self._mapped.pop(shard, None)
+            self.remote.mask_cache.refetch(shard)
+        try:
+            decode_mask(self._shard(shard), local, out)
+        except CorruptChunkError as e:  # named by its URL, not by the mirror's path
+            raise CorruptChunkError(self.remote.where(e.shard), e.sample, e.detail) from None
 
     def read_masks_into(self, indices: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
         """The mask tiles of ``indices`` decoded into ``out`` ((n, T, T) uint8, C-contiguous),
@@ -156,22 +196,32 @@ class StoreTargets:
         the shard file and the sample."""
         if self.record.masks is None:
             raise ValueError("this store holds no masks")
-        if not self.masks_here:
-            raise StoreFormatError(f"{self.location}: masks of a store in object storage are not read yet; "
-                                   "copy the store to a folder")
         idx = np.asarray(indices, dtype=np.int64)
         t = self.tile
         if out.dtype != np.uint8 or out.shape != (len(idx), t, t) or not out.flags.c_contiguous:
             raise ValueError(f"out must be C-contiguous uint8 ({len(idx)}, {t}, {t}), "
                              f"got {out.dtype} {out.shape}")
         counts = self.counts(idx) if self.record.masks is MaskKind.INSTANCE else None
-        for k, sample in enumerate(idx.tolist()):
-            shard, local = divmod(sample, self.shard_size)
-            f = self._shard(shard)
-            decode_mask(f, local, out[k])
+        samples = idx.tolist()
+        if self.remote is not None and self.ranged:  # ranged requests: each chunk's crc32c checked
+            assert self.remote.mask_ranges is not None
+            payloads = self.remote.mask_ranges.payloads(samples)
+            for k, (sample, payload) in enumerate(zip(samples, payloads, strict=True)):
+                decode_mask_payload(payload, self._where(sample), sample, out[k])
+        else:
+            for k, sample in enumerate(samples):
+                self._decode(sample, out[k])
+        for k, sample in enumerate(samples):
             problem = self._values_problem(out[k], None if counts is None else int(counts[k]))
             if problem:
-                raise CorruptChunkError(str(f.path), sample, problem)
+                raise CorruptChunkError(self._where(sample), sample, problem)
+
+    def _where(self, sample: int) -> str:
+        """The masks shard holding ``sample``, for messages: its path, or a bucket store's URL."""
+        shard = sample // self.shard_size
+        if self.remote is not None:
+            return self.remote.storage.where(fmt.shard_relpath(shard, fmt.MASKS))
+        return str(fmt.shard_path(self.root, shard, fmt.MASKS))
 
     def _values_problem(self, mask: np.ndarray, count: int | None) -> str:
         if count is not None:
@@ -186,6 +236,7 @@ class StoreTargets:
         # maps and locks do not cross process boundaries: each process maps the shards anew
         state = self.__dict__.copy()
         state["_shards"] = [None] * len(self._shards)
+        state["_mapped"] = OrderedDict()
         del state["_lock"]
         return state
 
@@ -203,15 +254,21 @@ class StoreTargets:
 def decode_mask(f: ShardFile, local: int, out: np.ndarray) -> None:
     """Chunk ``local`` of the masks shard ``f`` decoded into ``out`` ((T, T) uint8), its crc32c
     checked and its zstd frame's declared size compared with the tile before decompressing."""
-    payload = f.chunk(local)
+    decode_mask_payload(f.chunk(local), str(f.path), f.first + local, out)
+
+
+def decode_mask_payload(payload: memoryview, where: str, sample: int, out: np.ndarray) -> None:
+    """A mask chunk's payload (its crc32c already checked) decoded into ``out`` ((T, T) uint8),
+    its zstd frame's declared size compared with the tile first: CorruptChunkError naming
+    ``where`` (the shard) and ``sample``."""
     size = zstd_content_size(payload)
     if size != out.nbytes:
-        raise CorruptChunkError(str(f.path), f.first + local,
+        raise CorruptChunkError(where, sample,
                                 f"mask chunk declares {size} decoded bytes, the tile holds {out.nbytes}")
     try:
         COMPRESSORS[fmt.MASK_CODEC].decode(payload, out=out)
     except Exception as e:  # noqa: BLE001 - whatever the codec raises on a bad chunk is its reason
-        raise CorruptChunkError(str(f.path), f.first + local, f"mask does not decode: {one_line(e)}") from None
+        raise CorruptChunkError(where, sample, f"mask does not decode: {one_line(e)}") from None
 
 
 TARGET_DTYPES: Final = {fmt.OBJECT_OFFSETS: np.dtype("<i8"), fmt.OBJECTS: np.dtype("<f8"),
@@ -243,41 +300,44 @@ def read_target_arrays(root: Path, store: StoreAttrs, location: str) -> dict[str
     return arrays
 
 
-def open_targets(root: Path, store: StoreAttrs, location: str, *, shards_here: bool = True,
+def open_targets(root: Path, store: StoreAttrs, location: str, *, remote: RemoteStore | None = None,
                  arrays: Mapping[str, np.ndarray] | None = None) -> StoreTargets | None:
     """The checked targets of the store at ``root``; None for a store without targets (any
-    version-2 store). ``shards_here``: the masks' shards are under ``root`` and are checked for
-    presence and size here (a store in a bucket: its boxes and frames are read, its masks are
-    not, and reading them is refused in one line).
+    version-2 store). Without ``remote`` the masks' shards are under ``root`` and are checked
+    for presence and size here; with it (a store in a bucket, ``root`` its mirror) they were
+    checked against the bucket's listing, and are fetched as they are read.
     ``arrays``: the arrays as ``read_target_arrays`` gave them, with the masks' shards checked
     by the same check (the node's record of it, ``checked``); read and checked here otherwise."""
     if store.targets is None:
         return None
     if arrays is None:
-        if store.masks is not None and shards_here:
+        if store.masks is not None and remote is None:
             check_array(root, store, fmt.MASKS)
         arrays = read_target_arrays(root, store, location)
     for values in arrays.values():
         values.flags.writeable = False
     return StoreTargets(root, store, arrays.get(fmt.OBJECT_OFFSETS), arrays.get(fmt.OBJECTS),
-                        arrays[fmt.FRAMES], location=location, masks_here=shards_here)
+                        arrays[fmt.FRAMES], location=location, remote=remote)
 
 
-def targets_problems(root: Path, store: StoreAttrs) -> tuple[list[str], StoreTargets | None]:
+def targets_problems(root: Path, store: StoreAttrs,
+                     remote: RemoteStore | None = None) -> tuple[list[str], StoreTargets | None]:
     """The value checks of ``open_targets`` as ``verify`` lines (its arrays' files already
-    checked), and the targets when they opened."""
+    checked; ``remote``: a bucket store's, ``root`` its mirror), and the targets when they
+    opened."""
     if store.targets is None:
         return [], None
     try:
-        return [], open_targets(root, store, str(root))
+        return [], open_targets(root, store, str(root), remote=remote)
     except (CorruptChunkError, StoreFormatError) as e:
         return [str(e)], None
 
 
 def mask_shard_problems(root: Path, store: StoreAttrs, shard: int, deep: bool,
-                        targets: StoreTargets | None) -> list[str]:
+                        targets: StoreTargets | None, *, digest: bool = True) -> list[str]:
     """Every chunk of masks shard ``shard`` crc-checked (``deep``: decoded, and its values
-    checked against ``targets`` where they opened), then the file's sha256: one line per problem."""
+    checked against ``targets`` where they opened), then (``digest``) the file's sha256: one
+    line per problem."""
     path = fmt.shard_path(root, shard, fmt.MASKS)
     try:
         f = ShardFile(root, shard, store.shard_size, fmt.MASKS)
@@ -305,6 +365,8 @@ def mask_shard_problems(root: Path, store: StoreAttrs, shard: int, deep: bool,
         except CorruptChunkError as e:
             problems.append(str(e))
     f.close()
+    if not digest:  # a download, checked against it as it came
+        return problems
     try:
         problem = shard_digest_problem(path, store, shard, fmt.MASKS)
     except OSError as e:

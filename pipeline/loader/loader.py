@@ -27,7 +27,7 @@ from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.batch_ops import BatchOps
 from tilefeed.pipeline.loader.targets import TARGETS, BatchTargets, sample_framing
-from tilefeed.pipeline.targets.batches import Targets, check_targets
+from tilefeed.pipeline.targets.batches import check_targets
 from tilefeed.pipeline.targets.mapping import boxes_to_source
 from tilefeed.pipeline.recipe.recipe import Crop, Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
@@ -331,9 +331,6 @@ class Loader:
             raise ConfigError(f"targets: {self.reader.location} holds no boxes or masks (it was made "
                               "without --annotations, --yolo or --masks)")
         check_targets(s.targets, store.offsets is not None, store.masks)
-        if Targets.MASKS in s.targets and not store.masks_here:
-            raise ConfigError(f"targets: {self.reader.location}'s masks lie in object storage, which "
-                              "is not read for masks yet; copy the store to a folder, or ask for boxes")
 
     # -- the output size ----------------------------------------------------------------------
     def size_of(self, epoch: int) -> int:

@@ -109,8 +109,7 @@ class StoreReader:
         self._arrays_mapped = arrays.mapped
         # boxes, frames and masks of a store made with targets, checked; None without them
         self.targets: StoreTargets | None = open_targets(self.root, self._meta, self.location,
-                                                         shards_here=self.remote is None,
-                                                         arrays=arrays.targets)
+                                                         remote=self.remote, arrays=arrays.targets)
 
     @property
     def meta(self) -> StoreAttrs:
@@ -141,6 +140,8 @@ class StoreReader:
             return
         cache = self.remote.cache
         self.ranged = random_order and not cache.fits(len(cache.shard_bytes))
+        if self.targets is not None:  # a store's masks come the way its images do
+            self.targets.ranged = self.ranged
         if self.ranged:
             return
         if not cache.fits(window + 1):
@@ -150,6 +151,8 @@ class StoreReader:
                 f"{(window + 1) * cache.largest}")
         cache.window, cache.depth = window, ahead
         self._keep = self._maps_to_keep(window)
+        if self.targets is not None:
+            self.targets.keep = self._keep
 
     def _maps_to_keep(self, window: int) -> int:
         """Remote shards kept mapped: all when the cache holds the store, else those being read
@@ -162,7 +165,7 @@ class StoreReader:
         """The samples about to be read, in order: a bucket store starts fetching their shards."""
         if self.remote is not None and not self.ranged:
             cache = self.remote.cache
-            cache.plan(indices, cache.window, cache.depth)
+            self.remote.plan(indices, cache.window, cache.depth)
 
     def shard_file(self, shard: int) -> ShardFile:
         """Shard ``shard``, mapped (a bucket store's fetched to the cache first)."""
