@@ -27,7 +27,7 @@ from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.batch_ops import BatchOps
 from tilefeed.pipeline.loader.targets import TARGETS, BatchTargets, sample_framing
-from tilefeed.pipeline.targets.batches import check_targets
+from tilefeed.pipeline.targets.batches import Targets, check_targets
 from tilefeed.pipeline.targets.mapping import boxes_to_source
 from tilefeed.pipeline.recipe.recipe import Crop, Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
