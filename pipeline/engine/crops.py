@@ -201,7 +201,7 @@ def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
 def sent_names(a: Augment) -> tuple[str, ...]:
     """Names of what ``graph_inputs`` returns for ``a``, in order: the windows' or evaluation
     framing's inputs (``frame_inputs``), then the recipe's (``input_names``)."""
-    base = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
+    base: tuple[str, ...] = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
     if pads(a):
         base += PASTE_NAMES
     return base if a.recipe is None else base + input_names(a.recipe, a.train)

@@ -266,13 +266,13 @@ class Recipe:
 
 
 def _fill(value: Any) -> tuple[int, int, int]:
-    """torchvision's ``fill`` for uint8 images: one number or three, each in [0, 255]."""
-    values = [value] * 3 if isinstance(value, numbers.Real) and not isinstance(value, bool) else value
-    if (not isinstance(values, Sequence) or isinstance(values, str) or len(values) != 3
-            or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v <= 255
-                       and float(v) == int(v) for v in values)):
+    """torchvision's ``fill`` for uint8 images: one number or three, each whole, in [0, 255]."""
+    one = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    values: list[Any] = [value] * 3 if one else list(value) if isinstance(value, (tuple, list)) else []
+    whole = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool)]
+    if len(values) != 3 or len(whole) != 3 or not all(0 <= v <= 255 and v == int(v) for v in whole):
         raise ConfigError(f"fill must be one whole number or three in [0, 255], got {value!r}")
-    return (int(values[0]), int(values[1]), int(values[2]))
+    return (int(whole[0]), int(whole[1]), int(whole[2]))
 
 
 def _plain(value: Any) -> Any:
