@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tilefeed.pipeline.engine.crops import PASTE_NAMES
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.stats import Reading, Timing
@@ -41,7 +42,7 @@ PerBatch = Callable[[dict[str, Any], int], None]
 
 # the per-sample extras a host resize uses itself (the window, the output side, the filter) and
 # does not pass on to the graph
-HOST_CUT = ("start", "end", "size", "interp")
+HOST_CUT = ("start", "end", "size", "interp", *PASTE_NAMES)
 # all the extras that stay here on the host-resize path: the cut's, then the recipe's pixel
 # operations' (``recipe.host_ops``); the graph declares the rest (the horizontal flip)
 HOST_USED = HOST_CUT + host_ops.INPUTS
@@ -130,6 +131,8 @@ class BatchSource:
         self.names = names
         # a training recipe whose pixel operations the host-resize path applies (None: none)
         self.recipe = recipe if host_ops.applies(recipe) else None
+        # the colour of output pixels past the picture, for a crop that pads (``Crop.pads``)
+        self.fill = np.asarray(recipe.fill if recipe is not None else (0, 0, 0), np.uint8)
         self.fast_idct = fast_idct
         self.scaled_decode = scaled_decode
         self.reserve = 0  # the side ring slots are made for at least (the schedule's largest)
@@ -334,7 +337,10 @@ class BatchSource:
         shrinking, as torchvision's PIL path does (several times as fast as DALI's CPU resize:
         ``tilefeed bench parts``); then, with a recipe, its pixel operations with each sample's
         drawn values of ``inputs`` (``host_ops.apply``). A JPEG tile is decoded at the
-        smallest DCT scale its window allows (``decode_scale``), the window scaled with it."""
+        smallest DCT scale its window allows (``decode_scale``), the window scaled with it.
+        A window that reaches past the picture (``inputs`` holds ``PASTE_NAMES``) has its part
+        inside the picture resized to its share of the output, put through the recipe's
+        operations and pasted in place on the fill (``crops.frame_inputs``), as the graph does."""
         from PIL import Image
 
         reader, side = self.reader, out.shape[1]
@@ -353,9 +359,16 @@ class BatchSource:
         decoding = resizing = 0.0
         filters = ([Image.Resampling(PIL_FILTERS[int(c)]) for c in interp] if interp is not None
                    else [Image.Resampling.BILINEAR] * len(indices))
+        paste = inputs is not None and "cut_start" in inputs
         for k, payload in enumerate(payloads):
             (y0, x0), (y1, x1) = start[k].tolist(), end[k].tolist()
-            factor = decode_scale(y1 - y0, x1 - x0, side, height, width) if len(tiles) > 1 else 1
+            cut_h = cut_w = side
+            if paste:
+                assert inputs is not None
+                (y0, x0), (y1, x1) = inputs["cut_start"][k].tolist(), inputs["cut_end"][k].tolist()
+                cut_h, cut_w = (int(v) for v in inputs["cut_size"][k])
+            most = max(cut_h, cut_w)
+            factor = decode_scale(y1 - y0, x1 - x0, most, height, width) if len(tiles) > 1 else 1
             tile = tiles[factor]
             if factor > 1:
                 decode_scaled(payload, tile, self.fast_idct)
@@ -366,11 +379,19 @@ class BatchSource:
             t2 = clock()
             picture = Image.frombuffer(mode, (tile.shape[1], tile.shape[0]), tile, "raw", mode, 0, 1)
             sy, sx = tile.shape[0] / height, tile.shape[1] / width  # the window, in decoded pixels
-            resized = picture.resize((side, side), filters[k],
+            resized = picture.resize((cut_w, cut_h), filters[k],
                                      box=(x0 * sx, y0 * sy, x1 * sx, y1 * sy))
             if recipe is not None:  # timed with the resize: the same threads' pixel work
                 resized = host_ops.apply(resized, host_ops.sample(inputs or {}, k), recipe)
-            out[k] = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(out.shape[1:])
+            pixels = np.frombuffer(resized.tobytes("raw", "RGB"), np.uint8).reshape(cut_h, cut_w, 3)
+            if paste:
+                assert inputs is not None
+                py, px = (int(-v) for v in inputs["paste_anchor"][k])
+                out[k] = self.fill
+                fit_h, fit_w = max(0, min(cut_h, side - py)), max(0, min(cut_w, side - px))
+                out[k, py : py + fit_h, px : px + fit_w] = pixels[:fit_h, :fit_w]
+            else:
+                out[k] = pixels
             t3 = clock()
             decoding += t2 - t1
             resizing += t3 - t2

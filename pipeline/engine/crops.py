@@ -21,7 +21,8 @@ from tilefeed.store.errors import ConfigError
 from tilefeed.pipeline.recipe.draws import draw, input_names
 from tilefeed.pipeline.recipe.recipe import Crop
 from tilefeed.pipeline.targets.objects import Objects
-from tilefeed.pipeline.targets.windows import DrawnWindows, IoUCrop, iou_crops
+from tilefeed.pipeline.targets.windows import (DrawnWindows, IoUCrop, ScaleJitter, ZoomOut, iou_crops, pasted,
+                                               scale_jitter_windows, zoom_out_canvases)
 
 # a store's boxes as the IoU crop draws against them: its object offsets (N + 1,) and rows (M, 6)
 StoreObjects = tuple[np.ndarray, np.ndarray]
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.engine.augment import Augment
 
 TRIES = 10
+# what the graph takes besides the window for a crop that pads (``Crop.pads``): the window's
+# part inside the picture, the output size it is resized to, and the slice's anchor that
+# pastes it in place (minus its place)
+PASTE_NAMES = ("cut_start", "cut_end", "cut_size", "paste_anchor")
 _DRAWS = 4 * TRIES + 1  # per try: area, aspect, top, left; then the flip
 
 
@@ -89,14 +94,18 @@ def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np
 
 
 def iou_windows(seed: int, epoch: int, samples: np.ndarray, keys: np.ndarray | None, pictures: np.ndarray,
-                objects: StoreObjects | None) -> DrawnWindows:
+                objects: StoreObjects | None, zoom: bool = False) -> DrawnWindows:
     """SSD's IoU-constrained crop (torchvision v2's ``RandomIoUCrop`` and its defaults) of each
-    sample's picture, against its stored boxes: the windows, and which boxes they keep."""
+    sample's picture, against its stored boxes: the windows, and which boxes they keep. With
+    ``zoom``, of each picture's canvas after SSD's zoom-out (``RandomZoomOut``'s defaults)."""
     if objects is None:
-        raise ConfigError("crop='iou' draws against each sample's stored boxes: read a store made with "
-                          "boxes (--annotations or --yolo)")
+        raise ConfigError(f"crop={'zoom_iou' if zoom else 'iou'!r} draws against each sample's stored boxes: "
+                          "read a store made with boxes (--annotations or --yolo)")
     batch = Objects.gather(objects[0], objects[1], np.asarray(samples, dtype=np.int64))
-    return iou_crops(IoUCrop(), seed, epoch, np.asarray(samples if keys is None else keys), pictures, batch)
+    keyed = np.asarray(samples if keys is None else keys)
+    if zoom:  # the canvas is a larger picture in tile pixels: the boxes keep their coordinates
+        pictures = zoom_out_canvases(ZoomOut(), seed, epoch, keyed, pictures)
+    return iou_crops(IoUCrop(), seed, epoch, keyed, pictures, batch)
 
 
 def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int,
@@ -109,7 +118,9 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
     ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
     random-resized crop of the picture (the same at every output size), or with a recipe's
     ``crop="none"`` the whole tile, or with ``crop="iou"`` SSD's IoU-constrained crop against
-    the samples' stored boxes (``objects``: the store's object offsets and rows). Evaluation: its
+    the samples' stored boxes (``objects``: the store's object offsets and rows), with
+    ``"zoom_iou"`` the same of each picture's zoomed-out canvas, with ``"lsj"`` large-scale
+    jitter's cut (these two reach past the picture). Evaluation: its
     framing of the picture for output ``size`` (default the tile side: shorter side to
     ``size / crop_pct``, centre crop ``size``), no flip.
     """
@@ -120,8 +131,14 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
         if a.recipe is not None and a.recipe.crop is Crop.NONE:  # the whole tile; the same flips
             n = len(samples)
             return np.zeros((n, 2), np.float32), np.full((n, 2), a.tile, np.float32), w.flip
-        if a.recipe is not None and a.recipe.crop is Crop.IOU:  # SSD's, against the stored boxes
-            drawn = iou_windows(seed, epoch, samples, keys, boxes[samples], objects)
+        if a.recipe is not None and a.recipe.crop.against_boxes:  # SSD's, against the stored boxes
+            drawn = iou_windows(seed, epoch, samples, keys, boxes[samples], objects,
+                                zoom=a.recipe.crop is Crop.ZOOM_IOU)
+            return drawn.start.astype(np.float32), drawn.end.astype(np.float32), w.flip
+        if a.recipe is not None and a.recipe.crop is Crop.LSJ:  # ScaleJitter to the output side
+            side = a.tile if size is None else size
+            drawn = scale_jitter_windows(ScaleJitter((side, side)), seed, epoch,
+                                         samples if keys is None else keys, boxes[samples], side)
             return drawn.start.astype(np.float32), drawn.end.astype(np.float32), w.flip
         start, end = w.roi()
         offset = np.stack([top, left], axis=1).astype(np.float32)
@@ -138,14 +155,22 @@ def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
                  objects: StoreObjects | None = None) -> tuple[np.ndarray, ...]:
     """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``.
 
-    With windows: (start, end, flip, output [h, w]). Without (evaluation framing of whole
-    tiles by fixed ops): (resize [h, w], centre crop [h, w]). The size travels as an input, so
-    one graph serves every size.
+    With windows: (start, end, flip, output [h, w]), then for a crop that pads
+    (``PASTE_NAMES``) the cut inside the picture, its output size and the paste's anchor.
+    Without (evaluation framing of whole tiles by fixed ops): (resize [h, w], centre crop
+    [h, w]). The size travels as an input, so one graph serves every size.
     """
     n = len(samples)
     if a.windows:
-        return (*window_inputs(boxes, a, seed, epoch, samples, size, keys, objects),
-                np.full((n, 2), size, np.float32))
+        start, end, flip = window_inputs(boxes, a, seed, epoch, samples, size, keys, objects)
+        framed = (start, end, flip, np.full((n, 2), size, np.float32))
+        if not pads(a):
+            return framed
+        # the window's part inside the picture, resized to its share of the output, then
+        # pasted in place on the fill (the slice's anchor is minus its place)
+        cut = pasted(start, end, boxes[samples], size)
+        paste = (cut.cut_start, cut.cut_end, cut.cut_size, -cut.place)
+        return (*framed, *(v.astype(np.float32) for v in paste))
     return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)
 
 
@@ -176,5 +201,13 @@ def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
 def sent_names(a: Augment) -> tuple[str, ...]:
     """Names of what ``graph_inputs`` returns for ``a``, in order: the windows' or evaluation
     framing's inputs (``frame_inputs``), then the recipe's (``input_names``)."""
-    base = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
+    base: tuple[str, ...] = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
+    if pads(a):
+        base += PASTE_NAMES
     return base if a.recipe is None else base + input_names(a.recipe, a.train)
+
+
+def pads(a: Augment) -> bool:
+    """``a``'s windows may reach past the picture: the graph pastes their part inside it on
+    the recipe's fill (``Crop.pads``; training only)."""
+    return a.windows and a.train and a.recipe is not None and a.recipe.crop.pads

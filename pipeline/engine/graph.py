@@ -9,7 +9,7 @@ from nvidia.dali import fn, pipeline_def, types
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import HOST_USED, BatchSource
 from tilefeed.pipeline.recipe import ops
-from tilefeed.pipeline.engine.crops import sent_names
+from tilefeed.pipeline.engine.crops import PASTE_NAMES, sent_names
 
 
 def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
@@ -31,7 +31,8 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
              "resize": types.FLOAT, "crop": types.FLOAT, "interp": types.INT32, "vflip": types.INT32,
              "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
              "brightness": types.FLOAT, "contrast": types.FLOAT, "saturation": types.FLOAT,
-             "hue": types.FLOAT, "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT}
+             "hue": types.FLOAT, "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT,
+             **{name: types.FLOAT for name in PASTE_NAMES}}
     # evaluation: the filter alone; on the host-resize path the batch source applies the
     # recipe's pixel operations (recipe.host_ops) and the graph only flips and normalises
     recipe = augment.recipe if augment.train and not (source.host_resize and augment.windows) else None
@@ -53,6 +54,8 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
             raw = _decode_and_resize(raw, inputs, augment, gpu=gpu, jpeg=jpeg)
         if recipe is not None:  # on the uint8 pixels at the output size, before normalising
             raw = ops.apply(raw, inputs, recipe)
+        if "paste_anchor" in inputs:  # a window past the picture: its part inside, pasted on the fill
+            raw = paste(raw, inputs, augment.recipe.fill if augment.recipe is not None else (0, 0, 0))
         images = _finish(raw, inputs, augment)
         if gpu:
             labels, indices = labels.gpu(), indices.gpu()
@@ -84,6 +87,8 @@ def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: boo
                if "interp" in inputs else {})
     if a.windows:
         start, end, size = inputs["start"], inputs["end"], inputs["size"]
+        if "cut_start" in inputs:  # a window past the picture: only its part inside it, at its share
+            start, end, size = inputs["cut_start"], inputs["cut_end"], inputs["cut_size"]
         if jpeg:  # decode only the window (nvJPEG when there is a GPU)
             images = fn.decoders.image_slice(
                 raw, start, end - start, axis_names="HW", normalized_anchor=False,
@@ -100,3 +105,12 @@ def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: boo
         images = raw.gpu() if gpu else raw
     # at the tile's own size this is the identity, pixel for pixel (so is the centre crop)
     return fn.resize(images, size=inputs["resize"], antialias=True, **filters)
+
+
+def paste(images: Any, inputs: dict[str, Any], fill: tuple[int, int, int]) -> Any:
+    """Each sample's resized cut (``cut_size``) on an output of ``size`` filled with ``fill``,
+    at its place: a slice from ``paste_anchor`` (minus the place, so negative) of ``size``,
+    padding what lies past the cut (torchvision pads with the fill after resizing the
+    picture: no fill blends into the picture's edge)."""
+    return fn.slice(images, inputs["paste_anchor"], inputs["size"], axis_names="HW", normalized_anchor=False,
+                    normalized_shape=False, out_of_bounds_policy="pad", fill_values=[float(v) for v in fill])

@@ -29,7 +29,7 @@ from tilefeed.pipeline.recipe.batch_ops import BatchOps
 from tilefeed.pipeline.loader.targets import TARGETS, BatchTargets, sample_framing
 from tilefeed.pipeline.targets.batches import Targets, check_targets
 from tilefeed.pipeline.targets.mapping import boxes_to_source
-from tilefeed.pipeline.recipe.recipe import Crop, Recipe
+from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
@@ -309,10 +309,10 @@ class Loader:
 
     @cached_property
     def _store_objects(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The store's object offsets and rows, which a recipe's ``crop="iou"`` draws against
-        (None: no such crop). A store without boxes, or a mixture, is refused for it here."""
+        """The store's object offsets and rows, which a recipe's ``crop="iou"`` or ``"zoom_iou"``
+        draws against (None: no such crop). A store without boxes, or a mixture, is refused for it here."""
         recipe = self.recipe
-        if recipe is None or recipe.crop is not Crop.IOU or not self.settings.train:
+        if recipe is None or not recipe.crop.against_boxes or not self.settings.train:
             return None
         store = self.reader.targets
         if isinstance(store, MixedTargets):  # each store's boxes, or a background store's none

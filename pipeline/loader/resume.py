@@ -28,7 +28,9 @@ from tilefeed.store.errors import ConfigError
 # an epoch resumed under another recipe would not deliver what the interrupted run would have
 # 7: a Loader may hand over boxes and masks: the state names which (and how laid out), since a
 # batch resumed under others would not be the batch the interrupted run trained on
-STATE_VERSION = 7
+# 8: a recipe names its fill (the colour past the picture of the crops that pad), so every
+# recipe's identity holds it: a version 7 state's recipe would read as another recipe
+STATE_VERSION = 8
 
 
 @dataclass(frozen=True)

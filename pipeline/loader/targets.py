@@ -127,14 +127,16 @@ class BatchTargets:
         store = reader.targets
         samples = np.asarray(samples, dtype=np.int64)
         stored = None if store.offsets is None or store.objects is None else (store.offsets, store.objects)
-        iou = self.augment.train and self.augment.recipe is not None and self.augment.recipe.crop is Crop.IOU
+        crop = self.augment.recipe.crop if self.augment.train and self.augment.recipe is not None else None
+        iou = crop is not None and crop.against_boxes
         framing = sample_framing(reader, self.augment, self.seed, self.epoch, self.size, samples, keys,
                                  stored if iou else None)
         objects = None
         if Targets.BOXES in self.asked and stored is not None:
             objects = Objects.gather(stored[0], stored[1], samples)
             if iou:  # the boxes whose centres SSD's crop leaves out go, as RandomIoUCrop marks them
-                drawn = iou_windows(self.seed, self.epoch, samples, keys, reader.boxes[samples], stored)
+                drawn = iou_windows(self.seed, self.epoch, samples, keys, reader.boxes[samples], stored,
+                                    zoom=crop is Crop.ZOOM_IOU)
                 objects = objects.select(drawn.keep)
         masks = None
         if Targets.MASKS in self.asked:

@@ -405,6 +405,8 @@ def _torchvision_recipe(args: Any, interpolation: Interpolation, num_classes: in
 # which the model's own transform does), its batch samplers, its collate functions and its two
 # DataLoaders
 DETECTION_AUGMENTATIONS: Final = ("hflip", "lsj", "multiscale", "ssd", "ssdlite")
+LSJ_SIDE: Final = 1024  # the lsj preset's ScaleJitter target_size and FixedSizeCrop size
+LSJ_FILL: Final = (123, 117, 104)  # the presets' mean, FixedSizeCrop's fill
 
 
 def _augmentation(args: Any) -> str:
@@ -429,10 +431,13 @@ TORCHVISION_DETECTION_FLAGS: dict[str, Flag] = {
                   "see it; with `--fit pad`, its letterbox)"),
     "ssdlite": Flag("--data-augmentation ssdlite", H, "RandomIoUCrop with its defaults, then the flip: "
                     "Recipe(crop=\"iou\"), drawn against each picture's stored boxes"),
-    "augmentation": Flag("--data-augmentation lsj/multiscale/ssd", R,
-                         "large-scale jitter, shortest-side resizes, SSD's zoom-out and photometric "
-                         "distortion (the graph does not cut these windows yet)",
-                         lambda a, c, t: t and _augmentation(a) not in ("hflip", "ssdlite")),
+    "lsj": Flag("--data-augmentation lsj", H, "large-scale jitter at 1024: ScaleJitter((1024, 1024)) then "
+                "the reference's FixedSizeCrop(1024, fill=mean), then the flip: Recipe(crop=\"lsj\", "
+                "fill=(123, 117, 104)) with size=1024 (masks padded with 0)"),
+    "augmentation": Flag("--data-augmentation multiscale/ssd", R,
+                         "shortest-side resizes to several sizes (the Loader's output is one square); SSD's "
+                         "photometric distortion (its zoom-out and IoU crop are Recipe(crop=\"zoom_iou\"))",
+                         lambda a, c, t: t and _augmentation(a) not in ("hflip", "ssdlite", "lsj")),
     "use_copypaste": Flag("--use-copypaste", R, "SimpleCopyPaste in the training collate function",
                           lambda a, c, t: t and bool(getattr(a, "use_copypaste", False))),
     "use_v2": Flag("--use-v2", H, "crowd objects stay in the training targets (iscrowd 1), as the Loader hands "
@@ -466,8 +471,9 @@ def torchvision_detection_options(args: Any, *, train: bool) -> dict[str, Any]:
         transform resizes them, as it resizes the script's full-size pictures), 0..1 floats
         (``ToDtype(torch.float, scale=True)``: mean 0, std 1, no normalisation), boxes with
         their category ids as targets (and instance masks for a model whose name holds
-        ``mask``); training frames each whole tile (``hflip``) or SSD's IoU crop of its picture
-        (``ssdlite``) and mirrors it with probability 0.5; evaluation frames the whole tile.
+        ``mask``); training frames each whole tile (``hflip``), SSD's IoU crop of its picture
+        (``ssdlite``) or large-scale jitter's 1024 square of it (``lsj``, padded with the
+        preset's mean) and mirrors it with probability 0.5; evaluation frames the whole tile.
 
     Raises
     ------
@@ -486,8 +492,11 @@ def torchvision_detection_options(args: Any, *, train: bool) -> dict[str, Any]:
         "train": train, "num_workers": max(1, int(args.workers)), "device": getattr(args, "device", None),
         "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "targets": targets,
     }
-    if train:  # the preset's crop (none, or SSD's IoU crop), then RandomHorizontalFlip(0.5)
-        options["recipe"] = Recipe(crop=Crop.IOU if augmentation == "ssdlite" else Crop.NONE)
+    if train:  # the preset's crop (none, SSD's IoU crop, large-scale jitter), then RandomHorizontalFlip(0.5)
+        crop = {"ssdlite": Crop.IOU, "lsj": Crop.LSJ}.get(augmentation, Crop.NONE)
+        options["recipe"] = Recipe(crop=crop, fill=LSJ_FILL if crop is Crop.LSJ else (0, 0, 0))
+        if crop is Crop.LSJ:  # ScaleJitter's target_size and FixedSizeCrop's size: the output side
+            options["size"] = LSJ_SIDE
     return options
 
 

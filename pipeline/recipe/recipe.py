@@ -51,11 +51,30 @@ class Crop(StrEnum):
     picture, torchvision v2's ``RandomIoUCrop`` with its defaults (``pipeline.targets.windows``),
     drawn against the sample's stored boxes: a store with boxes only; boxes whose centres the
     window leaves out are dropped, as that transform marks them for ``SanitizeBoundingBoxes``.
+    ``LSJ``: large-scale jitter, detection's ``lsj`` preset: torchvision v2's ``ScaleJitter``
+    with ``target_size`` the output side and its default ``scale_range`` (0.1, 2.0), then the
+    reference's ``FixedSizeCrop`` of the output side, padded past the bottom and right with
+    ``Recipe.fill`` where the jittered picture is smaller. ``ZOOM_IOU``: SSD's ``RandomZoomOut``
+    with its defaults (``side_range`` (1, 4), ``p`` 0.5: the picture placed on a larger canvas
+    of ``Recipe.fill``), then ``RandomIoUCrop`` of that canvas, as ``IOU``. Windows of these two
+    reach past the picture: the graph resizes the part inside it and pads the rest.
     """
 
     RANDOM_RESIZED = "random_resized"
     NONE = "none"
     IOU = "iou"
+    LSJ = "lsj"
+    ZOOM_IOU = "zoom_iou"
+
+    @property
+    def pads(self) -> bool:
+        """Its windows may reach past the picture, which the output then shows as ``Recipe.fill``."""
+        return self in (Crop.LSJ, Crop.ZOOM_IOU)
+
+    @property
+    def against_boxes(self) -> bool:
+        """It draws against each sample's stored boxes (SSD's IoU crop)."""
+        return self in (Crop.IOU, Crop.ZOOM_IOU)
 
 
 # DALI's DALIInterpType codes (INTERP_NN, INTERP_LINEAR, INTERP_CUBIC, INTERP_LANCZOS3): what the
@@ -169,7 +188,14 @@ class Recipe:
         output dtype.
     crop : Crop or str, default "random_resized"
         The training crop (see ``Crop``): torchvision's random-resized crop, or ``"none"``, the
-        whole tile resized to the output size (the flips still drawn as with the crop).
+        whole tile resized to the output size (the flips still drawn as with the crop), or
+        detection's ``"iou"``, ``"lsj"``, ``"zoom_iou"``.
+    fill : tuple of int, default (0, 0, 0)
+        The RGB value of output pixels past the picture, for the crops that pad (``"lsj"``,
+        ``"zoom_iou"``): torchvision's ``fill`` of ``RandomZoomOut`` and of the reference's
+        ``FixedSizeCrop`` (its detection presets pass the mean, (123, 117, 104)); one number
+        means all three. Masks are padded with 0, as those presets pad them. Those crops take
+        no vertical flip and no auto-augment policy (refused).
 
     Notes
     -----
@@ -191,6 +217,7 @@ class Recipe:
     erasing: RandomErasing | None = None
     mix: BatchMix | None = None
     crop: Crop = Crop.RANDOM_RESIZED
+    fill: tuple[int, int, int] = (0, 0, 0)
 
     def __post_init__(self) -> None:
         if self.interpolation not in set(Interpolation):
@@ -200,6 +227,7 @@ class Recipe:
         if self.crop not in set(Crop):
             raise ConfigError(f"crop must be one of {', '.join(c.value for c in Crop)}, got {self.crop!r}")
         object.__setattr__(self, "crop", Crop(self.crop))
+        object.__setattr__(self, "fill", _fill(self.fill))
         for name in ("hflip", "vflip", "grayscale"):
             object.__setattr__(self, name, _probability(name, getattr(self, name)))
         if self.color_jitter is not None and not isinstance(self.color_jitter, ColorJitter):
@@ -210,6 +238,11 @@ class Recipe:
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"{name} must be a {kind.__name__} or None, got {value!r}")
+        if self.crop.pads and (self.vflip > 0 or self.auto_augment is not None):
+            # the pixel operations run on the part inside the picture, before the padding
+            # (torchvision's photometric distortion comes before the zoom-out): a flip or a
+            # geometric policy there would move that part alone
+            raise ConfigError(f"crop={self.crop.value!r} takes no vflip and no auto_augment")
 
     @property
     def per_batch(self) -> bool:
@@ -230,6 +263,16 @@ class Recipe:
         plain = _plain(self)
         assert isinstance(plain, dict)
         return plain
+
+
+def _fill(value: Any) -> tuple[int, int, int]:
+    """torchvision's ``fill`` for uint8 images: one number or three, each whole, in [0, 255]."""
+    one = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    values: list[Any] = [value] * 3 if one else list(value) if isinstance(value, (tuple, list)) else []
+    whole = [float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool)]
+    if len(values) != 3 or len(whole) != 3 or not all(0 <= v <= 255 and v == int(v) for v in whole):
+        raise ConfigError(f"fill must be one whole number or three in [0, 255], got {value!r}")
+    return (int(whole[0]), int(whole[1]), int(whole[2]))
 
 
 def _plain(value: Any) -> Any:

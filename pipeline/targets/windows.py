@@ -1,12 +1,15 @@
 """Detection's crop windows, drawn on the host from (seed, epoch, sample key): SSD's
-IoU-constrained crop (torchvision v2's ``RandomIoUCrop``) and large-scale jitter
+IoU-constrained crop (torchvision v2's ``RandomIoUCrop``), SSD's zoom-out (``RandomZoomOut``:
+a larger canvas around the picture, which the IoU crop then cuts) and large-scale jitter
 (``ScaleJitter``, then a fixed-size cut of the output's side).
 
 Each draws on a stream of its own (``stream_seed``), so the random-resized crops and flips of
 today's recipe keep their draws. The IoU crop gives windows in tile pixels, as
 ``crops.window_inputs`` does (the graph cuts and resizes them to the output size;
 ``Framing.windows`` moves the boxes and masks with them); large-scale jitter gives a
-``Framing`` (resize, then cut), whose ``window()`` is the graph's crop window.
+``Framing`` (resize, then cut), whose ``window()`` is the graph's crop window. Windows of
+the last two reach past the picture; ``Pasted`` says which part of each lies inside it and
+where that part lands in the output, the rest being padding.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tilefeed.store.errors import ConfigError
 
 IOU_STREAM = "tilefeed.targets.iou_crop"
 JITTER_STREAM = "tilefeed.targets.scale_jitter"
+ZOOM_STREAM = "tilefeed.targets.zoom_out"
 IOU_OPTIONS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)  # torchvision's sampler_options default
 
 
@@ -189,9 +193,10 @@ class ScaleJitter:
     The picture is resized by ``min(target_size[1] / height, target_size[0] / width) * s``,
     ``s`` uniform in ``scale_range``, to ``int(width * r)`` x ``int(height * r)``, as
     torchvision's ``make_params`` computes it; the output, a square of the Loader's size, is
-    then cut from the resized picture at a uniformly drawn whole-pixel offset, or, where the
-    resized picture is smaller, from its top-left corner with the rest past the picture's
-    bottom and right (LSJ's fixed-size crop, padding there).
+    then cut from the resized picture as torchvision's detection reference's ``FixedSizeCrop``
+    cuts it (what its ``lsj`` preset runs): offsets ``int(excess * r)`` with one uniform ``r``
+    for both axes, from the top-left corner along an axis where the resized picture is
+    smaller, with the rest past the picture's bottom and right (padding there).
 
     Attributes
     ----------
@@ -242,9 +247,9 @@ def scale_jitter_sizes(jitter: ScaleJitter, seed: int, epoch: int, keys: np.ndar
 def scale_jitter_framing(jitter: ScaleJitter, seed: int, epoch: int, keys: np.ndarray, pictures: np.ndarray,
                          size: int) -> Framing:
     """Large-scale jitter as a framing: each picture resized (``scale_jitter_sizes``), then a
-    ``size`` square cut from it at a drawn whole-pixel offset (``RandomCrop``'s
-    ``randint(0, resized - size + 1)``), from the top-left corner where the resized picture is
-    smaller (the rest past its bottom and right: padding). Boxes and masks through it equal
+    ``size`` square cut from it at a drawn whole-pixel offset (``FixedSizeCrop``'s
+    ``int((resized - size) * r)``, one ``r`` for both axes), from the top-left corner where the
+    resized picture is smaller (the rest past its bottom and right: padding). Boxes and masks through it equal
     torchvision's ``resize`` then ``crop`` (which pads); ``Framing.window`` gives the graph's
     crop window.
 
@@ -273,8 +278,9 @@ def scale_jitter_framing(jitter: ScaleJitter, seed: int, epoch: int, keys: np.nd
     if (new_h < 1).any() or (new_w < 1).any():
         raise ConfigError(f"scale_jitter: a picture resized to nothing (target_size {jitter.target_size})")
     u = uniforms(stream_seed(seed, JITTER_STREAM), epoch, keys, 3)
-    off_y = np.floor(u[:, 1] * (np.maximum(new_h - size, 0) + 1))
-    off_x = np.floor(u[:, 2] * (np.maximum(new_w - size, 0) + 1))
+    # FixedSizeCrop: one torch.rand(1) scales both excesses (slot 2 stays unused)
+    off_y = np.floor(u[:, 1] * np.maximum(new_h - size, 0))
+    off_x = np.floor(u[:, 1] * np.maximum(new_w - size, 0))
     return Framing(_yx(top0, left0), _yx(height, width), _yx(new_h, new_w), _yx(off_y, off_x),
                    np.full((n, 2), float(size)), np.zeros(n, bool), np.zeros(n, bool))
 
@@ -308,3 +314,133 @@ def scale_jitter_windows(jitter: ScaleJitter, seed: int, epoch: int, keys: np.nd
     """
     start, end = scale_jitter_framing(jitter, seed, epoch, keys, pictures, size).window()
     return DrawnWindows(start, end, np.ones(0, dtype=bool))
+
+
+@dataclass(frozen=True)
+class ZoomOut:
+    """torchvision v2 ``RandomZoomOut``'s settings, with its defaults and meanings.
+
+    With probability ``p`` the picture is placed on a canvas ``int(side * r)`` a side, ``r``
+    uniform in ``side_range``, at offsets ``int((canvas - side) * u)`` (one uniform per axis);
+    the rest of the canvas is the fill. Otherwise the canvas is the picture itself.
+
+    Attributes
+    ----------
+    side_range : tuple of float
+        The range of ``r`` (at least 1).
+    p : float
+        The probability of zooming out.
+    """
+
+    side_range: tuple[float, float] = (1.0, 4.0)
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 1.0 <= self.side_range[0] <= self.side_range[1]:
+            raise ConfigError(f"zoom_out: need 1 <= side_range[0] <= side_range[1], got {self.side_range}")
+        if not 0.0 <= self.p <= 1.0:
+            raise ConfigError(f"zoom_out: p must be in [0, 1], got {self.p}")
+
+
+def zoom_out_canvases(zoom: ZoomOut, seed: int, epoch: int, keys: np.ndarray,
+                      pictures: np.ndarray) -> np.ndarray:
+    """Each picture's canvas, ``RandomZoomOut.make_params`` with draws from (seed, epoch, key).
+
+    The canvas is a box in tile pixels (it reaches past the tile where it is larger than the
+    picture), so boxes keep their tile coordinates and an IoU crop drawn on the canvas gives
+    windows in tile pixels.
+
+    Parameters
+    ----------
+    zoom : ZoomOut
+        The settings.
+    seed, epoch : int
+        The Loader's seed and the epoch.
+    keys : numpy.ndarray
+        (n,) draw keys.
+    pictures : numpy.ndarray
+        (n, 4) picture boxes: top, left, height, width in tile pixels.
+
+    Returns
+    -------
+    numpy.ndarray
+        (n, 4) float64 canvases: top, left, height, width in tile pixels (the picture where
+        the zoom-out is not applied).
+    """
+    keys = np.asarray(keys)
+    n = len(keys)
+    top0, left0, height, width = _pictures(pictures, n)
+    u = uniforms(stream_seed(seed, ZOOM_STREAM), epoch, keys, 4)
+    applied = u[:, 0] < zoom.p  # torchvision skips where rand(1) >= p
+    # torch's float32 arithmetic: r = lo + rand * (hi - lo), then int(side * r)
+    lo, hi = np.float32(zoom.side_range[0]), np.float32(zoom.side_range[1])
+    r = lo + u[:, 1].astype(np.float32) * (hi - lo)
+    canvas_h = np.floor(height.astype(np.float32) * r).astype(np.float64)
+    canvas_w = np.floor(width.astype(np.float32) * r).astype(np.float64)
+    left = np.floor(((canvas_w - width).astype(np.float32) * u[:, 2].astype(np.float32)).astype(np.float64))
+    top = np.floor(((canvas_h - height).astype(np.float32) * u[:, 3].astype(np.float32)).astype(np.float64))
+    canvases = np.stack([top0 - top, left0 - left, canvas_h, canvas_w], axis=1)
+    return np.where(applied[:, None], canvases, np.stack([top0, left0, height, width], axis=1))
+
+
+@dataclass(frozen=True)
+class Pasted:
+    """Per sample, the part of a window inside its picture and where it lands in the output:
+    the graph resizes ``cut_start``..``cut_end`` to ``cut_size`` and pastes it at ``place`` on
+    an output of the fill colour.
+
+    Attributes
+    ----------
+    cut_start, cut_end : numpy.ndarray
+        (n, 2) float64 [y, x] corners of the window's part inside the picture, tile pixels.
+    cut_size : numpy.ndarray
+        (n, 2) whole output pixels [h, w] that part becomes (at least 1).
+    place : numpy.ndarray
+        (n, 2) whole output pixels [y, x] of its top-left corner.
+    """
+
+    cut_start: np.ndarray
+    cut_end: np.ndarray
+    cut_size: np.ndarray
+    place: np.ndarray
+
+
+def pasted(start: np.ndarray, end: np.ndarray, pictures: np.ndarray, size: int) -> Pasted:
+    """The part of each window inside its picture, and its place in a ``size`` output.
+
+    The window maps linearly onto the output (``Framing.windows``); the picture's edges land
+    at ``(edge - start) * size / (end - start)``, rounded to whole output pixels (half up):
+    exact where they are whole already (large-scale jitter's, and any window at one output
+    pixel per tile pixel), else within half an output pixel of the boxes. A window that misses
+    its picture keeps one pixel of it, placed past the output: the output is all fill.
+
+    Parameters
+    ----------
+    start, end : numpy.ndarray
+        (n, 2) [y, x] window corners in tile pixels.
+    pictures : numpy.ndarray
+        (n, 4) picture boxes: top, left, height, width in tile pixels.
+    size : int
+        The output side.
+
+    Returns
+    -------
+    Pasted
+        Cuts and places.
+    """
+    start = np.asarray(start, np.float64).reshape(-1, 2)
+    end = np.asarray(end, np.float64).reshape(-1, 2)
+    n = len(start)
+    top0, left0, height, width = _pictures(pictures, n)
+    first = np.stack([top0, left0], axis=1)
+    last = first + np.stack([height, width], axis=1)
+    cut_start, cut_end = np.maximum(start, first), np.minimum(end, last)
+    per_tile_pixel = size / (end - start)
+    place = np.floor((cut_start - start) * per_tile_pixel + 0.5)
+    place_end = np.floor((cut_end - start) * per_tile_pixel + 0.5)
+    missed = (cut_end <= cut_start).any(axis=1)
+    cut_start = np.where(missed[:, None], first, cut_start)
+    cut_end = np.where(missed[:, None], first + 1, cut_end)
+    place = np.where(missed[:, None], float(size), np.clip(place, 0, size - 1))
+    cut_size = np.maximum(np.where(missed[:, None], 1.0, place_end - place), 1.0)
+    return Pasted(cut_start, cut_end, cut_size, place)

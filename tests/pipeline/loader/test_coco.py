@@ -128,7 +128,8 @@ def test_the_detection_scripts_refusals(padded: tuple[Path, Path, Path], stretch
                                        tmp_path: Path) -> None:
     store, src, annotations = stretched
     full = dataset(src, annotations)
-    for changed, named in ((dict(data_augmentation="ssd"), "--data-augmentation lsj/multiscale/ssd"),
+    for changed, named in ((dict(data_augmentation="ssd"), "--data-augmentation multiscale/ssd"),
+                           (dict(data_augmentation="multiscale"), "--data-augmentation multiscale/ssd"),
                            (dict(dataset="coco_kp"), "--dataset coco_kp"),
                            (dict(data_augmentation="lsj", use_copypaste=True), "--use-copypaste")):
         with pytest.raises(ConfigError, match="flags the tilefeed Loader does not apply") as refused:
@@ -230,3 +231,28 @@ def test_ssdlite_trains_on_ssds_iou_crops(stretched: tuple[Path, Path, Path]) ->
         assert list(next(iter(loader))[1][0]) == ["boxes", "labels", "iscrowd"]
     assert (start >= 0).all() and (end <= T).all()
     assert ((end - start) < T).any()  # some windows cut the picture
+
+
+def test_lsj_trains_on_large_scale_jitter_at_1024(stretched: tuple[Path, Path, Path]) -> None:
+    """--data-augmentation lsj: ScaleJitter to 1024 and the reference's FixedSizeCrop of 1024
+    padded with the presets' mean, then the flip; a short run hands over 1024 squares."""
+    from tilefeed.pipeline.recipe.adapters import torchvision_detection_options
+
+    options = torchvision_detection_options(args(data_augmentation="lsj"), train=True)
+    assert options["size"] == 1024 and options["recipe"].crop == "lsj"
+    assert options["recipe"].fill == (123, 117, 104)
+    assert "size" not in torchvision_detection_options(args(data_augmentation="lsj"), train=False)
+    store, src, annotations = stretched
+    fill = torch.tensor([123, 117, 104], dtype=torch.float32) / 255
+    corners = []
+    with torchvision_detection_loader(store, args(data_augmentation="lsj"), dataset(src, annotations),
+                                      train=True) as loader:
+        epoch = loader.epoch_indices(0).numpy()
+        start, end, _ = loader.windows(0, epoch)
+        padded = ((end - start) > T).all(axis=1)  # the picture smaller than 1024 both ways
+        for b, (images, targets) in enumerate(loader):
+            assert images.shape[1:] == (3, 1024, 1024) and list(targets[0]) == ["boxes", "labels", "iscrowd"]
+            for k, image in enumerate(images):  # the bottom-right corner is past the picture, flip or not
+                if padded[b * 2 + k]:
+                    corners.append(torch.allclose(image[:, -1, -1].float(), fill, atol=1e-3))
+    assert corners and all(corners)

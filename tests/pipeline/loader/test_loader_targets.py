@@ -354,3 +354,65 @@ def test_a_store_with_boxes_in_a_bucket_hands_over_the_same_targets(tmp_path: Pa
         with Loader("s3://tilefeed/targets/masks", 4, targets="boxes", **OPTS) as there:
             far = by_sample(list(there))
         assert near.keys() == far.keys() and all(same_target(near[i], far[i]) for i in near)
+
+
+@pytest.mark.parametrize("crop", ["lsj", "zoom_iou"])
+def test_windows_past_the_picture_show_the_fill_and_move_the_boxes_as_torchvision(
+        coco_store: tuple[Path, ...], crop: str) -> None:
+    """``Recipe(crop="lsj")`` (ScaleJitter to the output side, then the reference's
+    FixedSizeCrop) and ``"zoom_iou"`` (RandomZoomOut, then RandomIoUCrop of the canvas): every
+    output pixel past the picture is the fill, the boxes are torchvision's moved through the
+    same parameters, instance masks are 0 there; a run of the CPU path end to end."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as F
+
+    from tilefeed.pipeline.targets.windows import (ScaleJitter, ZoomOut, pasted, scale_jitter_framing,
+                                                   zoom_out_canvases)
+
+    store, fill, size = coco_store[0], (123, 117, 104), 48
+    padded = 0
+    options = dict(OPTS, dtype=torch.uint8, layout="NHWC")
+    with Loader(store, 4, targets=("boxes", "masks"), recipe=Recipe(crop=crop, fill=fill), **options) as loader:
+        for images, targets, indices in loader:
+            samples = indices.numpy()
+            start, end, flip = loader.windows(0, samples)
+            pictures = loader.reader.boxes[samples].astype(np.float64)
+            cut = pasted(start, end, pictures, size)
+            for k, sample in enumerate(samples.tolist()):
+                pixels = images[k].numpy()
+                shown = np.zeros((size, size), bool)
+                (py, px), (ch, cw) = cut.place[k].astype(int), cut.cut_size[k].astype(int)
+                shown[py:py + ch, px:px + cw] = True
+                if flip[k]:
+                    shown = shown[:, ::-1]
+                assert (pixels[~shown] == fill).all()
+                padded += int((~shown).any())
+                assert (targets[k]["masks"].numpy()[:, ~shown] == 0).all()
+                rows = loader.reader.targets.rows([sample])[0]
+                top0, left0, h, w = pictures[k]
+                boxes = tv_tensors.BoundingBoxes(torch.from_numpy(rows[:, :4] - [left0, top0, left0, top0]),
+                                                 format="XYXY", canvas_size=(int(h), int(w)))
+                labels = torch.from_numpy(rows[:, 4].astype(np.int64))
+                if crop == "lsj":  # torchvision's resize to the drawn size, then the cut
+                    framing = scale_jitter_framing(ScaleJitter((size, size)), 7, 0, samples[k:k + 1],
+                                                   pictures[k:k + 1], size)
+                    (new_h, new_w), (top, left) = framing.resized[0].astype(int), framing.anchor[0].astype(int)
+                    moved = F.crop(F.resize(boxes, [int(new_h), int(new_w)]), int(top), int(left), size, size)
+                else:  # the IoU crop of the canvas: the boxes whose centres it holds (all where the
+                    # window is the whole canvas, RandomIoUCrop's leave-as-is), resized
+                    canvas = zoom_out_canvases(ZoomOut(), 7, 0, samples[k:k + 1], pictures[k:k + 1])[0]
+                    (top, left), (bottom, right) = start[k] - [top0, left0], end[k] - [top0, left0]
+                    cx, cy = (rows[:, 0] + rows[:, 2]) / 2 - left0, (rows[:, 1] + rows[:, 3]) / 2 - top0
+                    held = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+                    if np.array_equal(np.concatenate([start[k], end[k] - start[k]]), canvas):
+                        held[:] = True
+                    kept = tv_tensors.wrap(boxes[torch.from_numpy(held)], like=boxes)
+                    moved = F.resized_crop(kept, int(top), int(left), int(bottom - top), int(right - left),
+                                           [size, size])
+                    labels = labels[torch.from_numpy(held)]
+                out = {"boxes": F.horizontal_flip(moved) if flip[k] else moved, "labels": labels}
+                want = v2.Compose([v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes()])(out)
+                assert torch.equal(targets[k]["labels"], want["labels"])
+                assert torch.allclose(targets[k]["boxes"].double(), want["boxes"].double(), atol=1e-3, rtol=0)
+    assert padded > 0
