@@ -105,7 +105,6 @@ class MixedTargets:
         self._starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         kinds = [t.masks for t in self.sources if t is not None and t.masks is not None]
         self.masks: MaskKind | None = kinds[0] if kinds else None
-        self.masks_here = all(t.masks_here for t in self.sources if t is not None and t.masks is not None)
         self.offsets, self.objects = self._rows()
 
     @cached_property
