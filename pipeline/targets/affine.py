@@ -6,8 +6,12 @@ The policy gives each sample, per op slot, the 2x3 map from output to input pixe
 each box's four corners move, the box becomes the one enclosing them, clamped to the image
 (torchvision's ``_affine_bounding_boxes_with_expand`` without expansion, then its clamp).
 Masks are resampled as torchvision's tensor kernel resamples a ``Mask`` (``grid_sample``,
-nearest): each output pixel's centre is mapped into the source and takes the nearest source
-pixel, a tie to the even one; a centre that lands outside the source takes the fill.
+nearest, in its float32 steps): each output pixel's centre is mapped into the source and takes
+the nearest source pixel; a centre that lands outside the source takes the fill. Where a centre
+lands on a tie between two source pixels (a 45 degree turn's diagonal, every fifth row of a
+0.2 shear), torchvision's float32 rounding decides, and its matrix multiply's summation order
+is not reproduced: such pixels may take the other neighbour (tested: at most a few percent of
+a mask, each at a tie).
 
 torchvision's policies themselves (``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``)
 refuse boxes and masks; these are the moves its functional kernels make with the arguments
@@ -152,18 +156,33 @@ def affine_masks(masks: np.ndarray, affines: Affines, fill: int = 0) -> np.ndarr
         raise ConfigError(f"affine_masks: expected ({len(affines)}, H, W) masks, got {masks.shape}")
     out = masks.copy()
     n, h, w = masks.shape
-    ys, xs = np.mgrid[0:h, 0:w].astype(np.float64) + 0.5
     for i in range(n):
         for k in np.flatnonzero(affines.moved[i]).tolist():
-            m = affines.matrices[i, k]
-            sx = np.rint(m[0, 0] * xs + m[0, 1] * ys + m[0, 2] - 0.5)
-            sy = np.rint(m[1, 0] * xs + m[1, 1] * ys + m[1, 2] - 0.5)
+            sx, sy = _nearest(affines.matrices[i, k], h, w)
             inside = (sx >= 0) & (sx <= w - 1) & (sy >= 0) & (sy <= h - 1)
-            src = out[i]
             warped = np.full((h, w), fill, dtype=masks.dtype)
-            warped[inside] = src[sy[inside].astype(np.int64), sx[inside].astype(np.int64)]
+            warped[inside] = out[i][sy[inside], sx[inside]]
             out[i] = warped
     return out
+
+
+def _nearest(matrix: np.ndarray, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(h, w) int64 source columns and rows nearest sampling reads for each output pixel, in
+    the float32 steps of torchvision's ``_affine_grid`` and ``grid_sample`` (centred
+    coordinates, the matrix divided by the half sides, then unnormalised), so pixel centres that
+    land on a tie mostly round as there."""
+    f = np.float32
+    a = matrix[:, :2]
+    centre = np.array([w * 0.5, h * 0.5])
+    theta = np.concatenate([a, (matrix[:, 2] + a @ centre - centre)[:, None]], axis=1).astype(f)
+    xs = np.arange(w, dtype=f) - f((w - 1) * 0.5)
+    ys = np.arange(h, dtype=f) - f((h - 1) * 0.5)
+    x, y = np.meshgrid(xs, ys)
+    out = []
+    for row, side in ((theta[0] / f(0.5 * w), w), (theta[1] / f(0.5 * h), h)):
+        g = (x * row[0] + y * row[1]) + row[2]
+        out.append(np.rint(((g + f(1)) * f(side) - f(1)) / f(2)).astype(np.int64))
+    return out[0], out[1]
 
 
 def hflip_boxes(objects: Objects, hflip: np.ndarray, size: np.ndarray) -> Objects:

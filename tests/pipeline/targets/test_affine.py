@@ -2,8 +2,8 @@
 code (``_apply_image_or_video_transform``, the calls its policies make for the image) applied to
 ``BoundingBoxes`` and ``Mask``: for every geometric op of every torchvision policy, at fixed
 magnitude bins and both signs, boxes within 1e-3 px and masks pixel for pixel but where a
-pixel centre lands within 1e-3 px of a tie between two source pixels (torchvision samples in
-float32, the kernel here in float64). Neighbouring bins are a negative control."""
+pixel centre lands within 1e-3 px of a tie between two source pixels (there torchvision's
+float32 rounding decides; under 4% of a mask). Neighbouring bins are a negative control."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def control(name: str, bins: int, wide: bool, b: int, sign: float, affines: Affi
 
 
 CASES = [(policy, name, b, sign) for policy, (_, bins, _) in POLICIES.items() for name in GEOMETRIC
-         for b in (1, bins // 3, bins // 2 + 1, bins - 1) for sign in (1.0, -1.0)]
+         for b in sorted({1, bins // 3, bins // 2, bins // 2 + 1, bins - 1}) for sign in (1.0, -1.0)]
 
 
 @pytest.mark.parametrize(("policy", "name", "b", "sign"), CASES)
@@ -117,9 +117,9 @@ def test_boxes_and_masks_equal_torchvisions_op(policy: str, name: str, b: int, s
     got_mask = affine_masks(mask[None], affines, fill=0)[0]
     differ, near = got_mask != want_mask, near_ties(affines)
     assert not (differ & ~near).any(), f"{(differ & ~near).sum()} pixels differ away from ties"
-    assert near.mean() < 0.05  # the tolerance spares few pixels (a 45 degree turn's diagonal)
-    control = affine_masks(mask[None], other, fill=0)[0]
-    assert (control != want_mask).mean() > 0.01
+    assert differ.mean() < 0.04  # a few ties only (a 45 degree turn's diagonal: 3%)
+    shifted = affine_masks(mask[None], other, fill=0)[0]
+    assert (shifted != want_mask).mean() > 0.01
 
 
 def test_slots_chain_and_other_ops_leave_targets_alone() -> None:
