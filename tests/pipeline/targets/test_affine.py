@@ -127,7 +127,8 @@ def test_slots_chain_and_other_ops_leave_targets_alone() -> None:
     the other); a slot that is not geometric changes nothing; the flip mirrors."""
     cls, bins, wide = POLICIES["rand"]
     rows = random_boxes(np.random.default_rng(3), 16)
-    first, second = tilefeed_affine("Rotate", bins, wide, 20, 1.0), tilefeed_affine("ShearX", bins, wide, 12, -1.0)
+    first = tilefeed_affine("Rotate", bins, wide, 20, 1.0)
+    second = tilefeed_affine("ShearX", bins, wide, 12, -1.0)
     chained = Affines.of(np.stack([first.matrices[0, 0], second.matrices[0, 0]])[None],
                          np.array([[True, True]]))
     objects = Objects(np.array([0, len(rows)]), rows, np.ones(len(rows), np.int64),
