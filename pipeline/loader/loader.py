@@ -502,6 +502,10 @@ class Loader:
         if not isinstance(reader, StoreReader) or reader.targets is None:
             raise ConfigError("boxes_to_source needs a store made with targets (its frames map tiles to "
                               "source images)")
+        recipe = self.augment.recipe
+        if self.augment.train and recipe is not None and recipe.auto_augment is not None:
+            raise ConfigError("boxes_to_source maps back the crop and flips, not an auto-augment policy's "
+                              "shears and rotations: map evaluation batches, or train without auto_augment")
         samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
                              dtype=np.int64).reshape(-1)
         epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)

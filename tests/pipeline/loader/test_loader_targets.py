@@ -157,6 +157,9 @@ def test_a_policys_geometric_ops_move_boxes_and_masks_as_torchvisions(coco_store
                         moved += not torch.allclose(got["boxes"].double(), plain["boxes"].double(), atol=1e-3)
                     seen += len(got["boxes"])
     assert seen > 10 and moved > 0
+    with Loader(store, 4, targets="boxes", recipe=Recipe(auto_augment=policy), **OPTS) as loader, \
+            pytest.raises(ConfigError, match="auto-augment"):
+        loader.boxes_to_source([np.zeros((0, 4))], [0])
 
 
 def by_sample(batches: list[tuple[Any, ...]]) -> dict[int, Any]:
