@@ -95,10 +95,7 @@ def _no_effect(dataloader_options: dict[str, Any]) -> None:
 
 
 def _targets_with(recipe: Recipe) -> None:
-    """Refuse, in one line, a recipe's operation that boxes and masks cannot follow yet."""
-    if recipe.auto_augment is not None:
-        raise ConfigError("targets: an auto-augment policy's shears, translations and rotations do not "
-                          "move boxes and masks yet; train with targets without auto_augment")
+    """Refuse, in one line, a recipe's operation that boxes and masks have no meaning of."""
     if recipe.mix is not None:
         raise ConfigError("targets: mixup/cutmix mix image labels into soft targets, which boxes and "
                           "masks have no meaning of; train with targets without mix")

@@ -505,6 +505,10 @@ class Loader:
         if self.mixture is not None and self.augment.train:
             raise ConfigError("boxes_to_source over a mixture maps evaluation batches: its training crops "
                               "are drawn from positions, which ids do not name")
+        recipe = self.augment.recipe
+        if self.augment.train and recipe is not None and recipe.auto_augment is not None:
+            raise ConfigError("boxes_to_source maps back the crop and flips, not an auto-augment policy's "
+                              "shears and rotations: map evaluation batches, or train without auto_augment")
         samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
                              dtype=np.int64).reshape(-1)
         epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)

@@ -16,6 +16,7 @@ targets for the same batch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +24,10 @@ import numpy as np
 
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.crops import StoreObjects, graph_inputs, iou_windows, sent_names
+from tilefeed.pipeline.recipe.policies import GEOMETRIC, OPS
 from tilefeed.pipeline.recipe.recipe import Crop
 from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.targets.affine import Affines
 from tilefeed.pipeline.targets.batches import FramedTargets, Targets, TargetsLayout, frame_targets
 from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.objects import Objects
@@ -59,12 +62,47 @@ def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, s
     Framing
         One framing per sample.
     """
+    inputs = _sent(reader, augment, seed, epoch, size, samples, keys, objects)
+    return _framing(augment, inputs, size, len(samples))
+
+
+def _sent(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int, samples: np.ndarray,
+          keys: np.ndarray | None, objects: StoreObjects | None) -> dict[str, np.ndarray]:
+    """The graph's per-sample inputs for ``samples``, by name."""
     sent = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects)
-    inputs = dict(zip(sent_names(augment), sent, strict=True))
+    return dict(zip(sent_names(augment), sent, strict=True))
+
+
+def _framing(augment: Augment, inputs: Mapping[str, np.ndarray], size: int, n: int) -> Framing:
+    """The framing ``inputs`` give the graph (``sample_framing``)."""
     if augment.windows:
         return Framing.windows(inputs["start"], inputs["end"], inputs["size"], inputs["flip"],
                                inputs.get("vflip"))
-    return Framing.centre(len(samples), augment.tile, augment.resize_to(size), size)
+    return Framing.centre(n, augment.tile, augment.resize_to(size), size)
+
+
+def policy_affines(augment: Augment, inputs: Mapping[str, np.ndarray]) -> Affines | None:
+    """The auto-augment policy's geometric ops per sample, from the very inputs the images are
+    warped by (``AutoAugment.draw``'s ``aa_op`` and ``aa_matrix``); None where the graph applies
+    no policy (no recipe policy, or evaluation).
+
+    Parameters
+    ----------
+    augment : Augment
+        The graph's framing and recipe.
+    inputs : mapping of str to numpy.ndarray
+        The graph's per-sample inputs by name (``graph_inputs`` with ``sent_names``).
+
+    Returns
+    -------
+    Affines or None
+        Per sample and op slot, the output-to-input map and whether the op moves pixels.
+    """
+    recipe = augment.recipe
+    if not augment.train or recipe is None or recipe.auto_augment is None:
+        return None
+    geometric = np.array([OPS.index(op) for op in GEOMETRIC], dtype=np.int32)
+    return Affines.of(inputs["aa_matrix"], np.isin(inputs["aa_op"], geometric))
 
 
 @dataclass(frozen=True)
@@ -129,8 +167,9 @@ class BatchTargets:
         stored = None if store.offsets is None or store.objects is None else (store.offsets, store.objects)
         crop = self.augment.recipe.crop if self.augment.train and self.augment.recipe is not None else None
         iou = crop is not None and crop.against_boxes
-        framing = sample_framing(reader, self.augment, self.seed, self.epoch, self.size, samples, keys,
-                                 stored if iou else None)
+        inputs = _sent(reader, self.augment, self.seed, self.epoch, self.size, samples, keys,
+                       stored if iou else None)
+        framing = _framing(self.augment, inputs, self.size, len(samples))
         objects = None
         if Targets.BOXES in self.asked and stored is not None:
             objects = Objects.gather(stored[0], stored[1], samples)
@@ -142,7 +181,8 @@ class BatchTargets:
         if Targets.MASKS in self.asked:
             masks = np.empty((len(samples), store.tile, store.tile), dtype=np.uint8)
             store.read_masks_into(samples, masks)
-        return frame_targets(framing, self.asked, objects, masks, store.masks, self.min_size, self.min_area)
+        return frame_targets(framing, self.asked, objects, masks, store.masks, self.min_size, self.min_area,
+                             policy_affines(self.augment, inputs))
 
     def __call__(self, out: dict[str, Any], batch: int) -> None:
         """Add batch ``batch``'s targets to the hand-over's ``out``, in ``layout``."""

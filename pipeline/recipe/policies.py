@@ -19,6 +19,7 @@ Two families share the op set but not the arithmetic from magnitude to parameter
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -538,6 +539,16 @@ def _posterize_mask(bits: int) -> float:
     return float(255 ^ ((1 << (8 - bits)) - 1))
 
 
+@functools.lru_cache(maxsize=256)
+def _linspace(start: float, end: float, steps: int) -> tuple[float, ...]:
+    """``torch.linspace``'s float32 values, as torchvision builds its magnitude tables (numpy's
+    float32 linspace is an ulp off at some bins: TrivialAugmentWide's translation at bin 15 is
+    15.999999 there, which truncates to 15 pixels, not 16)."""
+    import torch  # the policy's tables only; the draws stay numpy
+
+    return tuple(float(v) for v in torch.linspace(start, end, steps).tolist())
+
+
 def _tv_param(name: str, bin_: float, sign: float, hw: np.ndarray, wide: bool,
               bins: int) -> tuple[Op, float, float]:
     """torchvision v2: magnitude = linspace table[bin] (float32, as torch builds it), negated
@@ -554,11 +565,11 @@ def _tv_param(name: str, bin_: float, sign: float, hw: np.ndarray, wide: bool,
         # torchvision keeps the pixels below 255 * m (float64); for integer pixels "at or above"
         # that is "at or above" its ceiling, which float32 holds exactly (255 * m rounded to
         # float32 falls on an integer at even bins, 238.000001 to 238, inverting a pixel of 238)
-        return op, float(math.ceil(255.0 * float(np.linspace(1.0, 0.0, bins, dtype=np.float32)[b]))), 0.0
+        return op, float(math.ceil(255.0 * _linspace(1.0, 0.0, bins)[b])), 0.0
     top = {Op.SHEAR_X: 0.99 if wide else 0.3, Op.SHEAR_Y: 0.99 if wide else 0.3,
            Op.TRANSLATE_X: 32.0 if wide else 150.0 / 331.0 * w,
            Op.TRANSLATE_Y: 32.0 if wide else 150.0 / 331.0 * h, Op.ROTATE: 135.0 if wide else 30.0}
-    magnitude = sign * float(np.linspace(0.0, top.get(op, 0.99 if wide else 0.9), bins, dtype=np.float32)[b])
+    magnitude = sign * _linspace(0.0, top.get(op, 0.99 if wide else 0.9), bins)[b]
     if op in GEOMETRIC:
         if op in {Op.TRANSLATE_X, Op.TRANSLATE_Y}:
             magnitude = float(int(magnitude))  # torchvision translates by int(magnitude) pixels

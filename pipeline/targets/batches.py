@@ -16,7 +16,8 @@ from enum import StrEnum
 import numpy as np
 import torch
 
-from tilefeed.pipeline.targets.geometry import Framing, check_thresholds, transform_boxes
+from tilefeed.pipeline.targets.affine import Affines, affine_boxes, affine_masks, hflip_boxes
+from tilefeed.pipeline.targets.geometry import Framing, check_thresholds, frame_boxes, sanitize, transform_boxes
 from tilefeed.pipeline.targets.masks import instance_masks, remap_ids, transform_masks
 from tilefeed.pipeline.targets.objects import Objects
 from tilefeed.store.errors import ConfigError
@@ -181,10 +182,13 @@ def _renumbered(objects: Objects) -> Objects:
 
 def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects | None = None,
                   masks: np.ndarray | None = None, kind: MaskKind | str | None = None,
-                  min_size: float = 1.0, min_area: float = 1.0) -> FramedTargets:
+                  min_size: float = 1.0, min_area: float = 1.0,
+                  affines: Affines | None = None) -> FramedTargets:
     """A batch's stored targets through its framing: boxes moved, clamped and sanitised
     (``transform_boxes``), masks resampled (``transform_masks``), instance ids renumbered for
-    the boxes that survive.
+    the boxes that survive. With ``affines`` (an auto-augment policy's geometric ops), the
+    images' order: crop and resize, vertical flip, the policy's ops, horizontal flip; then the
+    clamp and sanitising.
 
     Parameters
     ----------
@@ -201,6 +205,8 @@ def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects 
         What the mask tiles hold.
     min_size, min_area : float
         ``SanitizeBoundingBoxes``' thresholds.
+    affines : Affines, optional
+        Per sample, the policy's geometric ops (``Affines``); None: none.
 
     Returns
     -------
@@ -210,13 +216,28 @@ def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects 
     check_thresholds(min_size, min_area)
     mask_kind = None if kind is None else MaskKind(kind)
     check_targets(asked, objects is not None, mask_kind if masks is not None else None)
+    # pixels the image does not carry: ignore for class ids, background for instance ids
+    fill = 255 if mask_kind is MaskKind.SEMANTIC else 0
+    # the policy runs between the vertical flip and the horizontal one, as on the images
+    # (``host_ops.apply`` and ``ops.apply``; the graph's crop_mirror_normalize mirrors last)
+    hflip = framing.hflip
+    first = framing if affines is None else Framing(framing.origin, framing.region, framing.resized,
+                                                    framing.anchor, framing.size,
+                                                    np.zeros_like(hflip), framing.vflip)
     kept = None
     if Targets.BOXES in asked and objects is not None:
-        kept = transform_boxes(framing, objects, min_size, min_area)
+        if affines is None:
+            kept = transform_boxes(framing, objects, min_size, min_area)
+        else:
+            moved = hflip_boxes(affine_boxes(frame_boxes(first, objects), affines, framing.size),
+                                hflip, framing.size)
+            kept = sanitize(moved, framing.size, min_size, min_area)
     framed = None
     if Targets.MASKS in asked and masks is not None:
-        # past the tile: ignore for class ids, background for instance ids
-        framed = transform_masks(framing, masks, 255 if mask_kind is MaskKind.SEMANTIC else 0)
+        framed = transform_masks(first, masks, fill)
+        if affines is not None:
+            framed = affine_masks(framed, affines, fill)
+            framed = np.where(hflip[:, None, None], framed[:, :, ::-1], framed)
         if mask_kind is MaskKind.INSTANCE and kept is not None:
             framed = remap_ids(framed, kept)
     return FramedTargets(kept, framed, mask_kind if framed is not None else None)

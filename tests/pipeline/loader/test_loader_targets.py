@@ -84,6 +84,84 @@ def test_batches_hold_torchvisions_boxes_and_masks_on_the_loaders_windows(coco_s
     assert seen > 10  # the crops kept objects to compare
 
 
+def torchvision_policy_targets(reader: StoreReader, policy: AutoAugment, seed: int, epoch: int, sample: int,
+                               start: np.ndarray, end: np.ndarray, flip: int, size: int) -> dict[str, Any]:
+    """torchvision v2 with the policy's ops for ``sample``: its resized crop, then each op the
+    policy drew (the op's name, magnitude bin and sign, recomputed from the seed, the epoch and
+    the sample; the magnitude from torchvision's own table; the move by torchvision's own op
+    code, fill 0), then the flip, the clamp and the sanitising."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as F
+
+    from tilefeed.pipeline.planning.counters import stream_seed, uniforms
+    from tilefeed.pipeline.recipe.policies import _PER_SLOT, STREAM
+
+    store = reader.targets
+    assert store is not None
+    rows = store.rows([sample])[0]
+    ids = np.empty((1, T, T), dtype=np.uint8)
+    store.read_masks_into([sample], ids)
+    boxes = tv_tensors.BoundingBoxes(torch.from_numpy(rows[:, :4].copy()), format="XYXY", canvas_size=(T, T))
+    per_object = (ids[0][None] == np.arange(1, len(rows) + 1)[:, None, None]).astype(np.uint8)
+    masks = tv_tensors.Mask(torch.from_numpy(per_object))
+    top, left = (int(v) for v in start)
+    height, width = (int(v) for v in end - start)
+    boxes = F.resized_crop(boxes, top, left, height, width, [size, size])
+    masks = F.resized_crop(masks, top, left, height, width, [size, size])
+    u = uniforms(stream_seed(seed, STREAM), epoch, np.array([sample]), 1 + _PER_SLOT * max(policy.slots, 1))
+    chosen, strength, sign = policy._choose(u, 1)
+    cls = {"trivial_wide": v2.TrivialAugmentWide, "rand": v2.RandAugment}[policy.policy.value]
+    tv_policy = cls()
+    for k, name in enumerate(chosen[0]):
+        if name not in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"):
+            continue  # the other ops leave boxes and masks alone
+        magnitude = float(cls._AUGMENTATION_SPACE[name][0](31, size, size)[int(strength[0, k])]) * sign[0, k]
+        boxes = tv_policy._apply_image_or_video_transform(boxes, name, magnitude, "nearest", tv_policy._fill)
+        masks = tv_policy._apply_image_or_video_transform(masks, name, magnitude, "nearest", tv_policy._fill)
+    if flip:
+        boxes, masks = F.horizontal_flip(boxes), F.horizontal_flip(masks)
+    out = {"boxes": boxes, "masks": masks, "labels": torch.from_numpy(rows[:, 4].astype(np.int64)),
+           "chosen": chosen[0]}
+    return v2.Compose([v2.ClampBoundingBoxes(), v2.SanitizeBoundingBoxes()])(out)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("text", ["ta_wide", "ra"])
+def test_a_policys_geometric_ops_move_boxes_and_masks_as_torchvisions(coco_store: tuple[Path, ...],
+                                                                     text: str) -> None:
+    """Each batch's boxes and masks equal torchvision v2's chain on the Loader's own windows,
+    policy ops and flips (two epochs, so every sample draws twice); a moved sample's boxes
+    differ from those without the policy (the control)."""
+    store = coco_store[0]
+    policy = AutoAugment.parse(text)
+    moved = seen = 0
+    for epoch in range(2):
+        with Loader(store, 4, targets=("boxes", "masks"), recipe=Recipe(auto_augment=policy), **OPTS) as loader:
+            loader.set_epoch(epoch)
+            for _, targets, indices in loader:
+                samples = indices.numpy()
+                start, end, flip = loader.windows(epoch, samples)
+                for k, sample in enumerate(samples.tolist()):
+                    want = torchvision_policy_targets(loader.reader, policy, 7, epoch, sample, start[k], end[k],
+                                                      int(flip[k]), 48)
+                    plain = torchvision_targets(loader.reader, sample, start[k], end[k], int(flip[k]), 48)
+                    got = targets[k]
+                    assert torch.equal(got["labels"], want["labels"])
+                    assert torch.allclose(got["boxes"].double(), want["boxes"].double(), atol=1e-3, rtol=0)
+                    # masks: pixel for pixel but at ties of the nearest sampling (test_affine.py)
+                    assert got["masks"].shape == want["masks"].shape
+                    differ = int((got["masks"] != want["masks"].to(torch.uint8)).sum())
+                    assert differ <= 0.04 * got["masks"].numel()
+                    geometric = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"} & set(want["chosen"])
+                    if geometric and len(plain["boxes"]) == len(got["boxes"]) and len(got["boxes"]):
+                        moved += not torch.allclose(got["boxes"].double(), plain["boxes"].double(), atol=1e-3)
+                    seen += len(got["boxes"])
+    assert seen > 10 and moved > 0
+    with Loader(store, 4, targets="boxes", recipe=Recipe(auto_augment=policy), **OPTS) as loader, \
+            pytest.raises(ConfigError, match="auto-augment"):
+        loader.boxes_to_source([np.zeros((0, 4))], [0])
+
+
 def by_sample(batches: list[tuple[Any, ...]]) -> dict[int, Any]:
     return {int(i): target for _, targets, idx in batches for target, i in zip(targets, idx, strict=True)}
 
@@ -174,8 +252,6 @@ def test_what_cannot_be_given_is_refused_in_one_line(coco_store: tuple[Path, ...
     store = coco_store[0]
     with pytest.raises(ConfigError, match="none of"):
         Loader(store, 4, targets="keypoints")
-    with pytest.raises(ConfigError, match="auto-augment"):
-        Loader(store, 4, train=True, targets="boxes", recipe=Recipe(auto_augment=AutoAugment.parse("ta_wide")))
     with pytest.raises(ConfigError, match="targets_layout"):
         Loader(store, 4, targets="boxes", targets_layout="ragged")
     with Loader(store, 4, targets="boxes", **OPTS) as loader:

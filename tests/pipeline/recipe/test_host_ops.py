@@ -120,11 +120,11 @@ def test_each_policy_op_equals_torchvisions_pil_kernel_and_is_near_the_dali_op(
 
 def test_every_solarize_bin_equals_torchvisions(two_pictures: list[np.ndarray]) -> None:
     """TrivialAugmentWide's solarize at each of its 31 bins, with the threshold the policy draws,
-    against torchvision's ``solarize(img, 255.0 * m)``; the control, the threshold 255 * m held
-    as float32, inverts the pixels equal to it at even bins."""
+    against torchvision's ``solarize(img, 255.0 * m)`` with m from torchvision's own table; the
+    control, the threshold 255 * m held as float32, inverts the pixels equal to it at even bins."""
     policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE))
     img = PIL.Image.fromarray(two_pictures[0])
-    table = np.linspace(1.0, 0.0, 31, dtype=np.float32)
+    table = T.TrivialAugmentWide._AUGMENTATION_SPACE["Solarize"][0](31, SIDE, SIDE).numpy()
     missed = 0
     for b in range(31):
         op, param, _ = _tv_param("Solarize", b, 1.0, np.array([SIDE, SIDE]), True, 31)
@@ -134,7 +134,7 @@ def test_every_solarize_bin_equals_torchvisions(two_pictures: list[np.ndarray]) 
         rounded = float(np.float32(255.0 * float(table[b])))
         plain = host_ops.policy_op(img, op, rounded, np.eye(2, 3), policy)
         missed += not np.array_equal(np.asarray(plain), ref)
-    assert missed >= 10, missed
+    assert missed >= 8, missed  # the bins where 255 * m in float32 falls on a pixel value
 
 
 def test_bilinear_warps_with_an_rgb_fill_equal_torchvisions(two_pictures: list[np.ndarray]) -> None:
