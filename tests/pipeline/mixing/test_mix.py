@@ -14,6 +14,7 @@ import torch
 
 from tilefeed.pipeline import Loader
 from tilefeed.pipeline.audit.ledger import audit, format_audit
+from tilefeed.pipeline.loader.resume import STATE_VERSION
 from tilefeed.pipeline.mixing.mix import Mix
 from tilefeed.pipeline.reading.mixed import LabelRule
 from tilefeed.store.errors import ConfigAttributeError, ConfigError
@@ -106,7 +107,7 @@ def test_elastic_resume_on_another_world_size_and_the_audit(stores: dict[str, Pa
                 counts.update(next(batches)[-1].tolist())
             saved.append(loader.state_dict())
     state = json.loads(json.dumps(saved[0]))
-    assert state["version"] == 7 and state["mixture"]
+    assert state["version"] == STATE_VERSION and state["mixture"]
     for rank in range(3):  # three ranks finish the epoch
         with Loader(mix(stores), 16, rank=rank, world_size=3, seed=5, ledger=ledger, **UINT8) as loader:  # type: ignore[arg-type]
             loader.load_state_dict(state)
