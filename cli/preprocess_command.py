@@ -193,7 +193,7 @@ def _print_summary(s: Summary, args: argparse.Namespace) -> None:
         print(f"  note: {shown(note, args)}")
     print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
     if s.objects or s.outside:
-        print(f"  objects {s.objects} stored" + (f"; {s.outside} outside their tiles (crop fit), not stored"
-                                               if s.outside else ""))
+        outside = f"; {s.outside} outside their tiles (crop fit, grid gaps), not stored" if s.outside else ""
+        print(f"  objects {s.objects} stored{outside}")
     if s.resumed_parts:
         print(f"  resumed: {s.resumed_parts} parts were already done")

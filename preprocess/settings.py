@@ -164,11 +164,6 @@ class TargetOptions:
             return MaskKind.SEMANTIC
         return MaskKind.INSTANCE if self.instance_masks else None
 
-    def check(self, tiles: TileSettings) -> None:
-        """ConfigError for settings these targets cannot be made with."""
-        if self.kind is not None and tiles.mode == "grid":
-            raise ConfigError(f"--mode grid with targets ({self.kind.value}) is not supported yet: "
-                              "use --mode resize")
 
 
 def default_workers(worker_memory: int) -> int:

@@ -80,7 +80,7 @@ class Summary:
     up_to_date: bool = False
     hidden: int = 0  # hidden files and folders a class-folder scan left out
     objects: int = 0  # a store with targets: the objects stored
-    outside: int = 0  # and those not stored, no part of their box in their tile (crop fit)
+    outside: int = 0  # and those not stored, no part of their box in any tile (crop fit, grid gaps)
     notes: list[str] = field(default_factory=list)  # about SRC and OUT, for the summary
     phases: dict[str, float] = field(default_factory=dict)  # seconds: decode, encode, write, copy, sync
 
@@ -166,7 +166,6 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
     if targets is not None and targets.kind is not None:
-        targets.check(tiles)
         if is_url(out):
             raise ConfigError("a store with targets is written to a folder (stores in object storage "
                               "carry no targets yet)")

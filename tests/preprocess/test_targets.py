@@ -184,10 +184,7 @@ def test_a_file_the_run_cannot_be_made_from_is_refused_in_one_line(coco: CocoSet
     _run_refused(tmp_path, coco.src, {**good, "images": [*good["images"], escape]}, "leads out of SRC")
 
 
-def test_grid_mode_with_targets_is_refused(coco: CocoSet, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--mode grid with targets"):
-        preprocess(coco.src, tmp_path / "out", TileSettings(tile=T, mode="grid"), workers=1,
-                   targets=TargetOptions(annotations=str(coco.annotations)))
+def test_targets_from_two_sources_or_masks_without_a_file_are_refused() -> None:
     with pytest.raises(ConfigError, match="one source"):
         TargetOptions(annotations="a.json", yolo=True)
     with pytest.raises(ConfigError, match="--instance-masks"):
