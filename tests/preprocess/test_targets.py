@@ -184,6 +184,39 @@ def test_a_file_the_run_cannot_be_made_from_is_refused_in_one_line(coco: CocoSet
     _run_refused(tmp_path, coco.src, {**good, "images": [*good["images"], escape]}, "leads out of SRC")
 
 
+def test_an_annotations_file_over_its_size_limit_is_refused_unread(coco: CocoSet, tmp_path: Path) -> None:
+    """The limit is the file's size in bytes: at its size the run is made, one byte under it is
+    refused in one line naming the file, its size and the option, before the file is read."""
+    size = coco.annotations.stat().st_size
+    at = preprocess(coco.src, tmp_path / "at", TileSettings(tile=T), workers=1,
+                    targets=TargetOptions(annotations=str(coco.annotations), max_annotations_size=size))
+    assert at.sources == len(coco.objects) + len(coco.bad) and at.accepted >= len(coco.objects)
+    with pytest.raises(SourceError) as e:
+        preprocess(coco.src, tmp_path / "under", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(annotations=str(coco.annotations), max_annotations_size=size - 1))
+    line = str(e.value)
+    assert "\n" not in line and str(coco.annotations) in line and f"{size} bytes" in line
+    assert "--max-annotations-size" in line
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR)  # a writer held open, so opening it to read does not wait
+    try:
+        _run_refused_file(tmp_path, coco.src, fifo, "not a regular file")
+    finally:
+        os.close(held)
+    with pytest.raises(ConfigError, match="--max-annotations-size"):
+        TargetOptions(annotations="a.json", max_annotations_size=0)
+    run = run_cli("preprocess", str(coco.src), str(tmp_path / "cli"), "--annotations", str(coco.annotations),
+                  "--max-annotations-size", "1K", "--tile", str(T), "--processes", "1", "--quiet")
+    assert run.returncode == 1 and "over the 1.0 KiB limit; --max-annotations-size raises it" in run.stderr
+
+
+def _run_refused_file(tmp_path: Path, src: Path, path: Path, match: str) -> None:
+    with pytest.raises(SourceError, match=match):
+        preprocess(src, tmp_path / "out", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(annotations=str(path)))
+
+
 def test_targets_from_two_sources_or_masks_without_a_file_are_refused() -> None:
     with pytest.raises(ConfigError, match="one source"):
         TargetOptions(annotations="a.json", yolo=True)
