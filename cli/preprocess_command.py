@@ -149,7 +149,8 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                    "box) and names its classes in data.yaml or classes.txt; boxes only")
     g.add_argument("--masks", metavar="DIR", default=None,
                    help="semantic masks: for SRC/a/b.jpg, DIR/a/b.png holds a class id per pixel (one 8-bit "
-                   "band, 255 ignored); DIR/classes.txt, if there, names ids 0, 1, ...")
+                   "band, 255 ignored); DIR/classes.txt, if there, names ids 0, 1, ...; with --annotations, "
+                   "a mask per image beside its boxes, of the file's category ids (no classes.txt)")
 
 
 def run(args: argparse.Namespace) -> int:

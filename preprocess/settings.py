@@ -119,7 +119,8 @@ class TargetKind(StrEnum):
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """The targets read beside the images (detection and segmentation), at most one source.
+    """The targets read beside the images (detection and segmentation): one source of boxes,
+    or semantic masks, or a COCO file's boxes with a semantic mask per image.
 
     Attributes
     ----------
@@ -132,7 +133,9 @@ class TargetOptions:
         SRC holds ``images/`` and ``labels/`` (YOLO text labels, boxes only), and the class
         names in ``data.yaml`` or ``classes.txt``.
     masks : str or None
-        A folder of semantic masks: for SRC's ``a/b.jpg``, ``MASKS/a/b.png`` of class ids.
+        A folder of semantic masks: for SRC's ``a/b.jpg``, ``MASKS/a/b.png`` of class ids. With
+        ``annotations``, a semantic mask per image beside its boxes, its ids the file's
+        category ids.
     max_annotations_size : int
         The largest ``annotations`` file read, in bytes (``--max-annotations-size``): the file
         is parsed whole, which takes several times its size in memory, so a larger one is
@@ -146,10 +149,13 @@ class TargetOptions:
     max_annotations_size: int = DEFAULT_MAX_ANNOTATIONS
 
     def __post_init__(self) -> None:
-        given = [name for name, on in (("--annotations", self.annotations is not None), ("--yolo", self.yolo),
-                                       ("--masks", self.masks is not None)) if on]
-        if len(given) > 1:
-            raise ConfigError(f"{' and '.join(given)}: a store takes its targets from one source")
+        # --annotations and --masks go together: the file's boxes, and masks of its category ids
+        if self.yolo and (self.annotations is not None or self.masks is not None):
+            other = "--annotations" if self.annotations is not None else "--masks"
+            raise ConfigError(f"--yolo and {other}: a store takes its targets from one source")
+        if self.instance_masks and self.masks is not None:
+            raise ConfigError("--instance-masks and --masks: a store holds one kind of mask, instance or "
+                              "semantic")
         if self.max_annotations_size < 1:
             raise ConfigError("--max-annotations-size must be a positive size, got "
                               f"{self.max_annotations_size}")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -90,7 +90,10 @@ def read_targets(job: TargetJob, path: str, record: bytes, size: tuple[int, int]
     """The targets of the image at ``path``, decoded at ``size`` (width, height) and cut into
     ``tiles`` tiles; Rejected with the reason when they cannot be stored."""
     if job.kind is TargetKind.COCO:
-        return _coco(job, record, size, tiles)
+        boxes = _coco(job, record, size, tiles)
+        if job.mask_dir:  # a semantic mask beside the boxes
+            return replace(boxes, semantic=_semantic(job, path, size).semantic)
+        return boxes
     if job.kind is TargetKind.YOLO:
         return _yolo(job, path, size)
     return _semantic(job, path, size)
@@ -98,12 +101,12 @@ def read_targets(job: TargetJob, path: str, record: bytes, size: tuple[int, int]
 
 def target_file(job: TargetJob, path: str) -> tuple[str, str]:
     """The file that holds the targets of the image at ``path`` (YOLO: its label file;
-    semantic: its mask), and its name as a reason shows it ('', '' for COCO, whose targets are
-    in the one annotation file)."""
+    semantic: its mask, beside a COCO file too), and its name as a reason shows it ('', '' for
+    COCO alone, whose targets are in the one annotation file)."""
     if job.kind is TargetKind.YOLO:
         stem = os.path.splitext(os.path.relpath(path, os.path.join(job.root, YOLO_IMAGES)))[0]
         return os.path.join(job.root, YOLO_LABELS, stem + ".txt"), os.path.join(YOLO_LABELS, stem + ".txt")
-    if job.kind is TargetKind.SEMANTIC:
+    if job.mask_dir:  # a mask set, or masks beside a COCO file
         mask = os.path.join(job.mask_dir, os.path.splitext(os.path.relpath(path, job.root))[0] + MASK_SUFFIX)
         return mask, mask
     return "", ""

@@ -292,7 +292,8 @@ def source_sizes(paths: bytes, targets: TargetJob | None = None) -> bytes:
     """Worker task: the size of each file in ``paths`` (NUL-ended, as in the source list), -1
     for a URL or a file that cannot be read, as little-endian int64 bytes: the stats of the
     run's fingerprint, taken where the cores are. ``targets`` read from a file per image (YOLO's
-    labels, semantic masks): those files' sizes follow, one per source, -1 where absent."""
+    labels, semantic masks, with a COCO file too): those files' sizes follow, one per source, -1
+    where absent."""
     sizes = []
     for path in split_paths(paths):
         if b":" in path and is_url(path.decode("utf-8", "surrogateescape")):
@@ -302,7 +303,7 @@ def source_sizes(paths: bytes, targets: TargetJob | None = None) -> bytes:
             sizes.append(os.stat(path).st_size)
         except (OSError, ValueError):
             sizes.append(-1)
-    if targets is not None and targets.kind is not TargetKind.COCO:
+    if targets is not None and (targets.kind is not TargetKind.COCO or targets.mask_dir):
         for name in decode_paths(paths):
             try:
                 sizes.append(os.stat(target_file(targets, name)[0]).st_size)

@@ -57,7 +57,7 @@ class TargetJob:
     root : str
         SRC: YOLO's folder of ``images/`` and ``labels/``; the semantic set's image folder.
     mask_dir : str
-        The semantic masks' folder ('' otherwise).
+        The semantic masks' folder, of a mask set or beside a COCO file ('' otherwise).
     """
 
     kind: TargetKind
@@ -98,8 +98,14 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
     kind = options.kind
     if kind is TargetKind.COCO:
         assert options.annotations is not None
+        mask_dir = ""
+        if options.masks is not None:  # their ids are the file's categories: a table of their own would clash
+            mask_dir = str(_mask_folder(src, Path(options.masks)))
+            if (Path(options.masks) / CLASSES_TXT).exists():
+                raise SourceError(f"--masks {options.masks!r} with --annotations: the masks' class ids are the "
+                                  f"annotation file's category ids, which its {CLASSES_TXT} would name again")
         return _scan_coco(src, Path(options.annotations), options.mask_kind, sink, scratch,
-                          options.max_annotations_size)
+                          options.max_annotations_size, mask_dir)
     if kind is TargetKind.YOLO:
         images, labels = src / YOLO_IMAGES, src / YOLO_LABELS
         if not images.is_dir() or not labels.is_dir():
@@ -110,12 +116,7 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
         job = TargetJob(TargetKind.YOLO, None, tuple(i for i, _ in categories), str(src))
     else:
         assert options.masks is not None
-        masks = Path(options.masks)
-        if not masks.is_dir():
-            raise SourceError(f"--masks {str(masks)!r} is not a folder")
-        if src.resolve() in (masks.resolve(), *masks.resolve().parents):
-            raise SourceError(f"--masks {str(masks)!r} lies inside SRC, whose every file is an image: "
-                              "put the masks beside it")
+        masks = _mask_folder(src, Path(options.masks))
         table = masks / CLASSES_TXT
         categories = _classes_txt(table, MASK_IGNORE - 1) if table.is_file() else ()
         scan = scan_images(src, exclude, sink, scratch)
@@ -126,9 +127,19 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
     return scan, TargetSource(job, categories, identity)
 
 
+def _mask_folder(src: Path, masks: Path) -> Path:
+    """``masks``, a folder beside SRC; SourceError otherwise."""
+    if not masks.is_dir():
+        raise SourceError(f"--masks {str(masks)!r} is not a folder")
+    if src.resolve() in (masks.resolve(), *masks.resolve().parents):
+        raise SourceError(f"--masks {str(masks)!r} lies inside SRC, whose every file is an image: "
+                          "put the masks beside it")
+    return masks
+
+
 # -- COCO -----------------------------------------------------------------------------------------
 def _scan_coco(src: Path, annotations: Path, masks: MaskKind | None, sink: SourceListWriter,
-               scratch: Path, most: int) -> tuple[Scan, TargetSource]:
+               scratch: Path, most: int, mask_dir: str = "") -> tuple[Scan, TargetSource]:
     where = f"--annotations {str(annotations)!r}"
     if not src.is_dir():
         raise SourceError(f"SRC {str(src)!r} must be the image folder of {where}")
@@ -164,8 +175,11 @@ def _scan_coco(src: Path, annotations: Path, masks: MaskKind | None, sink: Sourc
     np.array(offsets, dtype="<i8").tofile(folder / RECORD_INDEX)
     paths = [os.path.join(str(src), name).encode() for _, name, _, _ in images]
     sink.add(paths, 0)
-    job = TargetJob(TargetKind.COCO, masks, tuple(i for i, _ in categories), str(src))
-    identity = hashlib.sha256(raw).hexdigest()
+    job = TargetJob(TargetKind.COCO, masks, tuple(i for i, _ in categories), str(src), mask_dir)
+    digest = hashlib.sha256(raw)
+    if mask_dir:  # and the masks' folder (their files' sizes join the fingerprint as a mask set's do)
+        digest.update(b"\0masks\0" + mask_dir.encode())
+    identity = digest.hexdigest()
     return Scan(classes=[IMAGE_CLASS]), TargetSource(job, categories, identity, folder)
 
 
