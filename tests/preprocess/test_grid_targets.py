@@ -61,9 +61,15 @@ def _seen(objs: list[dict[str, Any]],
     return out
 
 
+SLIVERS = ([31.75, 40.0, 10.0, 10.0], [60.0, 31.8, 10.0, 10.0])  # a quarter and a fifth of a pixel in tile 0
+
+
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory: pytest.TempPathFactory) -> CocoSet:
-    """The generated set, one object of each of its two largest pictures made a crowd region."""
+    """The generated set, one object of each of its two largest pictures made a crowd region,
+    and img05.png given two squares that pass a tile edge at stride 32 by under a pixel."""
+    from pycocotools import mask as mask_utils
+
     made = write_coco(tmp_path_factory.mktemp("coco"))
     document = json.loads(made.annotations.read_text())
     crowd = {objs[0]["id"] for name, objs in made.objects.items() if objs and made.sizes[name] == (150, 100)}
@@ -73,6 +79,14 @@ def coco(tmp_path_factory: pytest.TempPathFactory) -> CocoSet:
     for objs in made.objects.values():
         for o in objs:
             o["iscrowd"] = 1 if o["id"] in crowd else o["iscrowd"]
+    image_id = next(i["id"] for i in document["images"] if i["file_name"] == "img05.png")
+    for n, (x, y, w, h) in enumerate(SLIVERS):
+        polygon = [[x, y, x + w, y, x + w, y + h, x, y + h]]
+        ann = {"id": 5000 + n, "image_id": image_id, "category_id": 1, "iscrowd": 0, "bbox": [x, y, w, h],
+               "area": w * h, "segmentation": polygon}
+        document["annotations"].append(ann)
+        rle = mask_utils.merge(mask_utils.frPyObjects(polygon, 100, 150))
+        made.objects["img05.png"].append({**ann, "mask": np.asarray(mask_utils.decode(rle), dtype=np.uint8)})
     made.annotations.write_text(json.dumps(document))
     return made
 
@@ -148,6 +162,12 @@ def test_an_object_straddling_two_tiles_is_clipped_into_each(coco: CocoSet, tmp_
                 targets.read_masks_into([sample], masks)
                 cut = square["mask"][0:T, col * T:col * T + T]
                 np.testing.assert_array_equal(masks[0] == k, cut != 0)
+        # slivers under a pixel are kept: the rule is a width and a height left, as the crop fit's
+        slivers = {(0, 1): [60 - 32, 31.8, 32, 32], (1, 0): [31.75, 40 - 32, 32, 50 - 32]}
+        for sample, (path, row, col) in enumerate(tiles):
+            if path.endswith("img05.png") and (row, col) in slivers:
+                assert slivers.pop((row, col)) in np.round(targets.rows([sample])[0][:, :4], 9).tolist()
+        assert not slivers
     np.testing.assert_allclose(found[0][0], [30, 5, 32, 15], atol=1e-9)
     np.testing.assert_allclose(found[1][0], [0, 5, 18, 15], atol=1e-9)
     np.testing.assert_allclose(found[0][1], [30, 5, 32, 15], atol=1e-3)
