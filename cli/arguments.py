@@ -116,6 +116,8 @@ VOCABULARY: dict[str, Term] = {
     "--allow-empty-classes": Term("empty classes", "keep a class folder with no files", "-"),
     "--annotations": Term("COCO annotations", "a COCO instances JSON whose boxes (and masks) go into "
                           "the store with its images", "file"),
+    "--max-annotations-size": Term("annotations size limit", "the largest COCO annotations file "
+                                   "read; a larger one is refused unread", "bytes (1G, 512M)"),
     "--instance-masks": Term("instance masks", "store each object's mask from the annotations too", "-"),
     "--yolo": Term("YOLO labels", "SRC holds images/ and labels/ of YOLO boxes", "-"),
     "--masks": Term("semantic masks", "a folder of class-id PNGs, one per image by its path", "folder"),

@@ -131,12 +131,15 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
-    """Boxes and masks read beside SRC, an image folder (``TargetOptions``); resize mode only."""
-    g = p.add_argument_group("targets (detection and segmentation; resize mode; SRC is an image folder)")
+    """Boxes and masks read beside SRC, an image folder (``TargetOptions``)."""
+    g = p.add_argument_group("targets (detection and segmentation; SRC is an image folder)")
     g.add_argument("--annotations", metavar="FILE", default=None,
                    help="a COCO instances JSON whose file_name entries are relative to SRC: each image's "
                    "boxes (COCO's x, y, width, height stored as x0, y0, x1, y1 in tile pixels), category "
                    "ids and crowd flags are mapped into its tile; the file's images are the sources")
+    g.add_argument("--max-annotations-size", type=_size, default="1G", metavar="SIZE",
+                   help="the largest --annotations file read (it is parsed whole, in several times its "
+                   "size of memory); a larger one is refused unread (default: 1G)")
     g.add_argument("--instance-masks", action="store_true",
                    help="with --annotations: store each object's polygons or RLE as an instance mask "
                    "tile too (0 background, k the tile's object k-1; a pixel several objects cover goes "
@@ -146,7 +149,8 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                    "box) and names its classes in data.yaml or classes.txt; boxes only")
     g.add_argument("--masks", metavar="DIR", default=None,
                    help="semantic masks: for SRC/a/b.jpg, DIR/a/b.png holds a class id per pixel (one 8-bit "
-                   "band, 255 ignored); DIR/classes.txt, if there, names ids 0, 1, ...")
+                   "band, 255 ignored); DIR/classes.txt, if there, names ids 0, 1, ...; with --annotations, "
+                   "a mask per image beside its boxes, of the file's category ids (no classes.txt)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                           allow_empty_classes=args.allow_empty_classes,
                           buckets=tuple(args.allow_bucket))
     targets = TargetOptions(annotations=args.annotations, instance_masks=args.instance_masks, yolo=args.yolo,
-                            masks=args.masks)
+                            masks=args.masks, max_annotations_size=args.max_annotations_size)
     summary = preprocess(
         args.src, args.out, tiles, store, workers=args.processes, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
@@ -193,7 +197,7 @@ def _print_summary(s: Summary, args: argparse.Namespace) -> None:
         print(f"  note: {shown(note, args)}")
     print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
     if s.objects or s.outside:
-        print(f"  objects {s.objects} stored" + (f"; {s.outside} outside their tiles (crop fit), not stored"
-                                               if s.outside else ""))
+        outside = f"; {s.outside} outside their tiles (crop fit, grid gaps), not stored" if s.outside else ""
+        print(f"  objects {s.objects} stored{outside}")
     if s.resumed_parts:
         print(f"  resumed: {s.resumed_parts} parts were already done")

@@ -46,9 +46,11 @@ RESAMPLING = {name: Image.Resampling[name.upper()] for name in RESAMPLERS}  # --
 
 @dataclass(frozen=True)
 class Placement:
-    """Where resize mode puts the picture in its tile: the source box ``box`` (x, y, width,
-    height, in source pixels) resized to ``size`` (width, height) with its top left corner at
-    ``at`` (x, y) in the tile. The same geometry moves the picture's boxes and masks."""
+    """Where a tile takes its pixels from: the source box ``box`` (x, y, width, height, in
+    source pixels) resized to ``size`` (width, height) with its top left corner at ``at`` (x, y)
+    in the tile. Resize mode: the fit's; grid mode: the tile's own window of the picture, not
+    resized (``size`` is the window's, ``at`` is (0, 0)). The same geometry moves the picture's
+    boxes and masks."""
 
     box: tuple[float, float, float, float]
     size: tuple[int, int]
@@ -68,8 +70,8 @@ class Tiles:
     rows: np.ndarray  # (n,) int32, grid row of each tile (0 in resize mode)
     cols: np.ndarray  # (n,) int32
     boxes: np.ndarray  # (n, 4) int32: top, left, height, width of the picture in each tile
-    size: tuple[int, int] = (0, 0)  # resize mode: the source picture's width and height as decoded
-    placement: Placement | None = None  # resize mode: where the picture went in the tile
+    size: tuple[int, int] = (0, 0)  # the source picture's width and height as decoded
+    placements: tuple[Placement, ...] = ()  # each tile's: where its part of the picture went in it
 
 
 class Rejected(Exception):
@@ -131,7 +133,7 @@ def load_tiles(path: str, settings: TileSettings, exact: bool = False) -> Tiles:
         raise Rejected(f"{type(e).__name__}: {one_line(e)}") from None
     zero = np.zeros(1, dtype=np.int32)
     return Tiles(np.asarray(tile, dtype=np.uint8)[None], zero, zero, np.array([box], dtype=np.int32),
-                 picture, where)
+                 picture, (where,))
 
 
 def _check_png_checksums(source: str | io.BytesIO) -> None:
@@ -362,8 +364,9 @@ def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[in
 
 
 def grid_positions(length: int, tile: int, stride: int) -> list[int]:
-    """Tile origins along one axis: every ``stride`` pixels until the image is covered."""
-    count = 1 if length <= tile else math.ceil((length - tile) / stride) + 1
+    """Tile origins along one axis: every ``stride`` pixels until the image is covered, each
+    inside the image (a stride over the tile side leaves gaps, never a tile of padding alone)."""
+    count = 1 if length <= tile else min(math.ceil((length - tile) / stride) + 1, math.ceil(length / stride))
     return [i * stride for i in range(count)]
 
 
@@ -378,6 +381,7 @@ def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
     rows = np.repeat(np.arange(len(ys), dtype=np.int32), len(xs))
     cols = np.tile(np.arange(len(xs), dtype=np.int32), len(ys))
     boxes = np.zeros((n, 4), dtype=np.int32)
+    placements: list[Placement] = []
     for r, y in enumerate(ys):
         strip = np.asarray(im.crop((0, y, w, min(h, y + t))), dtype=np.uint8)
         if strip.ndim == 2:  # greyscale: widened here, a tile row at a time
@@ -387,4 +391,7 @@ def _grid(im: Image.Image, settings: TileSettings) -> Tiles:
             patch = strip[:, x : x + t]
             tiles[k, : patch.shape[0], : patch.shape[1]] = patch
             boxes[k] = (0, 0, patch.shape[0], patch.shape[1])  # edge tiles: the rest is padding
-    return Tiles(tiles, rows, cols, boxes)
+            # the window at (x, y), not resized: its frame is a shift by whole pixels
+            ph, pw = patch.shape[:2]
+            placements.append(Placement((float(x), float(y), float(pw), float(ph)), (pw, ph), (0, 0)))
+    return Tiles(tiles, rows, cols, boxes, (w, h), tuple(placements))

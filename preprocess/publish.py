@@ -38,7 +38,7 @@ class Published:
     shards: int
     bytes: int
     objects: int = 0  # a store with targets: objects stored
-    outside: int = 0  # and objects not stored, no part of their box in their tile (crop fit)
+    outside: int = 0  # and objects not stored, no part of their box in any tile (crop fit, grid gaps)
 
 
 def publish(build: Scheduler, fingerprint: str) -> Published:

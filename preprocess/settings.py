@@ -20,6 +20,9 @@ DEFAULT_MAX_PIXELS: Final = 178_956_970  # PIL's own decompression-bomb error th
 # about 0.5 GB, an RGBA picture at the default --max-pixels about 1.6 GB.
 DEFAULT_WORKER_MEMORY: Final = 2 << 30
 MIN_WORKER_MEMORY: Final = 16 << 20
+# A COCO annotations file is parsed whole in the driver, which takes several times its size in
+# memory (full COCO train2017's 450 MB takes several GB): larger files are refused unread.
+DEFAULT_MAX_ANNOTATIONS: Final = 1 << 30
 _UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -116,7 +119,8 @@ class TargetKind(StrEnum):
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """The targets read beside the images (detection and segmentation), at most one source.
+    """The targets read beside the images (detection and segmentation): one source of boxes,
+    or semantic masks, or a COCO file's boxes with a semantic mask per image.
 
     Attributes
     ----------
@@ -129,19 +133,32 @@ class TargetOptions:
         SRC holds ``images/`` and ``labels/`` (YOLO text labels, boxes only), and the class
         names in ``data.yaml`` or ``classes.txt``.
     masks : str or None
-        A folder of semantic masks: for SRC's ``a/b.jpg``, ``MASKS/a/b.png`` of class ids.
+        A folder of semantic masks: for SRC's ``a/b.jpg``, ``MASKS/a/b.png`` of class ids. With
+        ``annotations``, a semantic mask per image beside its boxes, its ids the file's
+        category ids.
+    max_annotations_size : int
+        The largest ``annotations`` file read, in bytes (``--max-annotations-size``): the file
+        is parsed whole, which takes several times its size in memory, so a larger one is
+        refused before it is read. Not part of the store's identity.
     """
 
     annotations: str | None = None
     instance_masks: bool = False
     yolo: bool = False
     masks: str | None = None
+    max_annotations_size: int = DEFAULT_MAX_ANNOTATIONS
 
     def __post_init__(self) -> None:
-        given = [name for name, on in (("--annotations", self.annotations is not None), ("--yolo", self.yolo),
-                                       ("--masks", self.masks is not None)) if on]
-        if len(given) > 1:
-            raise ConfigError(f"{' and '.join(given)}: a store takes its targets from one source")
+        # --annotations and --masks go together: the file's boxes, and masks of its category ids
+        if self.yolo and (self.annotations is not None or self.masks is not None):
+            other = "--annotations" if self.annotations is not None else "--masks"
+            raise ConfigError(f"--yolo and {other}: a store takes its targets from one source")
+        if self.instance_masks and self.masks is not None:
+            raise ConfigError("--instance-masks and --masks: a store holds one kind of mask, instance or "
+                              "semantic")
+        if self.max_annotations_size < 1:
+            raise ConfigError("--max-annotations-size must be a positive size, got "
+                              f"{self.max_annotations_size}")
         if self.instance_masks and self.annotations is None:
             raise ConfigError("--instance-masks reads a COCO file's segmentations: give --annotations FILE")
         if self.instance_masks and importlib.util.find_spec("pycocotools") is None:
@@ -164,11 +181,6 @@ class TargetOptions:
             return MaskKind.SEMANTIC
         return MaskKind.INSTANCE if self.instance_masks else None
 
-    def check(self, tiles: TileSettings) -> None:
-        """ConfigError for settings these targets cannot be made with."""
-        if self.kind is not None and tiles.mode == "grid":
-            raise ConfigError(f"--mode grid with targets ({self.kind.value}) is not supported yet: "
-                              "use --mode resize")
 
 
 def default_workers(worker_memory: int) -> int:
@@ -190,10 +202,12 @@ def parse_size(text: str) -> int:
 
 
 def size_text(nbytes: int) -> str:
-    """Bytes as a short size: '2.0 GiB', '512 MiB'."""
+    """Bytes as a short size: '2.0 GiB', '512 MiB', '4.0 KiB', '900 bytes'."""
     if nbytes >= 1 << 30:
         return f"{nbytes / (1 << 30):.1f} GiB"
-    return f"{nbytes / (1 << 20):.0f} MiB"
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.0f} MiB"
+    return f"{nbytes / (1 << 10):.1f} KiB" if nbytes >= 1 << 10 else f"{nbytes} bytes"
 
 
 def describe(tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:

@@ -7,7 +7,8 @@ that image, with a reason naming the object (COCO's annotation id, the label fil
 a box outside its image (by more than BOX_TOLERANCE pixels; within it, the box is clipped to
 the image, as annotation tools round), a box of no width or height, a category id not in the
 table, a crowd flag other than 0 or 1, a mask of another size than its image, more than
-MAX_MASK_OBJECTS objects with instance masks, a label line that is not five numbers.
+MAX_MASK_OBJECTS objects with instance masks in a tile, a label line that is not five numbers,
+a label file over MAX_LABEL_BYTES.
 
 Placing (``place_targets``): boxes are mapped by the placement's affine (``Placement.frame``),
 then clipped to the tile; a box left with no width or height (crop fit: an object wholly
@@ -16,6 +17,15 @@ the run's summary). Masks are resized with nearest sampling, pixel centres mappe
 ``Image.resize(NEAREST, box=...)`` maps them; the pad area is 0 (background) in an instance
 mask, MASK_IGNORE in a semantic one. Instance masks are painted object by object in the
 order of the objects' rows, so a pixel that several objects cover goes to the one listed last.
+
+Grid mode (``place_grid``): each tile is a window of the picture, not resized, so its frame is a
+shift by whole pixels (1, 1, -x, -y). Every tile gets the objects whose box, clipped to the
+tile, keeps a width and a height (the crop fit's rule), each clipped there: an object cut by
+several tiles is in each. Masks are the window's cut of the source mask, the padding past the
+picture's edge filled as the pad fit's; an instance mask numbers the tile's own objects 1, 2, ...
+in their rows' order, painted as above, and a tile holds at most MAX_MASK_OBJECTS of them. The
+objects in no tile (only where a stride over the tile side leaves gaps) are counted as
+``outside``.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -34,6 +44,8 @@ from tilefeed.preprocess.sources.targets import YOLO_IMAGES, YOLO_LABELS, Target
 from tilefeed.store.format import MASK_IGNORE, MAX_MASK_OBJECTS, MaskKind
 
 BOX_TOLERANCE: Final = 0.5  # pixels a box may pass its image's edge by (clipped), as tools round
+# A YOLO label file is read whole: 16 MiB is some 400,000 label lines, far past any image's objects
+MAX_LABEL_BYTES: Final = 16 << 20
 MASK_SUFFIX: Final = ".png"
 
 
@@ -73,11 +85,15 @@ def split_records(data: bytes, count: int) -> list[bytes]:
     return lines
 
 
-def read_targets(job: TargetJob, path: str, record: bytes, size: tuple[int, int]) -> SourceTargets:
-    """The targets of the image at ``path``, decoded at ``size`` (width, height); Rejected
-    with the reason when they cannot be stored."""
+def read_targets(job: TargetJob, path: str, record: bytes, size: tuple[int, int],
+                 tiles: int = 1) -> SourceTargets:
+    """The targets of the image at ``path``, decoded at ``size`` (width, height) and cut into
+    ``tiles`` tiles; Rejected with the reason when they cannot be stored."""
     if job.kind is TargetKind.COCO:
-        return _coco(job, record, size)
+        boxes = _coco(job, record, size, tiles)
+        if job.mask_dir:  # a semantic mask beside the boxes
+            return replace(boxes, semantic=_semantic(job, path, size).semantic)
+        return boxes
     if job.kind is TargetKind.YOLO:
         return _yolo(job, path, size)
     return _semantic(job, path, size)
@@ -85,12 +101,12 @@ def read_targets(job: TargetJob, path: str, record: bytes, size: tuple[int, int]
 
 def target_file(job: TargetJob, path: str) -> tuple[str, str]:
     """The file that holds the targets of the image at ``path`` (YOLO: its label file;
-    semantic: its mask), and its name as a reason shows it ('', '' for COCO, whose targets are
-    in the one annotation file)."""
+    semantic: its mask, beside a COCO file too), and its name as a reason shows it ('', '' for
+    COCO alone, whose targets are in the one annotation file)."""
     if job.kind is TargetKind.YOLO:
         stem = os.path.splitext(os.path.relpath(path, os.path.join(job.root, YOLO_IMAGES)))[0]
         return os.path.join(job.root, YOLO_LABELS, stem + ".txt"), os.path.join(YOLO_LABELS, stem + ".txt")
-    if job.kind is TargetKind.SEMANTIC:
+    if job.mask_dir:  # a mask set, or masks beside a COCO file
         mask = os.path.join(job.mask_dir, os.path.splitext(os.path.relpath(path, job.root))[0] + MASK_SUFFIX)
         return mask, mask
     return "", ""
@@ -115,15 +131,18 @@ def _box(x0: float, y0: float, x1: float, y1: float, size: tuple[int, int], what
 
 
 # -- COCO -----------------------------------------------------------------------------------------
-def _coco(job: TargetJob, record: bytes, size: tuple[int, int]) -> SourceTargets:
+def _coco(job: TargetJob, record: bytes, size: tuple[int, int], tiles: int) -> SourceTargets:
     entry = json.loads(record)
     w, h = size
     if (entry["w"], entry["h"]) != (w, h):
         raise Rejected(f"image size: the image is {w}x{h}, the annotations say {entry['w']}x{entry['h']}")
     anns = entry["a"]
     with_masks = job.masks is MaskKind.INSTANCE
-    if with_masks and len(anns) > MAX_MASK_OBJECTS:
-        raise Rejected(f"too many objects: {len(anns)} objects with masks, at most {MAX_MASK_OBJECTS} an image")
+    # each object's mask is decoded at the image's size: bounded before any is (per tile in
+    # grid mode, where place_grid holds each tile to the limit)
+    if with_masks and len(anns) > MAX_MASK_OBJECTS * tiles:
+        where = "an image" if tiles == 1 else f"a tile, {tiles} tiles"
+        raise Rejected(f"too many objects: {len(anns)} objects with masks, at most {MAX_MASK_OBJECTS} {where}")
     ids = set(job.category_ids)
     boxes, categories, crowd, masks = [], [], [], []
     for ann in anns:
@@ -205,11 +224,19 @@ def _yolo(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets:
     label, shown = target_file(job, path)
     try:
         with open(label, "rb") as f:
-            text = f.read(64 << 20)
+            # its size checked on the open file, before a byte is read
+            nbytes = os.fstat(f.fileno()).st_size
+            if nbytes > MAX_LABEL_BYTES:
+                raise Rejected(f"labels too large: {shown} is {nbytes} bytes, over the {MAX_LABEL_BYTES >> 20} "
+                               "MiB a label file may hold")
+            text = f.read(MAX_LABEL_BYTES + 1)
     except FileNotFoundError:
         return _empty()
     except OSError as e:
         raise Rejected(f"unreadable labels: {shown}: {e.strerror or e}") from None
+    if len(text) > MAX_LABEL_BYTES:  # grown since its size was read
+        raise Rejected(f"labels too large: {shown} is over the {MAX_LABEL_BYTES >> 20} MiB a label file "
+                       "may hold")
     try:
         lines = text.decode("utf-8").splitlines()
     except UnicodeDecodeError:
@@ -300,10 +327,10 @@ def _centres(start: float, step: float, count: int) -> np.ndarray:
     return np.add.accumulate(steps).astype(np.int64)  # positive values: truncation is floor
 
 
-def place_targets(source: SourceTargets, where: Placement, size: tuple[int, int], tile: int,
-                  masks: MaskKind | None) -> TileTargets:
-    """``source`` mapped into the tile (see the module docstring)."""
-    frame = where.frame
+def _mapped(source: SourceTargets, frame: tuple[float, float, float, float],
+            tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """The object rows mapped by ``frame`` and clipped to the tile, and which of them keep a
+    width and a height there (the rows returned are those)."""
     sx, sy, tx, ty = frame
     boxes = source.boxes
     mapped = np.empty_like(boxes)
@@ -312,6 +339,14 @@ def place_targets(source: SourceTargets, where: Placement, size: tuple[int, int]
     kept = (mapped[:, 2] > mapped[:, 0]) & (mapped[:, 3] > mapped[:, 1])
     objects = np.column_stack([mapped, source.categories.astype(np.float64),
                                source.crowd.astype(np.float64)])[kept]
+    return objects, kept
+
+
+def place_targets(source: SourceTargets, where: Placement, size: tuple[int, int], tile: int,
+                  masks: MaskKind | None) -> TileTargets:
+    """``source`` mapped into the tile (see the module docstring)."""
+    frame = where.frame
+    objects, kept = _mapped(source, frame, tile)
     mask = None
     if masks is MaskKind.SEMANTIC:
         assert source.semantic is not None
@@ -325,3 +360,66 @@ def place_targets(source: SourceTargets, where: Placement, size: tuple[int, int]
             canvas[_decode(rle, what) != 0] = k
         mask = nearest(canvas, where, tile, 0)
     return TileTargets(objects, frame, mask, int((~kept).sum()))
+
+
+def place_grid(source: SourceTargets, windows: tuple[Placement, ...], tile: int,
+               masks: MaskKind | None) -> list[TileTargets]:
+    """``source`` cut into the grid's tiles, one ``TileTargets`` per window in tile order (see
+    the module docstring); the first tile's ``outside`` counts the objects in no tile."""
+    pieces = _pieces(source) if masks is MaskKind.INSTANCE else []
+    placed: list[TileTargets] = []
+    anywhere = np.zeros(len(source.boxes), dtype=bool)
+    for n, where in enumerate(windows):
+        x, y, w, h = (int(v) for v in where.box)
+        frame = (1.0, 1.0, float(-x), float(-y))  # a shift by whole pixels: exact both ways
+        objects, kept = _mapped(source, frame, tile)
+        anywhere |= kept
+        mask = None
+        if masks is MaskKind.SEMANTIC:
+            assert source.semantic is not None
+            mask = np.full((tile, tile), MASK_IGNORE, dtype=np.uint8)
+            mask[:h, :w] = source.semantic[y:y + h, x:x + w]
+        elif masks is MaskKind.INSTANCE:
+            if len(objects) > MAX_MASK_OBJECTS:
+                raise Rejected(f"too many objects: tile {n} of the image holds {len(objects)} objects with "
+                               f"masks, at most {MAX_MASK_OBJECTS} a tile")
+            mask = np.zeros((tile, tile), dtype=np.uint8)
+            for k, j in enumerate(np.flatnonzero(kept).tolist(), 1):  # the last listed paints last
+                _paint(mask, pieces[j], (x, y, w, h), k)
+        placed.append(TileTargets(objects, frame, mask, 0))
+    if placed:
+        first = placed[0]
+        placed[0] = TileTargets(first.objects, first.frame, first.mask, int((~anywhere).sum()))
+    return placed
+
+
+def _pieces(source: SourceTargets) -> list[tuple[int, int, np.ndarray] | None]:
+    """Each object's instance mask decoded once, kept as the (x, y) of its pixels' bounding
+    rectangle and the boolean mask within it (None: no pixel), so the image's tiles cut it
+    without a whole-image copy per object."""
+    assert source.masks is not None
+    out: list[tuple[int, int, np.ndarray] | None] = []
+    for what, rle in source.masks:
+        m = _decode(rle, what) != 0
+        rows, cols = np.flatnonzero(m.any(axis=1)), np.flatnonzero(m.any(axis=0))
+        if not rows.size:
+            out.append(None)
+            continue
+        y0, y1, x0, x1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+        out.append((x0, y0, m[y0:y1, x0:x1].copy()))
+    return out
+
+
+def _paint(mask: np.ndarray, piece: tuple[int, int, np.ndarray] | None, window: tuple[int, int, int, int],
+           value: int) -> None:
+    """``value`` into ``mask`` (the tile of ``window``: x, y, width, height in the source) where
+    ``piece`` covers it."""
+    if piece is None:
+        return
+    px, py, bits = piece
+    x, y, w, h = window
+    x0, y0 = max(px, x), max(py, y)
+    x1, y1 = min(px + bits.shape[1], x + w), min(py + bits.shape[0], y + h)
+    if x1 <= x0 or y1 <= y0:
+        return
+    mask[y0 - y:y1 - y, x0 - x:x1 - x][bits[y0 - py:y1 - py, x0 - px:x1 - px]] = value

@@ -30,7 +30,8 @@ from tilefeed.store.errors import one_line
 from tilefeed.preprocess.settings import StoreSettings, TargetKind, TileSettings
 from tilefeed.preprocess.sources.source_list import decode_paths, split_paths
 from tilefeed.preprocess.sources.targets import TargetJob
-from tilefeed.preprocess.targets import TileTargets, place_targets, read_targets, split_records, target_file
+from tilefeed.preprocess.targets import (TileTargets, place_grid, place_targets, read_targets, split_records,
+                                         target_file)
 from tilefeed.store.codec import COMPRESSORS
 from tilefeed.store.shard import ShardIndex
 from tilefeed.store.storage import Storage, is_url
@@ -62,7 +63,7 @@ class PartRecord:
     rejects: tuple[tuple[int, str, str], ...]
     seconds: Mapping[str, float]
     objects: int = 0  # a store with targets: the objects its tiles hold
-    outside: int = 0  # and the objects not stored, no part of their box in the tile (crop fit)
+    outside: int = 0  # and the objects not stored, no part of their box in any tile (crop fit, grid gaps)
 
     def to_dict(self) -> dict[str, Any]:
         return {"first": self.first, "count": self.count, "tiles": self.tiles,
@@ -184,7 +185,7 @@ def write_part(
             try:
                 result = load_isolated(path, tiles, exact) if isolate else load_tiles(path, tiles, exact)
                 if targets is not None:
-                    placed.append(_placed_targets(targets, path, per_source[k], result, tiles.tile))
+                    placed.extend(_placed_targets(targets, path, per_source[k], result, tiles))
             except Rejected as e:
                 rejects.append((first + k, path, str(e)))
                 continue
@@ -252,13 +253,17 @@ def read_objects(out: Storage, work: str, part: int, count: int) -> np.ndarray:
     return np.frombuffer(data, dtype="<f8").reshape(count, 6)
 
 
-def _placed_targets(targets: TargetJob, path: str, record: bytes, result: Tiles, tile: int) -> TileTargets:
-    """One image's targets read and placed in its tile; any failure of its annotations (not
-    only the ones the readers name) rejects this image alone, with the reason."""
-    assert result.placement is not None  # targets are made in resize mode only
+def _placed_targets(targets: TargetJob, path: str, record: bytes, result: Tiles,
+                    tiles: TileSettings) -> list[TileTargets]:
+    """One image's targets read and placed in each of its tiles (tile order); any failure of
+    its annotations (not only the ones the readers name) rejects this image alone, with the
+    reason."""
     try:
-        found = read_targets(targets, path, record, result.size)
-        return place_targets(found, result.placement, result.size, tile, targets.masks)
+        found = read_targets(targets, path, record, result.size, len(result.placements))
+        if tiles.mode == "grid":
+            return place_grid(found, result.placements, tiles.tile, targets.masks)
+        (where,) = result.placements
+        return [place_targets(found, where, result.size, tiles.tile, targets.masks)]
     except Rejected:
         raise
     except Exception as e:  # noqa: BLE001 - anything one image's annotations raise: this image only
@@ -287,7 +292,8 @@ def source_sizes(paths: bytes, targets: TargetJob | None = None) -> bytes:
     """Worker task: the size of each file in ``paths`` (NUL-ended, as in the source list), -1
     for a URL or a file that cannot be read, as little-endian int64 bytes: the stats of the
     run's fingerprint, taken where the cores are. ``targets`` read from a file per image (YOLO's
-    labels, semantic masks): those files' sizes follow, one per source, -1 where absent."""
+    labels, semantic masks, with a COCO file too): those files' sizes follow, one per source, -1
+    where absent."""
     sizes = []
     for path in split_paths(paths):
         if b":" in path and is_url(path.decode("utf-8", "surrogateescape")):
@@ -297,7 +303,7 @@ def source_sizes(paths: bytes, targets: TargetJob | None = None) -> bytes:
             sizes.append(os.stat(path).st_size)
         except (OSError, ValueError):
             sizes.append(-1)
-    if targets is not None and targets.kind is not TargetKind.COCO:
+    if targets is not None and (targets.kind is not TargetKind.COCO or targets.mask_dir):
         for name in decode_paths(paths):
             try:
                 sizes.append(os.stat(target_file(targets, name)[0]).st_size)

@@ -80,7 +80,7 @@ class Summary:
     up_to_date: bool = False
     hidden: int = 0  # hidden files and folders a class-folder scan left out
     objects: int = 0  # a store with targets: the objects stored
-    outside: int = 0  # and those not stored, no part of their box in their tile (crop fit)
+    outside: int = 0  # and those not stored, no part of their box in any tile (crop fit, grid gaps)
     notes: list[str] = field(default_factory=list)  # about SRC and OUT, for the summary
     phases: dict[str, float] = field(default_factory=dict)  # seconds: decode, encode, write, copy, sync
 
@@ -165,8 +165,6 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
                 targets: TargetOptions | None = None) -> Summary:
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
-    if targets is not None and targets.kind is not None:
-        targets.check(tiles)
     workers = default_workers(tiles.worker_memory) if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")

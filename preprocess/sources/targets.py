@@ -19,13 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
-from tilefeed.preprocess.settings import TargetKind, TargetOptions
+from tilefeed.preprocess.settings import TargetKind, TargetOptions, size_text
 from tilefeed.preprocess.sources.folders import IMAGE_CLASS, scan_images
 from tilefeed.preprocess.sources.scanning import Scan, utf8
 from tilefeed.preprocess.sources.source_list import SourceListWriter
@@ -56,7 +57,7 @@ class TargetJob:
     root : str
         SRC: YOLO's folder of ``images/`` and ``labels/``; the semantic set's image folder.
     mask_dir : str
-        The semantic masks' folder ('' otherwise).
+        The semantic masks' folder, of a mask set or beside a COCO file ('' otherwise).
     """
 
     kind: TargetKind
@@ -97,7 +98,14 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
     kind = options.kind
     if kind is TargetKind.COCO:
         assert options.annotations is not None
-        return _scan_coco(src, Path(options.annotations), options.mask_kind, sink, scratch)
+        mask_dir = ""
+        if options.masks is not None:  # their ids are the file's categories: a table of their own would clash
+            mask_dir = str(_mask_folder(src, Path(options.masks)))
+            if (Path(options.masks) / CLASSES_TXT).exists():
+                raise SourceError(f"--masks {options.masks!r} with --annotations: the masks' class ids are the "
+                                  f"annotation file's category ids, which its {CLASSES_TXT} would name again")
+        return _scan_coco(src, Path(options.annotations), options.mask_kind, sink, scratch,
+                          options.max_annotations_size, mask_dir)
     if kind is TargetKind.YOLO:
         images, labels = src / YOLO_IMAGES, src / YOLO_LABELS
         if not images.is_dir() or not labels.is_dir():
@@ -108,12 +116,7 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
         job = TargetJob(TargetKind.YOLO, None, tuple(i for i, _ in categories), str(src))
     else:
         assert options.masks is not None
-        masks = Path(options.masks)
-        if not masks.is_dir():
-            raise SourceError(f"--masks {str(masks)!r} is not a folder")
-        if src.resolve() in (masks.resolve(), *masks.resolve().parents):
-            raise SourceError(f"--masks {str(masks)!r} lies inside SRC, whose every file is an image: "
-                              "put the masks beside it")
+        masks = _mask_folder(src, Path(options.masks))
         table = masks / CLASSES_TXT
         categories = _classes_txt(table, MASK_IGNORE - 1) if table.is_file() else ()
         scan = scan_images(src, exclude, sink, scratch)
@@ -124,16 +127,23 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
     return scan, TargetSource(job, categories, identity)
 
 
+def _mask_folder(src: Path, masks: Path) -> Path:
+    """``masks``, a folder beside SRC; SourceError otherwise."""
+    if not masks.is_dir():
+        raise SourceError(f"--masks {str(masks)!r} is not a folder")
+    if src.resolve() in (masks.resolve(), *masks.resolve().parents):
+        raise SourceError(f"--masks {str(masks)!r} lies inside SRC, whose every file is an image: "
+                          "put the masks beside it")
+    return masks
+
+
 # -- COCO -----------------------------------------------------------------------------------------
 def _scan_coco(src: Path, annotations: Path, masks: MaskKind | None, sink: SourceListWriter,
-               scratch: Path) -> tuple[Scan, TargetSource]:
+               scratch: Path, most: int, mask_dir: str = "") -> tuple[Scan, TargetSource]:
     where = f"--annotations {str(annotations)!r}"
     if not src.is_dir():
         raise SourceError(f"SRC {str(src)!r} must be the image folder of {where}")
-    try:
-        raw = annotations.read_bytes()
-    except OSError as e:
-        raise SourceError(f"{where}: cannot read: {e.strerror or e}") from None
+    raw = _read_annotations(annotations, where, most)
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -165,9 +175,39 @@ def _scan_coco(src: Path, annotations: Path, masks: MaskKind | None, sink: Sourc
     np.array(offsets, dtype="<i8").tofile(folder / RECORD_INDEX)
     paths = [os.path.join(str(src), name).encode() for _, name, _, _ in images]
     sink.add(paths, 0)
-    job = TargetJob(TargetKind.COCO, masks, tuple(i for i, _ in categories), str(src))
-    identity = hashlib.sha256(raw).hexdigest()
+    job = TargetJob(TargetKind.COCO, masks, tuple(i for i, _ in categories), str(src), mask_dir)
+    digest = hashlib.sha256(raw)
+    if mask_dir:  # and the masks' folder (their files' sizes join the fingerprint as a mask set's do)
+        digest.update(b"\0masks\0" + mask_dir.encode())
+    identity = digest.hexdigest()
     return Scan(classes=[IMAGE_CLASS]), TargetSource(job, categories, identity, folder)
+
+
+def _read_annotations(path: Path, where: str, most: int) -> bytes:
+    """The file's bytes, refused unread when it is over ``most`` bytes or not a regular file
+    (a pipe or a device has no size to check): the size is read on the open file before a
+    byte is, and the read stops one byte past the limit, so a file that grows meanwhile is
+    refused too. Nothing the scan or the workers make is sized by a count the file declares:
+    its images, annotations and polygon points are lists the parse builds, so the file's size
+    bounds them all."""
+    def refuse(size: str) -> SourceError:
+        return SourceError(f"{where}: {size}, over the {size_text(most)} limit; "
+                           "--max-annotations-size raises it")
+
+    try:
+        with open(path, "rb") as f:
+            stats = os.fstat(f.fileno())
+            if not stat.S_ISREG(stats.st_mode):
+                raise SourceError(f"{where}: not a regular file")
+            size = stats.st_size
+            if size > most:
+                raise refuse(f"{size} bytes ({size_text(size)})")
+            raw = f.read(most + 1)
+    except OSError as e:
+        raise SourceError(f"{where}: cannot read: {e.strerror or e}") from None
+    if len(raw) > most:
+        raise refuse("grew while read")
+    return raw
 
 
 def _whole(value: Any) -> bool:

@@ -120,6 +120,7 @@ def test_grid_covers_the_image_with_padded_edges(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("length,tile,stride,expected", [
     (10, 32, 32, [0]), (32, 32, 32, [0]), (33, 32, 32, [0, 32]), (100, 32, 24, [0, 24, 48, 72]),
+    (100, 10, 95, [0, 95]), (100, 10, 150, [0]),
 ])
 def test_grid_positions(length: int, tile: int, stride: int, expected: list[int]) -> None:
     assert grid_positions(length, tile, stride) == expected

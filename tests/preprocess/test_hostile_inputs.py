@@ -250,6 +250,38 @@ def test_a_manifest_row_in_a_bucket_is_read_only_when_allowed(
     assert load_attrs(folder.parent / "allowed")["accepted"] == 2
 
 
+# -- targets: annotation and label files ----------------------------------------------------------
+def test_an_annotations_file_over_the_limit_is_refused_unread(tmp_path: Path) -> None:
+    """A 2 GiB COCO file (sparse here: it takes no disk) against the default 1 GiB limit: parsed,
+    it would take several times that; it is refused in one line before a byte is read."""
+    src = write_folder(tmp_path / "src", classes=1, per_class=2)
+    huge = tmp_path / "instances.json"
+    with open(huge, "wb") as f:
+        f.truncate(2 << 30)
+    run = bounded(run_measured("preprocess", str(src / "c0"), str(tmp_path / "out"), "--annotations",
+                               str(huge), *ARGS))
+    run.refused(str(huge), f"{2 << 30} bytes (2.0 GiB)", "over the 1.0 GiB limit", "--max-annotations-size")
+    assert not (tmp_path / "out" / "zarr.json").exists()
+
+
+def test_a_label_file_over_the_limit_rejects_its_image_and_the_run_completes(tmp_path: Path) -> None:
+    """A YOLO label file of 1 GiB (sparse; its first line a valid box) rejects its image, unread,
+    naming the file and its size; the other images are stored."""
+    from tests.preprocess.targets_data import write_yolo
+
+    yolo = write_yolo(tmp_path, images=4)
+    label = yolo.src / "labels" / "001.txt"
+    with open(label, "r+b") as f:
+        f.truncate(1 << 30)
+    out = tmp_path / "out"
+    done = bounded(run_measured("preprocess", str(yolo.src), str(out), "--yolo", *ARGS))
+    assert done.returncode == 0, done.output
+    reasons = {os.path.basename(r["path"]): r["reason"] for r in load_attrs(out)["rejects"]}
+    assert reasons["001.jpg"] == (f"labels too large: labels/001.txt is {1 << 30} bytes, over the 16 MiB a "
+                                  "label file may hold")
+    assert load_attrs(out)["accepted"] == 3
+
+
 # -- names and secrets ----------------------------------------------------------------------------
 def test_a_file_name_that_is_not_utf8_is_a_reject_and_the_run_completes(tmp_path: Path) -> None:
     src = write_folder(tmp_path / "src", classes=2, per_class=2)

@@ -184,10 +184,129 @@ def test_a_file_the_run_cannot_be_made_from_is_refused_in_one_line(coco: CocoSet
     _run_refused(tmp_path, coco.src, {**good, "images": [*good["images"], escape]}, "leads out of SRC")
 
 
-def test_grid_mode_with_targets_is_refused(coco: CocoSet, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="--mode grid with targets"):
-        preprocess(coco.src, tmp_path / "out", TileSettings(tile=T, mode="grid"), workers=1,
+def test_an_annotations_file_over_its_size_limit_is_refused_unread(coco: CocoSet, tmp_path: Path) -> None:
+    """The limit is the file's size in bytes: at its size the run is made, one byte under it is
+    refused in one line naming the file, its size and the option, before the file is read."""
+    size = coco.annotations.stat().st_size
+    at = preprocess(coco.src, tmp_path / "at", TileSettings(tile=T), workers=1,
+                    targets=TargetOptions(annotations=str(coco.annotations), max_annotations_size=size))
+    assert at.sources == len(coco.objects) + len(coco.bad) and at.accepted >= len(coco.objects)
+    with pytest.raises(SourceError) as e:
+        preprocess(coco.src, tmp_path / "under", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(annotations=str(coco.annotations), max_annotations_size=size - 1))
+    line = str(e.value)
+    assert "\n" not in line and str(coco.annotations) in line and f"{size} bytes" in line
+    assert "--max-annotations-size" in line
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR)  # a writer held open, so opening it to read does not wait
+    try:
+        _run_refused_file(tmp_path, coco.src, fifo, "not a regular file")
+    finally:
+        os.close(held)
+    with pytest.raises(ConfigError, match="--max-annotations-size"):
+        TargetOptions(annotations="a.json", max_annotations_size=0)
+    run = run_cli("preprocess", str(coco.src), str(tmp_path / "cli"), "--annotations", str(coco.annotations),
+                  "--max-annotations-size", "1K", "--tile", str(T), "--processes", "1", "--quiet")
+    assert run.returncode == 1 and "over the 1.0 KiB limit; --max-annotations-size raises it" in run.stderr
+
+
+def _run_refused_file(tmp_path: Path, src: Path, path: Path, match: str) -> None:
+    with pytest.raises(SourceError, match=match):
+        preprocess(src, tmp_path / "out", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(annotations=str(path)))
+
+
+def _category_masks(coco: CocoSet, root: Path) -> Path:
+    """A semantic mask per image of the set: 255 (unlabelled), each object's pixels its category
+    id, painted in the file's order; the planted images' masks all 255."""
+    masks = root / "category-masks"
+    for path in sorted(coco.src.rglob("*.png")):
+        name = str(path.relative_to(coco.src))
+        width, height = Image.open(path).size
+        mask = np.full((height, width), 255, dtype=np.uint8)
+        for o in coco.objects.get(name, []):
+            mask[o["mask"] != 0] = o["category_id"]
+        (masks / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(mask, "L").save(masks / name)
+    return masks
+
+
+@pytest.mark.parametrize("mode", ["resize", "grid"])
+def test_coco_boxes_with_a_semantic_mask_per_image(coco: CocoSet, tmp_path: Path, mode: str) -> None:
+    """--annotations with --masks: the boxes of a boxes-only run, and each tile's mask the source
+    mask's, nearest-resized on the fit's geometry (resize) or cut by the tile's window (grid)."""
+    masks = _category_masks(coco, tmp_path)
+    settings = TileSettings(tile=T, mode=mode)
+    boxes_only, both = tmp_path / "boxes", tmp_path / "both"
+    preprocess(coco.src, boxes_only, settings, workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations)))
+    summary = preprocess(coco.src, both, settings, workers=2,
+                         targets=TargetOptions(annotations=str(coco.annotations), masks=str(masks)))
+    assert _rejects(both, coco.src) == _rejects(boxes_only, coco.src)
+    assert summary.objects > 0
+    _, meta = open_store(both)
+    rows, cols = (read_small_array(both, meta, name) if mode == "grid" else None
+                  for name in (fmt.ROWS, fmt.COLS))
+    with StoreReader(boxes_only) as plain, StoreReader(both) as reader:
+        targets = reader.targets
+        assert targets is not None and plain.targets is not None
+        assert targets.masks is fmt.MaskKind.SEMANTIC and targets.objects is not None
+        assert targets.record.categories == tuple((c["id"], c["name"]) for c in CATEGORIES)
+        np.testing.assert_array_equal(targets.objects, plain.targets.objects)
+        np.testing.assert_array_equal(targets.frames, plain.targets.frames)
+        sources = _samples(both)
+        tiles = np.empty((len(sources), T, T), dtype=np.uint8)
+        targets.read_masks_into(np.arange(len(sources)), tiles)
+        for sample, path in enumerate(sources):
+            name = os.path.relpath(path, coco.src)
+            source = np.asarray(Image.open(masks / name))
+            height, width = source.shape
+            if mode == "resize":
+                reference = _pil_nearest(source, width, height, "pad", 255)
+            else:
+                assert rows is not None and cols is not None
+                y, x = int(rows[sample]) * T, int(cols[sample]) * T
+                cut = source[y:y + T, x:x + T]
+                reference = np.full((T, T), 255, dtype=np.uint8)
+                reference[:cut.shape[0], :cut.shape[1]] = cut
+            np.testing.assert_array_equal(tiles[sample], reference, err_msg=name)
+        assert set(np.unique(tiles).tolist()) == {1, 4, 90, 255}
+    assert verify(both, deep=True) == []
+
+
+def test_masks_beside_a_coco_file_hold_its_category_ids(coco: CocoSet, tmp_path: Path) -> None:
+    masks = _category_masks(coco, tmp_path)
+    Image.new("L", coco.sizes["img00.png"], 0).save(masks / "img00.png")  # 0: not a category of the file
+    out = tmp_path / "store"
+    preprocess(coco.src, out, TileSettings(tile=T), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations), masks=str(masks)))
+    reasons = _rejects(out, coco.src)
+    assert reasons["img00.png"].startswith("unknown category: ") and "class id 0" in reasons["img00.png"]
+    # the masks are part of the run's identity: the same ones find the store complete, a mask
+    # changed (here in size) makes it another store, and so do boxes alone
+    from tilefeed.store.errors import StoreExistsError
+
+    both = TargetOptions(annotations=str(coco.annotations), masks=str(masks))
+    assert preprocess(coco.src, out, TileSettings(tile=T), workers=1, targets=both).up_to_date
+    noisy = np.random.default_rng(0).choice(np.array([1, 4], dtype=np.uint8), coco.sizes["img00.png"][::-1])
+    Image.fromarray(noisy).save(masks / "img00.png")
+    with pytest.raises(StoreExistsError, match="made from other sources or settings"):
+        preprocess(coco.src, out, TileSettings(tile=T), workers=1, targets=both)
+    with pytest.raises(StoreExistsError, match="made from other sources or settings"):
+        preprocess(coco.src, out, TileSettings(tile=T), workers=1,
                    targets=TargetOptions(annotations=str(coco.annotations)))
+    (masks / "classes.txt").write_text("road\n")
+    with pytest.raises(SourceError, match="the annotation file's category ids"):
+        preprocess(coco.src, tmp_path / "again", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(annotations=str(coco.annotations), masks=str(masks)))
+    with pytest.raises(ConfigError, match="one kind of mask"):
+        TargetOptions(annotations="a.json", masks=str(masks), instance_masks=True)
+    with pytest.raises(ConfigError, match="--yolo and --masks"):
+        TargetOptions(yolo=True, masks=str(masks))
+
+
+def test_targets_from_two_sources_or_masks_without_a_file_are_refused() -> None:
     with pytest.raises(ConfigError, match="one source"):
         TargetOptions(annotations="a.json", yolo=True)
     with pytest.raises(ConfigError, match="--instance-masks"):
