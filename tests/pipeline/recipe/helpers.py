@@ -34,7 +34,8 @@ def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int
     from nvidia.dali import fn, pipeline_def, types
 
     names = tuple(n for n in input_names(recipe, True) if n != "interp")
-    kinds = {"order": types.INT32, "vflip": types.INT32, "grayscale": types.INT32, "jitter": types.INT32}
+    kinds = {"order": types.INT32, "vflip": types.INT32, "grayscale": types.INT32, "jitter": types.INT32,
+             "pd_order": types.INT32}
     inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
     n = len(images)
     out: list[np.ndarray] = []
