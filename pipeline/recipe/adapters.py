@@ -434,8 +434,8 @@ TORCHVISION_DETECTION_FLAGS: dict[str, Flag] = {
     "lsj": Flag("--data-augmentation lsj", H, "large-scale jitter at 1024: ScaleJitter((1024, 1024)) then "
                 "the reference's FixedSizeCrop(1024, fill=mean), then the flip: Recipe(crop=\"lsj\", "
                 "fill=(123, 117, 104)) with size=1024 (masks padded with 0)"),
-    "ssd": Flag("--data-augmentation ssd", H, "RandomPhotometricDistort, RandomZoomOut(fill=mean), RandomIoUCrop, "
-                "then the flip: Recipe(photometric=PhotometricDistort(), crop=\"zoom_iou\", "
+    "ssd": Flag("--data-augmentation ssd", H, "RandomPhotometricDistort, RandomZoomOut(fill=mean), "
+                "RandomIoUCrop, then the flip: Recipe(photometric=PhotometricDistort(), crop=\"zoom_iou\", "
                 "fill=(123, 117, 104)), drawn against each picture's stored boxes"),
     "augmentation": Flag("--data-augmentation multiscale", R,
                          "shortest-side resizes to several sizes (the Loader's output is one square)",

@@ -4,11 +4,11 @@ On the CPU the batch source cuts and resizes each training window with pillow-si
 threads (``engine.batch_source``); the same threads then apply the sample's drawn operations to
 the resized picture here, where DALI's CPU operators would take a millisecond and more a sample
 (a policy's conditionals, some sixty operations for a hue shift). The order is ``ops.apply``'s
-(photometric distortion, vertical flip, auto-augment, colour jitter, grayscale; the horizontal flip stays with the
-graph's ``crop_mirror_normalize``), the parameters exactly those ``draws.draw`` and
-``AutoAugment.draw`` give the graph on a GPU. Each operation is the PIL call torchvision's PIL
-kernels and timm's ``auto_augment`` make, so the pixels are those of torchvision's and timm's
-own PIL pipelines:
+(photometric distortion, vertical flip, auto-augment, colour jitter, grayscale; the horizontal
+flip stays with the graph's ``crop_mirror_normalize``), the parameters exactly those
+``draws.draw`` and ``AutoAugment.draw`` give the graph on a GPU. Each operation is the PIL call
+torchvision's PIL kernels and timm's ``auto_augment`` make, so the pixels are those of
+torchvision's and timm's own PIL pipelines:
 
 - the enhance ops (brightness, color or saturation, contrast, sharpness): ``ImageEnhance``;
 - posterize, solarize, autocontrast, equalize, invert: ``ImageOps`` or the same lookup table;
@@ -72,8 +72,8 @@ def apply(image: Image.Image, inputs: Mapping[str, Any], recipe: Recipe) -> Imag
     inputs : mapping of str to array or scalar
         The sample's own values of the inputs ``draws.input_names`` names (``sample``): the bits
         ``vflip``, ``grayscale``, ``jitter``, the jitter ``order`` and factors, the photometric
-        distortion's ``pd_*``, the policy's ``aa_op``, ``aa_param`` and ``aa_matrix`` rows. An input absent is an operation the
-        recipe cannot apply.
+        distortion's ``pd_*``, the policy's ``aa_op``, ``aa_param`` and ``aa_matrix`` rows. An
+        input absent is an operation the recipe cannot apply.
     recipe : Recipe
         The recipe the inputs were drawn for (the policy's fill and interpolation).
 
@@ -144,7 +144,7 @@ def color_jitter(image: Image.Image, order: np.ndarray, factors: Mapping[str, fl
     ``JITTER_ADJUSTMENTS``) in the sample's drawn ``order`` of their indices (an index past them,
     ``draws.SKIP``, applies nothing)."""
     for which in np.asarray(order).tolist():
-        name = JITTER_ADJUSTMENTS[which] if which < len(JITTER_ADJUSTMENTS) else None
+        name = JITTER_ADJUSTMENTS[which] if which < len(JITTER_ADJUSTMENTS) else ""
         if name in factors:
             image = _ADJUST[name](image, factors[name])
     return image

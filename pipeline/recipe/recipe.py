@@ -167,7 +167,8 @@ def _pair(name: str, value: Any, bound: Range) -> Range:
                           "RandomPhotometricDistort takes it")
     low, high = float(numbers_[0]), float(numbers_[1])
     if not bound[0] <= low <= high <= bound[1]:  # NaN fails every comparison
-        raise ConfigError(f"photometric {name} values should be between {bound} and increasing, got {[low, high]}")
+        raise ConfigError(f"photometric {name} values should be between {bound} and increasing, "
+                          f"got {[low, high]}")
     return (low, high)
 
 
@@ -259,11 +260,11 @@ class Recipe:
     Notes
     -----
     In a sample the operations follow timm's and torchvision's training transforms: crop and
-    resize, photometric distortion, vertical flip, auto-augment, colour jitter, grayscale, normalisation (with the
-    horizontal flip), random erasing; then the batch is mixed. The horizontal flip comes last
-    in the graph rather than first: every auto-augment operation it does not commute with
-    (shear, translate and rotate along x) has a sign drawn at even odds, so the samples'
-    distribution is the same. The photometric distortion, which torchvision's ``ssd`` preset
+    resize, photometric distortion, vertical flip, auto-augment, colour jitter, grayscale,
+    normalisation (with the horizontal flip), random erasing; then the batch is mixed. The
+    horizontal flip comes last in the graph rather than first: every auto-augment operation it
+    does not commute with (shear, translate and rotate along x) has a sign drawn at even odds,
+    so the samples' distribution is the same. The photometric distortion, which torchvision's ``ssd`` preset
     applies to the whole picture before its zoom-out and crop, acts here on the sample as cut:
     brightness, saturation, hue and the channel order act pixel by pixel and commute with the
     cut, while contrast blends with the mean luma of what the sample shows of the picture rather

@@ -65,7 +65,8 @@ _PUBLIC = {
 
 __all__ = [
     "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "DaliMissingError",
-    "Interpolation", "Loader", "Mix", "PhotometricDistort", "RandomErasing", "Recipe", "RunResult", "SourceError",
+    "Interpolation", "Loader", "Mix", "PhotometricDistort",
+    "RandomErasing", "Recipe", "RunResult", "SourceError",
     "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
     "StoreWriteError", "Summary", "TargetOptions", "TileDataset", "TileSettings", "TilefeedError",
     "__version__", "measure", "preprocess_images", "watch",

@@ -120,7 +120,8 @@ def test_the_ssdlite_recipe_trains_on_iou_crops(data: Path, tmp_path: Path) -> N
     assert "Epoch: [0] Total time" in log and len(AP.findall(log)) == 1, log[-3000:]
 
 
-def test_the_ssd_recipe_trains_on_photometric_distortion_zoom_out_and_iou_crops(data: Path, tmp_path: Path) -> None:
+def test_the_ssd_recipe_trains_on_photometric_distortion_zoom_out_and_iou_crops(data: Path,
+                                                                               tmp_path: Path) -> None:
     """--data-augmentation ssd, SSD300's own recipe: RandomPhotometricDistort, RandomZoomOut,
     RandomIoUCrop and the flip, an epoch."""
     script = swapped(FOLDER, FILES, tmp_path / FOLDER)

@@ -232,7 +232,8 @@ def test_ssdlite_trains_on_ssds_iou_crops(stretched: tuple[Path, Path, Path]) ->
     assert ((end - start) < T).any()  # some windows cut the picture
 
 
-def test_ssd_trains_on_photometric_distortion_zoom_out_and_iou_crops(stretched: tuple[Path, Path, Path]) -> None:
+def test_ssd_trains_on_photometric_distortion_zoom_out_and_iou_crops(
+        stretched: tuple[Path, Path, Path]) -> None:
     """--data-augmentation ssd: RandomPhotometricDistort, RandomZoomOut on the presets' mean,
     RandomIoUCrop, then the flip. The distortion moves no pixel: a short run hands over the
     targets the same recipe without it hands over, box for box, on other pixels."""

@@ -95,7 +95,8 @@ def test_the_photometric_distortion_on_the_device_is_torchvisions_tensor_transfo
     assert diff.max() <= 3 and (diff > 0).mean() <= 1e-3, (diff.max(), (diff > 0).mean())
 
 
-def test_the_photometric_distortion_in_the_loader_on_the_device_gives_the_cpu_paths_samples(store: Path) -> None:
+def test_the_photometric_distortion_in_the_loader_on_the_device_gives_the_cpu_paths_samples(
+        store: Path) -> None:
     """The same draws on both backends; the resizes differ (at most 2 levels, 0.3 on average)
     and the host's PIL hue turns a uint8 hue where the graph turns a float one (a mean 0.8 of a
     level, tests/pipeline/recipe/test_photometric.py): a mean difference under 2 levels."""
