@@ -31,14 +31,18 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
              "resize": types.FLOAT, "crop": types.FLOAT, "interp": types.INT32, "vflip": types.INT32,
              "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
              "brightness": types.FLOAT, "contrast": types.FLOAT, "saturation": types.FLOAT,
-             "hue": types.FLOAT, "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT,
+             "hue": types.FLOAT, "pd_order": types.INT32, "pd_brightness": types.FLOAT,
+             "pd_contrast": types.FLOAT, "pd_saturation": types.FLOAT, "pd_hue": types.FLOAT,
+             "pd_permutation": types.FLOAT,
+             "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT,
              **{name: types.FLOAT for name in PASTE_NAMES}}
     # evaluation: the filter alone; on the host-resize path the batch source applies the
     # recipe's pixel operations (recipe.host_ops) and the graph only flips and normalises
     recipe = augment.recipe if augment.train and not (source.host_resize and augment.windows) else None
 
     # no DALI randomness: crops and every recipe parameter come from the host; conditionals
-    # only where colour jitter picks each sample's order of adjustments or a policy its ops
+    # only where colour jitter or the photometric distortion picks each sample's order of
+    # adjustments or a policy its ops
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
                   prefetch_queue_depth=prefetch, enable_conditionals=ops.conditional(recipe, augment.train))
     def tiles() -> Any:

@@ -27,7 +27,7 @@ from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.policies import Interpolation as PolicyInterpolation
-from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, Interpolation, Recipe
+from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, Interpolation, PhotometricDistort, Recipe
 from tilefeed.store.errors import ConfigError
 
 
@@ -406,7 +406,7 @@ def _torchvision_recipe(args: Any, interpolation: Interpolation, num_classes: in
 # DataLoaders
 DETECTION_AUGMENTATIONS: Final = ("hflip", "lsj", "multiscale", "ssd", "ssdlite")
 LSJ_SIDE: Final = 1024  # the lsj preset's ScaleJitter target_size and FixedSizeCrop size
-LSJ_FILL: Final = (123, 117, 104)  # the presets' mean, FixedSizeCrop's fill
+LSJ_FILL: Final = (123, 117, 104)  # the presets' mean: FixedSizeCrop's fill, RandomZoomOut's in ssd
 
 
 def _augmentation(args: Any) -> str:
@@ -434,10 +434,12 @@ TORCHVISION_DETECTION_FLAGS: dict[str, Flag] = {
     "lsj": Flag("--data-augmentation lsj", H, "large-scale jitter at 1024: ScaleJitter((1024, 1024)) then "
                 "the reference's FixedSizeCrop(1024, fill=mean), then the flip: Recipe(crop=\"lsj\", "
                 "fill=(123, 117, 104)) with size=1024 (masks padded with 0)"),
-    "augmentation": Flag("--data-augmentation multiscale/ssd", R,
-                         "shortest-side resizes to several sizes (the Loader's output is one square); SSD's "
-                         "photometric distortion (its zoom-out and IoU crop are Recipe(crop=\"zoom_iou\"))",
-                         lambda a, c, t: t and _augmentation(a) not in ("hflip", "ssdlite", "lsj")),
+    "ssd": Flag("--data-augmentation ssd", H, "RandomPhotometricDistort, RandomZoomOut(fill=mean), "
+                "RandomIoUCrop, then the flip: Recipe(photometric=PhotometricDistort(), crop=\"zoom_iou\", "
+                "fill=(123, 117, 104)), drawn against each picture's stored boxes"),
+    "augmentation": Flag("--data-augmentation multiscale", R,
+                         "shortest-side resizes to several sizes (the Loader's output is one square)",
+                         lambda a, c, t: t and _augmentation(a) not in ("hflip", "ssdlite", "lsj", "ssd")),
     "use_copypaste": Flag("--use-copypaste", R, "SimpleCopyPaste in the training collate function",
                           lambda a, c, t: t and bool(getattr(a, "use_copypaste", False))),
     "use_v2": Flag("--use-v2", H, "crowd objects stay in the training targets (iscrowd 1), as the Loader hands "
@@ -472,7 +474,8 @@ def torchvision_detection_options(args: Any, *, train: bool) -> dict[str, Any]:
         (``ToDtype(torch.float, scale=True)``: mean 0, std 1, no normalisation), boxes with
         their category ids as targets (and instance masks for a model whose name holds
         ``mask``); training frames each whole tile (``hflip``), SSD's IoU crop of its picture
-        (``ssdlite``) or large-scale jitter's 1024 square of it (``lsj``, padded with the
+        (``ssdlite``), SSD's photometric distortion, zoom-out (on the preset's mean) and IoU
+        crop (``ssd``) or large-scale jitter's 1024 square of it (``lsj``, padded with the
         preset's mean) and mirrors it with probability 0.5; evaluation frames the whole tile.
 
     Raises
@@ -493,8 +496,9 @@ def torchvision_detection_options(args: Any, *, train: bool) -> dict[str, Any]:
         "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "targets": targets,
     }
     if train:  # the preset's crop (none, SSD's IoU crop, large-scale jitter), then RandomHorizontalFlip(0.5)
-        crop = {"ssdlite": Crop.IOU, "lsj": Crop.LSJ}.get(augmentation, Crop.NONE)
-        options["recipe"] = Recipe(crop=crop, fill=LSJ_FILL if crop is Crop.LSJ else (0, 0, 0))
+        crop = {"ssdlite": Crop.IOU, "lsj": Crop.LSJ, "ssd": Crop.ZOOM_IOU}.get(augmentation, Crop.NONE)
+        options["recipe"] = Recipe(crop=crop, fill=LSJ_FILL if crop.pads else (0, 0, 0),
+                                   photometric=PhotometricDistort() if augmentation == "ssd" else None)
         if crop is Crop.LSJ:  # ScaleJitter's target_size and FixedSizeCrop's size: the output side
             options["size"] = LSJ_SIDE
     return options

@@ -4,11 +4,11 @@ On the CPU the batch source cuts and resizes each training window with pillow-si
 threads (``engine.batch_source``); the same threads then apply the sample's drawn operations to
 the resized picture here, where DALI's CPU operators would take a millisecond and more a sample
 (a policy's conditionals, some sixty operations for a hue shift). The order is ``ops.apply``'s
-(vertical flip, auto-augment, colour jitter, grayscale; the horizontal flip stays with the
-graph's ``crop_mirror_normalize``), the parameters exactly those ``draws.draw`` and
-``AutoAugment.draw`` give the graph on a GPU. Each operation is the PIL call torchvision's PIL
-kernels and timm's ``auto_augment`` make, so the pixels are those of torchvision's and timm's
-own PIL pipelines:
+(photometric distortion, vertical flip, auto-augment, colour jitter, grayscale; the horizontal
+flip stays with the graph's ``crop_mirror_normalize``), the parameters exactly those
+``draws.draw`` and ``AutoAugment.draw`` give the graph on a GPU. Each operation is the PIL call
+torchvision's PIL kernels and timm's ``auto_augment`` make, so the pixels are those of
+torchvision's and timm's own PIL pipelines:
 
 - the enhance ops (brightness, color or saturation, contrast, sharpness): ``ImageEnhance``;
 - posterize, solarize, autocontrast, equalize, invert: ``ImageOps`` or the same lookup table;
@@ -16,7 +16,8 @@ own PIL pipelines:
   corner coordinates, which is what PIL's AFFINE data is (PIL samples at pixel centres,
   ``x + 0.5``, as DALI's warp does);
 - hue: torchvision's PIL ``adjust_hue``, a turn of the uint8 hue of PIL's HSV;
-- grayscale: PIL's ``L`` conversion in three channels.
+- grayscale: PIL's ``L`` conversion in three channels;
+- the photometric distortion's channel permutation: PIL's bands merged in the drawn order.
 
 Two of them take a shorter road to the same bytes. Brightness and contrast blend the picture
 with a constant, so each output byte depends on its input byte alone: the 256 answers of PIL's
@@ -35,13 +36,14 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps, ImageStat
 
+from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS
 from tilefeed.pipeline.recipe.policies import GEOMETRIC, OPS, AutoAugment, Interpolation, Op
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 # the per-sample inputs (``draws.input_names``) these kernels take: on the host-resize path the
 # batch source applies them and the graph declares none of them
 INPUTS: tuple[str, ...] = ("vflip", "grayscale", "jitter", "order", *JITTER_ADJUSTMENTS,
-                           *AutoAugment.input_names())
+                           *PHOTOMETRIC_INPUTS, *AutoAugment.input_names())
 SOLARIZE_ADD_BELOW = 128  # timm's solarize_add threshold: only pixels below it are raised
 _RESAMPLE = {Interpolation.NEAREST: Image.Resampling.NEAREST, Interpolation.BILINEAR: Image.Resampling.BILINEAR}
 _ENHANCE: dict[Op, Any] = {Op.COLOR: ImageEnhance.Color, Op.SHARPNESS: ImageEnhance.Sharpness}
@@ -49,10 +51,10 @@ _RAMP = Image.frombytes("RGB", (256, 1), np.repeat(np.arange(256, dtype=np.uint8
 
 
 def applies(recipe: Recipe | None) -> bool:
-    """``recipe`` has a pixel operation for these kernels (vertical flip, auto-augment, colour
-    jitter or grayscale)."""
+    """``recipe`` has a pixel operation for these kernels (photometric distortion, vertical flip,
+    auto-augment, colour jitter or grayscale)."""
     return recipe is not None and (recipe.vflip > 0 or recipe.grayscale > 0 or recipe.jitter is not None
-                                   or recipe.auto_augment is not None)
+                                   or recipe.auto_augment is not None or recipe.distort is not None)
 
 
 def sample(inputs: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
@@ -69,9 +71,9 @@ def apply(image: Image.Image, inputs: Mapping[str, Any], recipe: Recipe) -> Imag
         The sample after its crop and resize (RGB; RGBX is converted).
     inputs : mapping of str to array or scalar
         The sample's own values of the inputs ``draws.input_names`` names (``sample``): the bits
-        ``vflip``, ``grayscale``, ``jitter``, the jitter ``order`` and factors, the policy's
-        ``aa_op``, ``aa_param`` and ``aa_matrix`` rows. An input absent is an operation the
-        recipe cannot apply.
+        ``vflip``, ``grayscale``, ``jitter``, the jitter ``order`` and factors, the photometric
+        distortion's ``pd_*``, the policy's ``aa_op``, ``aa_param`` and ``aa_matrix`` rows. An
+        input absent is an operation the recipe cannot apply.
     recipe : Recipe
         The recipe the inputs were drawn for (the policy's fill and interpolation).
 
@@ -82,6 +84,8 @@ def apply(image: Image.Image, inputs: Mapping[str, Any], recipe: Recipe) -> Imag
     """
     if image.mode != "RGB":
         image = image.convert("RGB")
+    if "pd_order" in inputs:
+        image = photometric_distort(image, inputs)
     if "vflip" in inputs and inputs["vflip"]:
         image = image.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
     policy = recipe.auto_augment
@@ -137,12 +141,33 @@ def policy_op(image: Image.Image, op: Op, param: float, matrix: np.ndarray, poli
 
 def color_jitter(image: Image.Image, order: np.ndarray, factors: Mapping[str, float]) -> Image.Image:
     """torchvision's ``ColorJitter`` on a PIL picture: the adjustments of ``factors`` (by name,
-    ``JITTER_ADJUSTMENTS``) in the sample's drawn ``order`` of their indices."""
+    ``JITTER_ADJUSTMENTS``) in the sample's drawn ``order`` of their indices (an index past them,
+    ``draws.SKIP``, applies nothing)."""
     for which in np.asarray(order).tolist():
-        name = JITTER_ADJUSTMENTS[which]
+        name = JITTER_ADJUSTMENTS[which] if which < len(JITTER_ADJUSTMENTS) else ""
         if name in factors:
             image = _ADJUST[name](image, factors[name])
     return image
+
+
+def photometric_distort(image: Image.Image, inputs: Mapping[str, Any]) -> Image.Image:
+    """torchvision's ``RandomPhotometricDistort.transform`` on a PIL picture with one sample's
+    drawn ``pd_*`` inputs (``draws.distort``): the adjustments in their drawn order, then the
+    channel permutation."""
+    factors = {name: float(inputs[f"pd_{name}"]) for name in JITTER_ADJUSTMENTS}
+    image = color_jitter(image, inputs["pd_order"], factors)
+    # row c of the permutation matrix picks the input channel of output channel c
+    return permute_channels(image, np.argmax(np.asarray(inputs["pd_permutation"]), axis=-1))
+
+
+def permute_channels(image: Image.Image, permutation: np.ndarray) -> Image.Image:
+    """torchvision's ``permute_channels``: output channel c is input channel ``permutation[c]``
+    (bytes moved, none changed)."""
+    order = [int(c) for c in np.asarray(permutation).tolist()]
+    if order == [0, 1, 2]:
+        return image
+    bands = image.split()
+    return Image.merge(image.mode, [bands[c] for c in order])
 
 
 def adjust_brightness(image: Image.Image, factor: float) -> Image.Image:

@@ -14,8 +14,11 @@ operation, float32 arithmetic and truncation back to uint8 included:
   DALI's arithmetic (DALI's ``fn.hue`` rotates in YIQ space, a linear approximation that differs
   from torchvision's HSV shift: not used);
 - grayscale: the truncated luma (0.2989 R + 0.587 G + 0.114 B) in all three channels;
+- channel permutation: each sample's 3x3 permutation matrix by ``coord_transform`` (each
+  output byte one input byte, times 1, exact);
 
-and colour jitter applies its adjustments in each sample's drawn order, an auto-augment policy
+and colour jitter and the photometric distortion apply their adjustments in each sample's
+drawn order, an auto-augment policy
 its drawn ops (``policy_ops``), both by DALI conditionals: the graph is built with
 ``enable_conditionals`` when a recipe has either (``conditional``).
 """
@@ -38,13 +41,17 @@ Node = Any  # a DALI DataNode
 
 def conditional(recipe: Recipe | None, train: bool) -> bool:
     """The graph needs DALI conditionals (``enable_conditionals=True``) for ``recipe``."""
-    return recipe is not None and train and (recipe.jitter is not None or recipe.auto_augment is not None)
+    return recipe is not None and train and (recipe.jitter is not None or recipe.auto_augment is not None
+                                             or recipe.distort is not None)
 
 
 def apply(images: Node, inputs: dict[str, Node], recipe: Recipe) -> Node:
     """``recipe``'s training operations on uint8 HWC ``images``, in timm's order (vertical flip,
-    auto-augment, colour jitter, grayscale); the horizontal flip is left to
-    ``crop_mirror_normalize``. ``inputs`` holds the per-sample inputs ``draws.input_names`` names."""
+    auto-augment, colour jitter, grayscale) after torchvision's ``ssd`` preset's photometric
+    distortion; the horizontal flip is left to ``crop_mirror_normalize``. ``inputs`` holds the
+    per-sample inputs ``draws.input_names`` names."""
+    if "pd_order" in inputs:
+        images = photometric_distort(images, inputs)
     if "vflip" in inputs:
         images = fn.flip(images, horizontal=0, vertical=inputs["vflip"])
     if recipe.auto_augment is not None:
@@ -53,26 +60,44 @@ def apply(images: Node, inputs: dict[str, Node], recipe: Recipe) -> Node:
     if jitter is not None:
         if jitter.p < 1:
             if inputs["jitter"] == 1:  # noqa: SIM108 (a DALI conditional: per sample)
-                images = color_jitter(images, inputs)
+                images = color_jitter(images, inputs["order"], _factors(inputs, ""))
         else:
-            images = color_jitter(images, inputs)
+            images = color_jitter(images, inputs["order"], _factors(inputs, ""))
     if "grayscale" in inputs:
         images = random_grayscale(images, inputs["grayscale"])
     return images
 
 
-def color_jitter(images: Node, inputs: dict[str, Node]) -> Node:
-    """torchvision v2 ``ColorJitter.transform``: each adjustment present in ``inputs`` applied
-    in the order of the sample's ``order`` (four slots, one adjustment each)."""
-    order = inputs["order"]
+def _factors(inputs: dict[str, Node], prefix: str) -> dict[str, Node]:
+    """The adjustments' factors present in ``inputs`` under ``prefix`` + their names, by name."""
+    return {name: inputs[prefix + name] for name in JITTER_ADJUSTMENTS if prefix + name in inputs}
+
+
+def color_jitter(images: Node, order: Node, factors: dict[str, Node]) -> Node:
+    """torchvision v2 ``ColorJitter.transform``: each adjustment of ``factors`` applied in the
+    order of the sample's ``order`` (four slots, each an adjustment's index or none past them)."""
     adjust = {"brightness": brightness, "contrast": contrast, "saturation": saturation, "hue": hue}
     for slot in range(4):
         which = order[slot]
         for k, name in enumerate(JITTER_ADJUSTMENTS):
-            if name in inputs:
+            if name in factors:
                 if which == k:  # a DALI conditional: only this slot's samples take the branch
-                    images = adjust[name](images, inputs[name])
+                    images = adjust[name](images, factors[name])
     return images
+
+
+def photometric_distort(images: Node, inputs: dict[str, Node]) -> Node:
+    """torchvision v2 ``RandomPhotometricDistort.transform``: the adjustments drawn to apply, in
+    the drawn order (``pd_order``), then the channels permuted (``pd_permutation``, the identity
+    where none was drawn)."""
+    images = color_jitter(images, inputs["pd_order"], _factors(inputs, "pd_"))
+    return permute_channels(images, inputs["pd_permutation"])
+
+
+def permute_channels(images: Node, matrix: Node) -> Node:
+    """``permute_channels`` by each sample's 3x3 permutation ``matrix`` (a CPU input, as
+    ``coord_transform`` takes its argument inputs): output channel c = row c times the pixel."""
+    return fn.reshape(fn.coord_transform(images, M=matrix, dtype=types.UINT8), layout="HWC")
 
 
 def _near(param: Node, images: Node) -> Node:

@@ -157,6 +157,63 @@ class ColorJitter:
 JITTER_ADJUSTMENTS = ("brightness", "contrast", "saturation", "hue")  # torchvision's fn_idx 0..3
 
 
+def _pair(name: str, value: Any, bound: Range) -> Range:
+    """A (min, max) factor range of ``RandomPhotometricDistort``, which takes pairs only (a single
+    number there fails on its first draw), within ``bound`` and increasing."""
+    pair = list(value) if isinstance(value, (tuple, list)) else []
+    numbers_ = [v for v in pair if isinstance(v, numbers.Real) and not isinstance(v, bool)]
+    if len(pair) != 2 or len(numbers_) != 2:
+        raise ConfigError(f"photometric {name}={value!r}: a (min, max) pair of numbers, as "
+                          "RandomPhotometricDistort takes it")
+    low, high = float(numbers_[0]), float(numbers_[1])
+    if not bound[0] <= low <= high <= bound[1]:  # NaN fails every comparison
+        raise ConfigError(f"photometric {name} values should be between {bound} and increasing, "
+                          f"got {[low, high]}")
+    return (low, high)
+
+
+@dataclass(frozen=True)
+class PhotometricDistort:
+    """torchvision v2's ``RandomPhotometricDistort``, SSD's photometric distortion.
+
+    Each of brightness, contrast, saturation and hue is applied with probability ``p`` on its
+    own, its factor drawn uniform in its (min, max) range (hue: a shift in turns of the hue
+    circle, within [-0.5, 0.5]; the others non-negative factors); contrast comes before
+    saturation and hue or after them by a fair coin; then, with probability ``p``, the three
+    channels are put in a uniformly random order (``randperm(3)``). The defaults are
+    torchvision's, which its detection reference's ``ssd`` preset uses.
+
+    Parameters
+    ----------
+    brightness : tuple of float, default (0.875, 1.125)
+        The brightness factor's range.
+    contrast : tuple of float, default (0.5, 1.5)
+        The contrast factor's range.
+    saturation : tuple of float, default (0.5, 1.5)
+        The saturation factor's range.
+    hue : tuple of float, default (-0.05, 0.05)
+        The hue shift's range.
+    p : float, default 0.5
+        The probability of each of the five operations.
+    """
+
+    brightness: Range = (0.875, 1.125)
+    contrast: Range = (0.5, 1.5)
+    saturation: Range = (0.5, 1.5)
+    hue: Range = (-0.05, 0.05)
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("brightness", "contrast", "saturation"):
+            object.__setattr__(self, name, _pair(name, getattr(self, name), (0.0, math.inf)))
+        object.__setattr__(self, "hue", _pair("hue", self.hue, (-0.5, 0.5)))
+        object.__setattr__(self, "p", _probability("photometric p", self.p))
+
+    def ranges(self) -> dict[str, Range]:
+        """The four adjustments' (min, max) ranges, in ``JITTER_ADJUSTMENTS``' order."""
+        return {name: getattr(self, name) for name in JITTER_ADJUSTMENTS}
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A training recipe's per-sample operations beside the random-resized crop.
@@ -175,6 +232,9 @@ class Recipe:
         Probability of ``RandomGrayscale(p)``: the image becomes its luma in all three channels.
     color_jitter : ColorJitter, optional
         torchvision's colour jitter, applied with probability ``color_jitter.p``.
+    photometric : PhotometricDistort, optional
+        SSD's photometric distortion, torchvision's ``RandomPhotometricDistort`` (its detection
+        reference's ``ssd`` preset); the first of the pixel operations.
     auto_augment : AutoAugment or str, optional
         An auto-augment policy (``pipeline.recipe.policies``): TrivialAugmentWide, RandAugment or
         AutoAugment's ImageNet policy; a string is parsed by ``AutoAugment.parse`` (torchvision's
@@ -200,11 +260,15 @@ class Recipe:
     Notes
     -----
     In a sample the operations follow timm's and torchvision's training transforms: crop and
-    resize, vertical flip, auto-augment, colour jitter, grayscale, normalisation (with the
-    horizontal flip), random erasing; then the batch is mixed. The horizontal flip comes last
-    in the graph rather than first: every auto-augment operation it does not commute with
-    (shear, translate and rotate along x) has a sign drawn at even odds, so the samples'
-    distribution is the same. A field added later takes a default that leaves today's samples
+    resize, photometric distortion, vertical flip, auto-augment, colour jitter, grayscale,
+    normalisation (with the horizontal flip), random erasing; then the batch is mixed. The
+    horizontal flip comes last in the graph rather than first: every auto-augment operation it
+    does not commute with (shear, translate and rotate along x) has a sign drawn at even odds,
+    so the samples' distribution is the same. The photometric distortion, which torchvision's ``ssd`` preset
+    applies to the whole picture before its zoom-out and crop, acts here on the sample as cut:
+    brightness, saturation, hue and the channel order act pixel by pixel and commute with the
+    cut, while contrast blends with the mean luma of what the sample shows of the picture rather
+    than of the whole picture. A field added later takes a default that leaves today's samples
     as they are, its own check in ``__post_init__``, a draw on a stream of its own and an op.
     """
 
@@ -218,6 +282,7 @@ class Recipe:
     mix: BatchMix | None = None
     crop: Crop = Crop.RANDOM_RESIZED
     fill: tuple[int, int, int] = (0, 0, 0)
+    photometric: PhotometricDistort | None = None
 
     def __post_init__(self) -> None:
         if self.interpolation not in set(Interpolation):
@@ -232,6 +297,8 @@ class Recipe:
             object.__setattr__(self, name, _probability(name, getattr(self, name)))
         if self.color_jitter is not None and not isinstance(self.color_jitter, ColorJitter):
             raise ConfigError(f"color_jitter must be a ColorJitter or None, got {self.color_jitter!r}")
+        if self.photometric is not None and not isinstance(self.photometric, PhotometricDistort):
+            raise ConfigError(f"photometric must be a PhotometricDistort or None, got {self.photometric!r}")
         if isinstance(self.auto_augment, str):
             object.__setattr__(self, "auto_augment", AutoAugment.parse(self.auto_augment))
         for name, kind in (("auto_augment", AutoAugment), ("erasing", RandomErasing), ("mix", BatchMix)):
@@ -254,6 +321,11 @@ class Recipe:
         """The colour jitter when it can change a sample, else None."""
         return self.color_jitter if self.color_jitter is not None and self.color_jitter.active else None
 
+    @property
+    def distort(self) -> PhotometricDistort | None:
+        """The photometric distortion when it can change a sample, else None."""
+        return self.photometric if self.photometric is not None and self.photometric.p > 0 else None
+
     def eval_interpolation(self) -> Interpolation:
         """The evaluation filter: ``random`` means bilinear there (timm's no-augmentation rule)."""
         return Interpolation.BILINEAR if self.interpolation is Interpolation.RANDOM else self.interpolation
@@ -262,6 +334,8 @@ class Recipe:
         """The recipe as plain JSON-able values: what a resumed run must agree on."""
         plain = _plain(self)
         assert isinstance(plain, dict)
+        if plain["photometric"] is None:  # a recipe without it reads as it did before the field
+            del plain["photometric"]
         return plain
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.recipe.batch_mix import BatchMix
     from tilefeed.pipeline.recipe.erasing import RandomErasing
     from tilefeed.pipeline.recipe.policies import AutoAugment
-    from tilefeed.pipeline.recipe.recipe import ColorJitter, Interpolation, Recipe
+    from tilefeed.pipeline.recipe.recipe import ColorJitter, Interpolation, PhotometricDistort, Recipe
     from tilefeed.store.errors import (
         ConfigError,
         CorruptChunkError,
@@ -48,6 +48,7 @@ _PUBLIC = {
     "Recipe": ("tilefeed.pipeline.recipe.recipe", "Recipe"),
     "ColorJitter": ("tilefeed.pipeline.recipe.recipe", "ColorJitter"),
     "Interpolation": ("tilefeed.pipeline.recipe.recipe", "Interpolation"),
+    "PhotometricDistort": ("tilefeed.pipeline.recipe.recipe", "PhotometricDistort"),
     "AutoAugment": ("tilefeed.pipeline.recipe.policies", "AutoAugment"),
     "RandomErasing": ("tilefeed.pipeline.recipe.erasing", "RandomErasing"),
     "BatchMix": ("tilefeed.pipeline.recipe.batch_mix", "BatchMix"),
@@ -64,7 +65,8 @@ _PUBLIC = {
 
 __all__ = [
     "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "DaliMissingError",
-    "Interpolation", "Loader", "Mix", "RandomErasing", "Recipe", "RunResult", "SourceError",
+    "Interpolation", "Loader", "Mix", "PhotometricDistort",
+    "RandomErasing", "Recipe", "RunResult", "SourceError",
     "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
     "StoreWriteError", "Summary", "TargetOptions", "TileDataset", "TileSettings", "TilefeedError",
     "__version__", "measure", "preprocess_images", "watch",

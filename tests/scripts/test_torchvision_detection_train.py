@@ -120,6 +120,18 @@ def test_the_ssdlite_recipe_trains_on_iou_crops(data: Path, tmp_path: Path) -> N
     assert "Epoch: [0] Total time" in log and len(AP.findall(log)) == 1, log[-3000:]
 
 
+def test_the_ssd_recipe_trains_on_photometric_distortion_zoom_out_and_iou_crops(data: Path,
+                                                                               tmp_path: Path) -> None:
+    """--data-augmentation ssd, SSD300's own recipe: RandomPhotometricDistort, RandomZoomOut,
+    RandomIoUCrop and the flip, an epoch."""
+    script = swapped(FOLDER, FILES, tmp_path / FOLDER)
+    done = run(["train.py", "--data-path", str(data), *COMMON, "--epochs", "1",
+                "--data-augmentation", "ssd", "--output-dir", str(tmp_path / "out")], script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stdout + done.stderr
+    assert "Epoch: [0] Total time" in log and len(AP.findall(log)) == 1, log[-3000:]
+
+
 def test_the_scripts_evaluation_scores_the_annotations_ap_1(data: Path, tmp_path: Path) -> None:
     script = swapped(FOLDER, FILES, tmp_path / FOLDER)
     for extra in ([], ["--use-v2"]):
@@ -135,7 +147,7 @@ def test_the_scripts_evaluation_scores_the_annotations_ap_1(data: Path, tmp_path
 def test_a_refused_detection_flag_stops_the_script_before_training(data: Path, tmp_path: Path) -> None:
     script = swapped(FOLDER, FILES, tmp_path / FOLDER)
     done = run(["train.py", "--data-path", str(data), *COMMON, "--epochs", "1",
-                "--output-dir", str(tmp_path / "out"), "--data-augmentation", "ssd"], script)
+                "--output-dir", str(tmp_path / "out"), "--data-augmentation", "multiscale"], script)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("tilefeed.store.errors.ConfigError")]
     assert len(lines) == 1 and "--data-augmentation" in lines[0], done.stderr[-3000:]

@@ -128,15 +128,14 @@ def test_the_detection_scripts_refusals(padded: tuple[Path, Path, Path], stretch
                                        tmp_path: Path) -> None:
     store, src, annotations = stretched
     full = dataset(src, annotations)
-    for changed, named in ((dict(data_augmentation="ssd"), "--data-augmentation multiscale/ssd"),
-                           (dict(data_augmentation="multiscale"), "--data-augmentation multiscale/ssd"),
+    for changed, named in ((dict(data_augmentation="multiscale"), "--data-augmentation multiscale"),
                            (dict(dataset="coco_kp"), "--dataset coco_kp"),
                            (dict(data_augmentation="lsj", use_copypaste=True), "--use-copypaste")):
         with pytest.raises(ConfigError, match="flags the tilefeed Loader does not apply") as refused:
             torchvision_detection_loader(store, args(**changed), full, train=True)
         assert named in str(refused.value) and "\n" not in str(refused.value)
     # evaluation applies neither training augmentation
-    torchvision_detection_loader(store, args(data_augmentation="ssd"), full, train=False).close()
+    torchvision_detection_loader(store, args(data_augmentation="multiscale"), full, train=False).close()
     # letterboxed pictures train as their whole tiles, letterbox included
     torchvision_detection_loader(padded[0], args(), dataset(padded[1], padded[2]), train=True).close()
     # a cut picture: neither trained on nor scored whole
@@ -231,6 +230,40 @@ def test_ssdlite_trains_on_ssds_iou_crops(stretched: tuple[Path, Path, Path]) ->
         assert list(next(iter(loader))[1][0]) == ["boxes", "labels", "iscrowd"]
     assert (start >= 0).all() and (end <= T).all()
     assert ((end - start) < T).any()  # some windows cut the picture
+
+
+def test_ssd_trains_on_photometric_distortion_zoom_out_and_iou_crops(
+        stretched: tuple[Path, Path, Path]) -> None:
+    """--data-augmentation ssd: RandomPhotometricDistort, RandomZoomOut on the presets' mean,
+    RandomIoUCrop, then the flip. The distortion moves no pixel: a short run hands over the
+    targets the same recipe without it hands over, box for box, on other pixels."""
+    from tilefeed.pipeline.recipe.adapters import torchvision_detection_options
+    from tilefeed.pipeline.recipe.recipe import PhotometricDistort, Recipe
+
+    options = torchvision_detection_options(args(data_augmentation="ssd"), train=True)
+    recipe = options["recipe"]
+    assert recipe.crop == "zoom_iou" and recipe.fill == (123, 117, 104) and recipe.hflip == 0.5
+    assert recipe.photometric == PhotometricDistort() and "size" not in options
+    assert torchvision_detection_options(args(data_augmentation="ssd"), train=False).get("recipe") is None
+    store, src, annotations = stretched
+    runs = {}
+    for name, photometric in (("ssd", PhotometricDistort()), ("plain", None)):
+        with Loader(store, 2, train=True, seed=0, num_workers=1, targets=("boxes",), mean=(0.0, 0.0, 0.0),
+                    std=(1.0, 1.0, 1.0), recipe=Recipe(crop="zoom_iou", fill=(123, 117, 104),
+                                                       photometric=photometric)) as loader:
+            runs[name] = [(images.clone(), targets) for images, targets in loader]
+    with torchvision_detection_loader(store, args(data_augmentation="ssd"), dataset(src, annotations),
+                                      train=True) as loader:
+        assert loader.recipe == recipe
+        first = next(iter(loader))
+        assert list(first[1][0]) == ["boxes", "labels", "iscrowd"]
+    assert len(runs["ssd"]) == len(runs["plain"]) > 0
+    changed = 0
+    for (x, targets), (y, plain) in zip(runs["ssd"], runs["plain"], strict=True):
+        for t, u in zip(targets, plain, strict=True):
+            assert torch.equal(t["boxes"], u["boxes"]) and torch.equal(t["labels"], u["labels"])
+        changed += int(not torch.equal(x, y))
+    assert changed > 0  # the distortion did act on the pixels
 
 
 def test_lsj_trains_on_large_scale_jitter_at_1024(stretched: tuple[Path, Path, Path]) -> None:

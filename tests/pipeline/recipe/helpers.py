@@ -29,12 +29,15 @@ def tiles(count: int = 48, side: int = 32, seed: int = 0) -> list[np.ndarray]:
                        .resize((side, side), Image.Resampling.BICUBIC)) for _ in range(count)]
 
 
-def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int = 64) -> list[np.ndarray]:
-    """``ops.apply`` in a CPU DALI pipeline over ``images`` with the per-sample ``drawn`` inputs."""
+def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int = 64,
+              device_id: int | None = None) -> list[np.ndarray]:
+    """``ops.apply`` in a DALI pipeline over ``images`` with the per-sample ``drawn`` inputs: on
+    the CPU, or with ``device_id`` on that GPU (the images moved there, the inputs on the host)."""
     from nvidia.dali import fn, pipeline_def, types
 
     names = tuple(n for n in input_names(recipe, True) if n != "interp")
-    kinds = {"order": types.INT32, "vflip": types.INT32, "grayscale": types.INT32, "jitter": types.INT32}
+    kinds = {"order": types.INT32, "vflip": types.INT32, "grayscale": types.INT32, "jitter": types.INT32,
+             "pd_order": types.INT32}
     inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
     n = len(images)
     out: list[np.ndarray] = []
@@ -45,18 +48,22 @@ def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int
 
     it = batches()
 
-    @pipeline_def(batch_size=batch, num_threads=1, device_id=None,
+    @pipeline_def(batch_size=batch, num_threads=1, device_id=device_id,
                   enable_conditionals=ops.conditional(recipe, True))
     def pipe() -> Any:
         raw, *extras = fn.external_source(source=lambda: next(it), num_outputs=1 + len(names), batch=True,
                                           layout=["HWC", *[None] * len(names)],
                                           dtype=[types.UINT8, *(kinds.get(k, types.FLOAT) for k in names)])
+        if device_id is not None:
+            raw = raw.gpu()
         return ops.apply(raw, {name: extras[k] for k, name in enumerate(names)}, recipe)
 
     p = pipe()
     p.build()
     for s in range(0, n, batch):
         result = p.run()[0]
+        if device_id is not None:
+            result = result.as_cpu()
         out += [np.array(result[k]) for k in range(min(batch, n - s))]
     return out
 

@@ -41,7 +41,7 @@ from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
 from tilefeed.pipeline.recipe.policies import (
     GEOMETRIC, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
-from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
+from tilefeed.pipeline.recipe.recipe import ColorJitter, PhotometricDistort, Recipe
 from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles, torchvision_pil
 from tests.pipeline.recipe.test_policies import SIDE, _all_ops, pictures, run_dali, single_op_draws
 
@@ -215,7 +215,8 @@ def test_jitter_flip_and_grayscale_equal_torchvisions_pil_kernels_and_are_near_d
 
 def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
     recipe = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2,
-                    color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), auto_augment="ta_wide")
+                    color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), auto_augment="ta_wide",
+                    photometric=PhotometricDistort())
     augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
                       recipe=recipe)
     assert graph_input_names(augment, host_resize=True) == ("flip",)
@@ -231,6 +232,7 @@ UINT8: dict[str, Any] = dict(dtype=torch.uint8, layout="NHWC", with_index=True, 
     Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2, color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8),
            auto_augment="ta_wide"),
     Recipe(auto_augment=AutoAugment.parse("rand-m9-mstd0.5-inc1"), color_jitter=ColorJitter(0.3, 0.3, 0.3)),
+    Recipe(photometric=PhotometricDistort(), auto_augment="ta_wide", grayscale=0.2),
 ])
 def test_the_loaders_cpu_output_is_the_host_kernels_on_its_own_draws(store: Path, recipe: Recipe) -> None:
     """Each delivered image is its window resized by PIL with its drawn filter, then the host
