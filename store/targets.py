@@ -79,6 +79,50 @@ def frames_problem(frames: np.ndarray, samples: int) -> str:
     return ""
 
 
+def object_rows(offsets: np.ndarray | None, objects: np.ndarray | None,
+                indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+    """Samples ``indices``' rows of a ragged object table (``offsets``, ``objects``): (k, 6)
+    views, each sample's; empty rows for a table without boxes (None).
+
+    Parameters
+    ----------
+    offsets, objects : numpy.ndarray or None
+        The table: ``object_offsets`` (samples + 1) and its (M, 6) rows.
+    indices : sequence of int or numpy.ndarray
+        Samples of the table.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        One (k, 6) float64 array a sample.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if offsets is None or objects is None:
+        return [np.empty((0, 6)) for _ in idx]
+    return [objects[offsets[i]:offsets[i + 1]] for i in idx.tolist()]
+
+
+def object_counts(offsets: np.ndarray | None, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Samples ``indices``' object counts (int64) in a ragged table's ``offsets``; 0 without boxes.
+
+    Parameters
+    ----------
+    offsets : numpy.ndarray or None
+        The table's ``object_offsets``.
+    indices : sequence of int or numpy.ndarray
+        Samples of the table.
+
+    Returns
+    -------
+    numpy.ndarray
+        One count a sample.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if offsets is None:
+        return np.zeros(len(idx), dtype=np.int64)
+    return offsets[idx + 1] - offsets[idx]
+
+
 class StoreTargets:
     """The targets of a store, checked: what the Loader reads beside the tiles.
 
@@ -127,17 +171,11 @@ class StoreTargets:
 
     def rows(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Each sample's object rows, (k, 6) float64 (read-only views); empty rows without boxes."""
-        if self.offsets is None or self.objects is None:
-            return [np.empty((0, 6)) for _ in indices]
-        off = self.offsets
-        return [self.objects[off[i]:off[i + 1]] for i in np.asarray(indices, dtype=np.int64).tolist()]
+        return object_rows(self.offsets, self.objects, indices)
 
     def counts(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Each sample's object count, int64."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if self.offsets is None:
-            return np.zeros(len(idx), dtype=np.int64)
-        return self.offsets[idx + 1] - self.offsets[idx]
+        return object_counts(self.offsets, indices)
 
     def frames_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """(n, 4) float64: each sample's sx, sy, tx, ty."""

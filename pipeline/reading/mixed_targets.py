@@ -25,7 +25,7 @@ import numpy as np
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.format import MaskKind
-from tilefeed.store.targets import StoreTargets
+from tilefeed.store.targets import StoreTargets, object_counts, object_rows
 
 BACKGROUND_CLASS: Final = "background"  # the semantic class a background image's pixels get
 
@@ -179,17 +179,11 @@ class MixedTargets:
 
     def rows(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Each sample's object rows, (k, 6) float64 (read-only views); empty rows without boxes."""
-        if self.offsets is None or self.objects is None:
-            return [np.empty((0, 6)) for _ in np.asarray(indices).reshape(-1)]
-        off = self.offsets
-        return [self.objects[off[i]:off[i + 1]] for i in np.asarray(indices, dtype=np.int64).tolist()]
+        return object_rows(self.offsets, self.objects, indices)
 
     def counts(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Each sample's object count, int64."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if self.offsets is None:
-            return np.zeros(len(idx), dtype=np.int64)
-        return self.offsets[idx + 1] - self.offsets[idx]
+        return object_counts(self.offsets, indices)
 
     def frames_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """(n, 4) float64: each sample's sx, sy, tx, ty; a ConfigError for a sample of a store
