@@ -121,3 +121,32 @@ def test_a_batchs_targets_are_the_oracles_chain(moved: bool) -> None:
         want = np.where(f.hflip[:, None, None], ref.affine_masks(want, a, 255)[:, :, ::-1],
                         ref.affine_masks(want, a, 255))
     np.testing.assert_array_equal(host(semantic.masks), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_masks_are_the_oracles_and_stay_there() -> None:
+    """The same functions on CUDA tensors: every result on the device, equal to the oracle."""
+    rng = np.random.default_rng(5)
+    tile, size = 64, 48
+    objects, ids = instance_batch(rng, tile)
+    f = framing(rng, tile, size)
+    a = affines(rng, size, size)
+    cuda = torch.from_numpy(ids).cuda()
+    framed = transform_masks(f, cuda, 255)
+    assert framed.is_cuda
+    np.testing.assert_array_equal(host(framed), ref.transform_masks(f, ids, 255))
+    moved = affine_masks(framed, a, 255)
+    assert moved.is_cuda
+    np.testing.assert_array_equal(host(moved), ref.affine_masks(ref.transform_masks(f, ids, 255), a, 255))
+    kept = transform_boxes(f, objects)
+    plain = ref.transform_masks(f, ids)
+    on_device = transform_masks(f, cuda)
+    for got, want in zip(instance_masks(on_device, kept), ref.instance_masks(plain, kept), strict=True):
+        assert got.is_cuda
+        np.testing.assert_array_equal(host(got), want)
+    np.testing.assert_array_equal(host(remap_ids(on_device, kept)), ref.remap_ids(plain, kept))
+    whole = frame_targets(f, parse_targets(("boxes", "masks")), objects, cuda, "instance", affines=a)
+    on_host = frame_targets(f, parse_targets(("boxes", "masks")), objects, ids, "instance", affines=a)
+    assert whole.masks is not None and whole.masks.is_cuda
+    np.testing.assert_array_equal(host(whole.masks), host(on_host.masks))
