@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,8 +129,8 @@ class Feed:
             if ready is not None:  # a GPU batch: the consumer's stream starts after its copy
                 stream = torch.cuda.current_stream(self.device)
                 stream.wait_event(ready)
-                for tensor in out.values():
-                    if isinstance(tensor, torch.Tensor):  # targets are host tensors, in lists
+                for tensor in _tensors(out):  # images, labels, and the targets' device tensors
+                    if tensor.is_cuda:
                         tensor.record_stream(stream)
         self._position = (tag.epoch + 1, 0) if tag.last else (tag.epoch, tag.batch + 1)
         return tag, out
@@ -286,6 +286,18 @@ class Feed:
                 return False
         self._clear()
         return not self.broken
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a hand-over's entries: tensors, and dicts and lists of them (targets)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
 
 
 @atexit.register

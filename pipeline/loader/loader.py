@@ -179,7 +179,8 @@ class Loader:
         (an instance store's per-object masks with their boxes). They follow each sample's crop,
         resize and flips (``pipeline.targets``: torchvision v2's geometry, boxes clamped and
         sanitised as ``ClampBoundingBoxes`` + ``SanitizeBoundingBoxes``, masks by nearest
-        sampling) and take the labels' place in the batch. In evaluation the whole tile is
+        sampling) and take the labels' place in the batch, on the images' device (a GPU Loader
+        makes the masks there, on its side stream). In evaluation the whole tile is
         framed (the letterbox as stored), and ``boxes_to_source`` maps boxes back to the source
         image. Of a ``Mix``, each sample's from its own store (``Mix(background=)`` names the
         stores without targets whose images hold no objects). Part of the resume state's identity.

@@ -9,9 +9,13 @@ targets are exactly as deterministic as its crops: a resumed epoch, on any world
 them bit for bit.
 
 This runs on the Loader's feeding thread, beside the recipe's per-batch operations, so its time
-overlaps the training step. Like them, a ``BatchTargets`` is a plain record of settings (the
-store's reader aside, which the graph holds anyway): two are equal when they make the same
-targets for the same batch.
+overlaps the training step. The boxes are worked out on the host (a few numbers an object); the
+masks, the heavy part, are made on the batch's device: on a GPU Loader the mask tiles are read
+into pinned memory, copied without blocking on the feed's side stream, and gathered, moved and
+split into per-object masks there, so a batch's targets come on the device of its images (boxes,
+labels, crowd flags and counts copied over, one copy a field). Like the per-batch operations, a
+``BatchTargets`` is a plain record of settings (the store's reader aside, which the graph holds
+anyway): two are equal when they make the same targets for the same batch.
 """
 
 from __future__ import annotations
@@ -21,16 +25,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.crops import StoreObjects, graph_inputs, iou_windows, sent_names
 from tilefeed.pipeline.recipe.policies import GEOMETRIC, OPS
 from tilefeed.pipeline.recipe.recipe import Crop
 from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.targets.affine import Affines
 from tilefeed.pipeline.targets.batches import FramedTargets, Targets, TargetsLayout, frame_targets
 from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.objects import Objects
+from tilefeed.store.targets import StoreTargets
 
 TARGETS = "targets"  # the hand-over's entry that holds them
 
@@ -145,8 +152,9 @@ class BatchTargets:
     reader: AnyReader | None = field(default=None, compare=False)
     keys: np.ndarray | None = field(default=None, compare=False)
 
-    def framed(self, samples: np.ndarray, keys: np.ndarray | None = None) -> FramedTargets:
-        """The targets of ``samples`` (store indices) in output pixels, on the host.
+    def framed(self, samples: np.ndarray, keys: np.ndarray | None = None,
+               device: torch.device | None = None) -> FramedTargets:
+        """The targets of ``samples`` (store indices) in output pixels.
 
         Parameters
         ----------
@@ -154,6 +162,8 @@ class BatchTargets:
             The batch's store indices, in order.
         keys : numpy.ndarray, optional
             Their crop keys (None: the samples).
+        device : torch.device, optional
+            Where the masks are made (a CUDA device: on its current stream); default the host.
 
         Returns
         -------
@@ -179,16 +189,29 @@ class BatchTargets:
                 objects = objects.select(drawn.keep)
         masks = None
         if Targets.MASKS in self.asked:
-            masks = np.empty((len(samples), store.tile, store.tile), dtype=np.uint8)
-            store.read_masks_into(samples, masks)
+            masks = self._read_masks(store, samples, device)
         return frame_targets(framing, self.asked, objects, masks, store.masks, self.min_size, self.min_area,
                              policy_affines(self.augment, inputs))
 
+    @staticmethod
+    def _read_masks(store: StoreTargets | MixedTargets, samples: np.ndarray,
+                    device: torch.device | None) -> torch.Tensor:
+        """The batch's mask tiles on ``device``: read on the host (into pinned memory for a GPU,
+        then copied on its current stream without blocking the feeding thread)."""
+        shape = (len(samples), store.tile, store.tile)
+        cuda = device is not None and device.type == "cuda"
+        tiles = torch.empty(shape, dtype=torch.uint8, pin_memory=cuda)
+        store.read_masks_into(samples, tiles.numpy())
+        # the pinned buffer is reused only once the copy is done (torch's host allocator waits)
+        return tiles.to(device, non_blocking=True) if cuda else tiles
+
     def __call__(self, out: dict[str, Any], batch: int) -> None:
-        """Add batch ``batch``'s targets to the hand-over's ``out``, in ``layout``."""
+        """Add batch ``batch``'s targets to the hand-over's ``out``, in ``layout``, on the device
+        of its images."""
         samples = out["indices"].reshape(-1).cpu().numpy()
         keys = None if self.keys is None else self.keys[batch * self.batch_size : batch * self.batch_size
                                                         + len(samples)]
-        framed = self.framed(samples, keys)
+        device = out["images"].device
+        framed = self.framed(samples, keys, device)
         padded = self.layout is TargetsLayout.PADDED
-        out[TARGETS] = framed.as_padded(self.max_objects) if padded else framed.as_dicts()
+        out[TARGETS] = framed.as_padded(self.max_objects, device) if padded else framed.as_dicts(device)

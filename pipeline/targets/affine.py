@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from tilefeed.pipeline.targets.masks import MaskBatch, as_masks, to_device
 from tilefeed.pipeline.targets.objects import Objects
 from tilefeed.store.errors import ConfigError
 
@@ -131,7 +133,7 @@ def affine_boxes(objects: Objects, affines: Affines, size: np.ndarray) -> Object
     return objects.with_boxes(b)
 
 
-def affine_masks(masks: np.ndarray, affines: Affines, fill: int = 0) -> np.ndarray:
+def affine_masks(masks: MaskBatch, affines: Affines, fill: int = 0) -> torch.Tensor:
     """Each sample's mask through its geometric ops, slot after slot, with nearest sampling as
     torchvision's tensor kernel samples a ``Mask``: output pixel ``(x, y)`` takes the source
     pixel nearest to ``M (x + 0.5, y + 0.5) - 0.5`` (a tie rounds to even, as ``grid_sample``'s
@@ -139,8 +141,8 @@ def affine_masks(masks: np.ndarray, affines: Affines, fill: int = 0) -> np.ndarr
 
     Parameters
     ----------
-    masks : numpy.ndarray
-        (n, H, W) uint8 masks in output pixels (class ids or instance ids).
+    masks : torch.Tensor or numpy.ndarray
+        (n, H, W) uint8 masks in output pixels (class ids or instance ids), on any device.
     affines : Affines
         One row per sample.
     fill : int
@@ -148,41 +150,67 @@ def affine_masks(masks: np.ndarray, affines: Affines, fill: int = 0) -> np.ndarr
 
     Returns
     -------
-    numpy.ndarray
-        (n, H, W) uint8.
+    torch.Tensor
+        (n, H, W) uint8 on the masks' device.
     """
-    masks = np.asarray(masks)
-    if masks.ndim != 3 or len(masks) != len(affines):
-        raise ConfigError(f"affine_masks: expected ({len(affines)}, H, W) masks, got {masks.shape}")
-    out = masks.copy()
-    n, h, w = masks.shape
-    for i in range(n):
-        for k in np.flatnonzero(affines.moved[i]).tolist():
-            sx, sy = _nearest(affines.matrices[i, k], h, w)
-            inside = (sx >= 0) & (sx <= w - 1) & (sy >= 0) & (sy <= h - 1)
-            warped = np.full((h, w), fill, dtype=masks.dtype)
-            warped[inside] = out[i][sy[inside], sx[inside]]
-            out[i] = warped
+    if len(masks) != len(affines):
+        raise ConfigError(f"affine_masks: expected ({len(affines)}, H, W) masks, got {tuple(masks.shape)}")
+    out = as_masks(masks, len(affines), "affine_masks").clone()
+    _, h, w = out.shape
+    for k in range(affines.moved.shape[1]):  # slot after slot; the samples a slot moves at once
+        rows = np.flatnonzero(affines.moved[:, k])
+        if len(rows):
+            out[to_device(rows, out.device)] = _warp(out[to_device(rows, out.device)],
+                                                     affines.matrices[rows, k], fill)
     return out
 
 
-def _nearest(matrix: np.ndarray, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """(h, w) int64 source columns and rows nearest sampling reads for each output pixel, in
-    the float32 steps of torchvision's ``_affine_grid`` and ``grid_sample`` (centred
-    coordinates, the matrix divided by the half sides, then unnormalised), so pixel centres that
-    land on a tie mostly round as there."""
+def _warp(masks: torch.Tensor, matrices: np.ndarray, fill: int) -> torch.Tensor:
+    """(m, H, W) masks, each through its own (2, 3) matrix with nearest sampling.
+
+    Each source position is ``(x * r0 + y * r1) + r2`` per axis, in the float32 steps of
+    torchvision's ``_affine_grid`` and ``grid_sample`` (centred coordinates, the matrix divided by
+    the half sides, then unnormalised), so centres that land on a tie mostly round as there. The
+    two products are (m, W) and (m, H) numbers worked out on the host (``_grid_terms``); their
+    sums, the unnormalising, the rounding and the gather run on the masks' device. A position
+    outside the source is clamped onto a one-pixel border of ``fill`` around it, which the
+    gather then reads: no mask of the outside is formed."""
+    m, h, w = masks.shape
+    device = masks.device
+    x_terms, y_terms, constants = (to_device(a, device) for a in _grid_terms(matrices, h, w))
+    sides = torch.tensor([w, h], dtype=torch.float32, device=device).view(1, 2, 1, 1)
+    grid = x_terms[:, :, None, :] + y_terms[:, :, :, None]  # (m, 2, H, W): x then y source
+    grid.add_(constants[:, :, None, None]).add_(1.0).mul_(sides).sub_(1.0).div_(2.0)
+    grid.round_()  # half to even, as np.rint and grid_sample's nearbyint
+    bordered = torch.nn.functional.pad(masks, (1, 1, 1, 1), value=fill)
+    wide = torch.int64 if m * (h + 2) * (w + 2) >= 2**31 else torch.int32
+    sx = grid[:, 0].clamp_(-1.0, float(w)).to(wide).add_(1)
+    sy = grid[:, 1].clamp_(-1.0, float(h)).to(wide).add_(1)
+    base = torch.arange(m, dtype=wide, device=device).mul_((h + 2) * (w + 2)).view(m, 1, 1)
+    index = sy.mul_(w + 2).add_(sx).add_(base)
+    return bordered.reshape(-1).index_select(0, index.view(-1)).view(m, h, w)
+
+
+def _grid_terms(matrices: np.ndarray, h: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For (m, 2, 3) output-to-input matrices: (m, 2, W) float32 ``x * r0``, (m, 2, H)
+    ``y * r1`` and (m, 2) ``r2``, per axis (source x, source y) the terms of ``_warp``'s
+    positions, with ``x``, ``y`` the centred output coordinates and ``r`` the matrix's row in
+    ``_affine_grid``'s normalised form."""
     f = np.float32
-    a = matrix[:, :2]
-    centre = np.array([w * 0.5, h * 0.5])
-    theta = np.concatenate([a, (matrix[:, 2] + a @ centre - centre)[:, None]], axis=1).astype(f)
     xs = np.arange(w, dtype=f) - f((w - 1) * 0.5)
     ys = np.arange(h, dtype=f) - f((h - 1) * 0.5)
-    x, y = np.meshgrid(xs, ys)
-    out = []
-    for row, side in ((theta[0] / f(0.5 * w), w), (theta[1] / f(0.5 * h), h)):
-        g = (x * row[0] + y * row[1]) + row[2]
-        out.append(np.rint(((g + f(1)) * f(side) - f(1)) / f(2)).astype(np.int64))
-    return out[0], out[1]
+    centre = np.array([w * 0.5, h * 0.5])
+    m = len(matrices)
+    x_terms = np.empty((m, 2, w), f)
+    y_terms = np.empty((m, 2, h), f)
+    constants = np.empty((m, 2), f)
+    for j, matrix in enumerate(matrices):
+        a = matrix[:, :2]
+        theta = np.concatenate([a, (matrix[:, 2] + a @ centre - centre)[:, None]], axis=1).astype(f)
+        for axis, side in ((0, w), (1, h)):
+            row = theta[axis] / f(0.5 * side)
+            x_terms[j, axis], y_terms[j, axis], constants[j, axis] = xs * row[0], ys * row[1], row[2]
+    return x_terms, y_terms, constants
 
 
 def hflip_boxes(objects: Objects, hflip: np.ndarray, size: np.ndarray) -> Objects:

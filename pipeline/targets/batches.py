@@ -18,7 +18,7 @@ import torch
 
 from tilefeed.pipeline.targets.affine import Affines, affine_boxes, affine_masks, hflip_boxes
 from tilefeed.pipeline.targets.geometry import Framing, check_thresholds, frame_boxes, sanitize, transform_boxes
-from tilefeed.pipeline.targets.masks import instance_masks, remap_ids, transform_masks
+from tilefeed.pipeline.targets.masks import MaskBatch, instance_masks, remap_ids, to_device, transform_masks
 from tilefeed.pipeline.targets.objects import Objects
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.format import MaskKind
@@ -90,27 +90,34 @@ def check_targets(asked: frozenset[Targets], boxes: bool, masks: MaskKind | str 
 
 @dataclass(frozen=True)
 class FramedTargets:
-    """A batch's targets in output pixels, on the host.
+    """A batch's targets in output pixels: boxes on the host, masks where they were made.
 
     Attributes
     ----------
     objects : Objects or None
         The surviving boxes (None without ``Targets.BOXES``).
-    masks : numpy.ndarray or None
+    masks : torch.Tensor or None
         (n, S, S) uint8: semantic class ids, or instance ids renumbered for the surviving
         boxes (sample ``i``'s ``m``-th box is ``m + 1``, 0 background); None without masks.
+        On the device the mask tiles were given on.
     kind : MaskKind or None
         What ``masks`` holds.
     """
 
     objects: Objects | None
-    masks: np.ndarray | None
+    masks: torch.Tensor | None
     kind: MaskKind | None
 
-    def as_dicts(self) -> list[dict[str, torch.Tensor]]:
+    def as_dicts(self, device: torch.device | str | None = None) -> list[dict[str, torch.Tensor]]:
         """torchvision's detection targets: per image ``boxes`` float32 (k, 4) XYXY, ``labels``
         int64 (k,), ``iscrowd`` int64 (k,), and ``masks``: uint8 (k, S, S) per object for an
         instance store, (S, S) class ids for a semantic one.
+
+        Parameters
+        ----------
+        device : torch.device or str, optional
+            Where the boxes, labels and crowd flags go (one copy a field for the batch, each
+            image's a view of it); default the masks' device, else the host.
 
         Returns
         -------
@@ -119,24 +126,27 @@ class FramedTargets:
         """
         n = len(self.objects) if self.objects is not None else len(self.masks if self.masks is not None else [])
         out: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
+        place = self._device(device)
         if self.objects is not None:
             o = self.objects
-            for i in range(n):
-                rows = slice(int(o.offsets[i]), int(o.offsets[i + 1]))
-                out[i]["boxes"] = torch.from_numpy(o.boxes[rows].astype(np.float32))
-                out[i]["labels"] = torch.from_numpy(o.labels[rows].astype(np.int64))
-                out[i]["iscrowd"] = torch.from_numpy(o.iscrowd[rows].astype(np.int64))
+            sections = o.counts.tolist()
+            for key, values in (("boxes", o.boxes.astype(np.float32)), ("labels", o.labels.astype(np.int64)),
+                                ("iscrowd", o.iscrowd.astype(np.int64))):
+                for i, part in enumerate(torch.split(to_device(values, place), sections)):
+                    out[i][key] = part
         if self.masks is not None:
+            masks = self.masks.to(place, non_blocking=True)
             if self.kind is MaskKind.INSTANCE:
                 assert self.objects is not None  # check_targets: instance masks come with boxes
-                for i, m in enumerate(instance_masks(self.masks, _renumbered(self.objects))):
-                    out[i]["masks"] = torch.from_numpy(m)
+                for i, m in enumerate(instance_masks(masks, _renumbered(self.objects))):
+                    out[i]["masks"] = m
             else:
                 for i in range(n):
-                    out[i]["masks"] = torch.from_numpy(self.masks[i])
+                    out[i]["masks"] = masks[i]
         return out
 
-    def as_padded(self, max_objects: int | None = None) -> dict[str, torch.Tensor]:
+    def as_padded(self, max_objects: int | None = None,
+                  device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
         """Fixed shapes: ``boxes`` float32 (n, K, 4) (zeros past the count), ``labels`` int64
         (n, K) (-1 past it), ``iscrowd`` int64 (n, K) (0), ``counts`` int64 (n,), and
         ``masks`` uint8 (n, S, S) (semantic ids, or instance ids where box slot ``m`` is id
@@ -147,6 +157,8 @@ class FramedTargets:
         max_objects : int, optional
             K; default the batch's largest count. A sample with more boxes is an error, never
             a silent cut.
+        device : torch.device or str, optional
+            Where the tensors go; default the masks' device, else the host.
 
         Returns
         -------
@@ -154,6 +166,7 @@ class FramedTargets:
             The padded batch.
         """
         out: dict[str, torch.Tensor] = {}
+        place = self._device(device)
         if self.objects is not None:
             o = self.objects
             counts = o.counts
@@ -167,11 +180,16 @@ class FramedTargets:
             labels = np.full((len(o), k), PAD_LABEL, np.int64)
             crowd = np.zeros((len(o), k), np.int64)
             boxes[rows, slots], labels[rows, slots], crowd[rows, slots] = o.boxes, o.labels, o.iscrowd
-            out.update(boxes=torch.from_numpy(boxes), labels=torch.from_numpy(labels),
-                       iscrowd=torch.from_numpy(crowd), counts=torch.from_numpy(counts.astype(np.int64)))
+            out.update(boxes=to_device(boxes, place), labels=to_device(labels, place),
+                       iscrowd=to_device(crowd, place), counts=to_device(counts.astype(np.int64), place))
         if self.masks is not None:
-            out["masks"] = torch.from_numpy(np.ascontiguousarray(self.masks))
+            out["masks"] = self.masks.to(place, non_blocking=True)
         return out
+
+    def _device(self, device: torch.device | str | None) -> torch.device:
+        if device is not None:
+            return torch.device(device)
+        return self.masks.device if self.masks is not None else torch.device("cpu")
 
 
 def _renumbered(objects: Objects) -> Objects:
@@ -181,7 +199,7 @@ def _renumbered(objects: Objects) -> Objects:
 
 
 def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects | None = None,
-                  masks: np.ndarray | None = None, kind: MaskKind | str | None = None,
+                  masks: MaskBatch | None = None, kind: MaskKind | str | None = None,
                   min_size: float = 1.0, min_area: float = 1.0,
                   affines: Affines | None = None) -> FramedTargets:
     """A batch's stored targets through its framing: boxes moved, clamped and sanitised
@@ -199,8 +217,9 @@ def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects 
         What the batch holds (``parse_targets``).
     objects : Objects, optional
         The batch's boxes in tile pixels (``Objects.gather``), needed with ``Targets.BOXES``.
-    masks : numpy.ndarray, optional
-        (n, T, T) uint8 mask tiles, needed with ``Targets.MASKS``.
+    masks : torch.Tensor or numpy.ndarray, optional
+        (n, T, T) uint8 mask tiles, needed with ``Targets.MASKS``; the masks are made on their
+        device (a host array: the host).
     kind : MaskKind or str, optional
         What the mask tiles hold.
     min_size, min_area : float
@@ -237,7 +256,9 @@ def frame_targets(framing: Framing, asked: frozenset[Targets], objects: Objects 
         framed = transform_masks(first, masks, fill)
         if affines is not None:
             framed = affine_masks(framed, affines, fill)
-            framed = np.where(hflip[:, None, None], framed[:, :, ::-1], framed)
+            if hflip.any():
+                mirrored = to_device(np.flatnonzero(hflip), framed.device)
+                framed[mirrored] = framed[mirrored].flip(-1)
         if mask_kind is MaskKind.INSTANCE and kept is not None:
             framed = remap_ids(framed, kept)
     return FramedTargets(kept, framed, mask_kind if framed is not None else None)

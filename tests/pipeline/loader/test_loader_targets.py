@@ -327,16 +327,33 @@ def test_semantic_masks_follow_the_crop_as_torchvisions(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_targets_on_a_gpu_are_the_cpus(coco_store: tuple[Path, ...]) -> None:
-    """On a GPU the batch's images come from the device graph; its targets, made on the host
-    from the same draws, equal the CPU path's bit for bit."""
+@pytest.mark.parametrize("policy", [None, "ta_wide"])
+def test_targets_on_a_gpu_are_the_cpus(coco_store: tuple[Path, ...], policy: str | None) -> None:
+    """On a GPU the batch's images come from the device graph and its masks are made on the
+    device from the same draws (with a policy: moved there too); every target comes on the
+    device and equals the CPU path's bit for bit, in both layouts."""
     store = coco_store[0]
+    recipe = {} if policy is None else {"recipe": Recipe(auto_augment=AutoAugment.parse(policy))}
     out: dict[str, dict[int, Any]] = {}
+    padded: dict[str, list[Any]] = {}
     for device in ("cpu", "cuda"):
-        with Loader(store, 4, targets=("boxes", "masks"), device=device, **OPTS) as loader:
-            out[device] = by_sample(list(loader))
+        with Loader(store, 4, targets=("boxes", "masks"), device=device, **recipe, **OPTS) as loader:
+            batches = list(loader)
+            for _, targets, _ in batches:
+                for target in targets:
+                    assert all(value.device.type == device for value in target.values())
+            out[device] = {i: {k: v.cpu() for k, v in t.items()} for i, t in by_sample(batches).items()}
+        with Loader(store, 4, targets=("boxes", "masks"), targets_layout="padded", device=device, **recipe,
+                    **OPTS) as loader:
+            padded[device] = []
+            for _, targets, _ in loader:
+                assert all(value.device.type == device for value in targets.values())
+                padded[device].append({k: v.cpu() for k, v in targets.items()})
     assert out["cpu"].keys() == out["cuda"].keys()
     assert all(same_target(out["cpu"][i], out["cuda"][i]) for i in out["cpu"])
+    assert sum(int(t["masks"].sum()) for t in out["cpu"].values()) > 0  # masks with pixels compared
+    assert len(padded["cpu"]) == len(padded["cuda"]) > 0
+    assert all(same_target(a, b) for a, b in zip(padded["cpu"], padded["cuda"], strict=True))
 
 
 def test_no_crop_trains_on_the_whole_letterbox_with_the_flips(coco_store: tuple[Path, ...]) -> None:

@@ -114,11 +114,11 @@ def test_boxes_and_masks_equal_torchvisions_op(policy: str, name: str, b: int, s
     mask[rng.random((H, W)) < 0.1] = 0
     want_mask = torchvision_op(cls, tv_tensors.Mask(torch.from_numpy(mask[None].copy())), name,
                                magnitude).numpy()[0]
-    got_mask = affine_masks(mask[None], affines, fill=0)[0]
+    got_mask = affine_masks(mask[None], affines, fill=0)[0].numpy()
     differ, near = got_mask != want_mask, near_ties(affines)
     assert not (differ & ~near).any(), f"{(differ & ~near).sum()} pixels differ away from ties"
     assert differ.mean() < 0.04  # a few ties only (a 45 degree turn's diagonal: 3%)
-    shifted = affine_masks(mask[None], other, fill=0)[0]
+    shifted = affine_masks(mask[None], other, fill=0)[0].numpy()
     assert (shifted != want_mask).mean() > 0.01
 
 

@@ -39,7 +39,7 @@ def test_masks_equal_torchvision_for_random_resized_crops_and_flips(tile: int, s
     crops = crop_params(n, tile, seed=size)
     hflip, vflip = rng.integers(0, 2, n), rng.integers(0, 2, n)
     out = transform_masks(Framing.windows(crops[:, :2], crops[:, :2] + crops[:, 2:], size, hflip, vflip), masks)
-    assert out.shape == (n, size, size) and out.dtype == np.uint8
+    assert out.shape == (n, size, size) and out.dtype == torch.uint8
     for i in range(n):
         np.testing.assert_array_equal(out[i], reference_mask(masks[i], crops[i], size, bool(hflip[i]),
                                                              bool(vflip[i])), err_msg=f"sample {i}")
@@ -127,5 +127,5 @@ def test_mask_refusals() -> None:
     framing = Framing.windows(np.zeros((2, 2)), np.full((2, 2), 8.0), np.array([[8, 8], [4, 4]]))
     with pytest.raises(ConfigError, match="one whole-pixel size"):
         transform_masks(framing, np.zeros((2, 8, 8), np.uint8))
-    with pytest.raises(ConfigError, match="mask tiles"):
+    with pytest.raises(ConfigError, match=r"expected \(2, H, W\) uint8 masks"):
         transform_masks(framing, np.zeros((3, 8, 8), np.uint8))
