@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -223,9 +224,13 @@ def _yolo(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets:
     normalised to the image's size. No label file means no objects (YOLO's background image)."""
     label, shown = target_file(job, path)
     try:
-        with open(label, "rb") as f:
-            # its size checked on the open file, before a byte is read
-            nbytes = os.fstat(f.fileno()).st_size
+        # non-blocking: the open of a pipe would itself wait for a writer
+        with open(os.open(label, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            # its kind and size checked on the open file, before a byte is read
+            stats = os.fstat(f.fileno())
+            if not stat.S_ISREG(stats.st_mode):
+                raise Rejected(f"unreadable labels: {shown}: not a regular file")
+            nbytes = stats.st_size
             if nbytes > MAX_LABEL_BYTES:
                 raise Rejected(f"labels too large: {shown} is {nbytes} bytes, over the {MAX_LABEL_BYTES >> 20} "
                                "MiB a label file may hold")

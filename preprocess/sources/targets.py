@@ -195,7 +195,8 @@ def _read_annotations(path: Path, where: str, most: int) -> bytes:
                            "--max-annotations-size raises it")
 
     try:
-        with open(path, "rb") as f:
+        # non-blocking: the open of a pipe would itself wait for a writer
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
             stats = os.fstat(f.fileno())
             if not stat.S_ISREG(stats.st_mode):
                 raise SourceError(f"{where}: not a regular file")

@@ -282,6 +282,29 @@ def test_a_label_file_over_the_limit_rejects_its_image_and_the_run_completes(tmp
     assert load_attrs(out)["accepted"] == 3
 
 
+def test_a_pipe_in_place_of_an_annotations_or_label_file_never_blocks(tmp_path: Path) -> None:
+    """A named pipe (nothing ever writes to it) given as the COCO file refuses the run in one
+    line, and one in place of a YOLO label file rejects its image: the open does not wait."""
+    from tests.preprocess.targets_data import write_yolo
+
+    src = write_folder(tmp_path / "src", classes=1, per_class=2)
+    pipe = tmp_path / "instances.json"
+    os.mkfifo(pipe)
+    run = bounded(run_measured("preprocess", str(src / "c0"), str(tmp_path / "out"), "--annotations",
+                               str(pipe), *ARGS))
+    run.refused(str(pipe), "not a regular file")
+    yolo = write_yolo(tmp_path / "yolo", images=4)
+    label = yolo.src / "labels" / "002.txt"
+    label.unlink()
+    os.mkfifo(label)
+    out = tmp_path / "yolo-out"
+    done = bounded(run_measured("preprocess", str(yolo.src), str(out), "--yolo", *ARGS))
+    assert done.returncode == 0, done.output
+    reasons = {os.path.basename(r["path"]): r["reason"] for r in load_attrs(out)["rejects"]}
+    assert reasons["002.jpg"] == "unreadable labels: labels/002.txt: not a regular file"
+    assert load_attrs(out)["accepted"] == 3
+
+
 # -- names and secrets ----------------------------------------------------------------------------
 def test_a_file_name_that_is_not_utf8_is_a_reject_and_the_run_completes(tmp_path: Path) -> None:
     src = write_folder(tmp_path / "src", classes=2, per_class=2)
