@@ -29,7 +29,10 @@ from tilefeed.store.errors import ConfigError
 # 7: a Loader may hand over boxes and masks: the state names which (and how laid out), since a
 # batch resumed under others would not be the batch the interrupted run trained on
 # 8: a recipe names its fill (the colour past the picture of the crops that pad), so every
-# recipe's identity holds it: a version 7 state's recipe would read as another recipe
+# recipe's identity holds it: a version 7 state's recipe would read as another recipe; and the
+# auto-augment policies take torchvision's own magnitude tables (torch's linspace, an ulp off
+# numpy's at some bins: TrivialAugmentWide's translation at bin 15 moves 15 px, not 16), so a
+# version 7 state's epoch would not resume on the pixels it began with
 STATE_VERSION = 8
 
 

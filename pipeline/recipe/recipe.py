@@ -254,7 +254,8 @@ class Recipe:
         The RGB value of output pixels past the picture, for the crops that pad (``"lsj"``,
         ``"zoom_iou"``): torchvision's ``fill`` of ``RandomZoomOut`` and of the reference's
         ``FixedSizeCrop`` (its detection presets pass the mean, (123, 117, 104)); one number
-        means all three. Masks are padded with 0, as those presets pad them. Those crops take
+        means all three. Instance masks are padded with 0, as those presets pad them, semantic
+        masks with 255 (ignore). Those crops take
         no vertical flip and no auto-augment policy (refused).
 
     Notes
