@@ -138,7 +138,8 @@ def preprocess(
         Settings added to the cloud's standard configuration, for bucket URLs.
     targets : TargetOptions, optional
         Boxes and masks read beside the images (a COCO file, a YOLO folder, semantic masks):
-        mapped into each tile with its pixels and stored with them (resize or grid mode; OUT a folder or a bucket URL).
+        mapped into each tile with its pixels and stored with them (resize or grid mode; OUT a
+        folder or a bucket URL).
 
     Returns
     -------

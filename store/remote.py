@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -133,6 +134,7 @@ class RemoteStore:
         # the masks' read-ahead follows the images' plan once a mask is read: a Loader that asks
         # for no masks fetches none
         self.masks_read = False
+        self._mask_lock = threading.Lock()
         self._plan: tuple[np.ndarray, int, int] | None = None
 
     def plan(self, indices: np.ndarray, window: int, depth: int) -> None:
@@ -146,10 +148,10 @@ class RemoteStore:
     def mask_shard(self, shard: int) -> None:
         """Masks shard ``shard`` in the mirror, fetched and checked first if needed."""
         assert self.mask_cache is not None
-        if not self.masks_read:
-            self.masks_read = True
-            if self._plan is not None:  # the rest of this epoch's masks fetched ahead too
-                self.mask_cache.plan(*self._plan)
+        with self._mask_lock:  # reader threads ask at once: the first plans, once
+            first, self.masks_read = not self.masks_read, True
+        if first and self._plan is not None:  # the rest of this epoch's masks fetched ahead too
+            self.mask_cache.plan(*self._plan)
         self.mask_cache.fetch(shard)
 
     def close(self) -> None:

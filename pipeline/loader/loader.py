@@ -317,10 +317,10 @@ class Loader:
             return None
         store = self.reader.targets
         if isinstance(store, MixedTargets):  # each store's boxes, or a background store's none
-            store.check(boxes=True, masks=False, what="crop='iou'")
+            store.check(boxes=True, masks=False, what=f"crop={recipe.crop.value!r}")
         if store is None or store.offsets is None or store.objects is None:
-            raise ConfigError("crop='iou' draws each window against the sample's stored boxes: read a "
-                              "store made with boxes (--annotations or --yolo)")
+            raise ConfigError(f"crop={recipe.crop.value!r} draws each window against the sample's stored "
+                              "boxes: read a store made with boxes (--annotations or --yolo)")
         return store.offsets, store.objects
 
     def _check_targets(self, s: LoaderSettings) -> None:

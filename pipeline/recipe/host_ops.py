@@ -183,7 +183,9 @@ def adjust_contrast(image: Image.Image, factor: float) -> Image.Image:
     return image.point(_blend_table(mean, float(factor)))
 
 
-@functools.lru_cache(maxsize=4096)  # a policy has a few dozen factors; jitter draws are bounded by it
+# a table costs a 256-pixel blend; the cache spares a policy's repeated bins (colour jitter's
+# continuous factors rarely repeat, and only churn it: kept small)
+@functools.lru_cache(maxsize=512)
 def _blend_table(base: int, factor: float) -> list[int]:
     """``Image.blend(constant base, picture, factor)`` for every byte value, three bands over:
     PIL's own arithmetic (its float rounding and clamping), run on a ramp."""

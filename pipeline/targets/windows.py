@@ -411,8 +411,10 @@ def pasted(start: np.ndarray, end: np.ndarray, pictures: np.ndarray, size: int) 
     The window maps linearly onto the output (``Framing.windows``); the picture's edges land
     at ``(edge - start) * size / (end - start)``, rounded to whole output pixels (half up):
     exact where they are whole already (large-scale jitter's, and any window at one output
-    pixel per tile pixel), else within half an output pixel of the boxes. A window that misses
-    its picture keeps one pixel of it, placed past the output: the output is all fill.
+    pixel per tile pixel), else within half an output pixel of the boxes; a sliver of picture
+    narrower than that still paints one whole output pixel (a cut is at least one pixel wide).
+    A window that misses its picture keeps one pixel of it, placed past the output: the output
+    is all fill.
 
     Parameters
     ----------
