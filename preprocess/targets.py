@@ -301,8 +301,9 @@ def _semantic(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets
         allowed[MASK_IGNORE] = True
         bad = ~allowed[mask]
         if bad.any():
+            table = "the annotations file's categories" if job.kind is TargetKind.COCO else "classes.txt"
             raise Rejected(f"unknown category: {mask_path} holds class id {int(mask[bad][0])}, not in "
-                           "classes.txt")
+                           f"{table}")
     empty = _empty()
     return SourceTargets(empty.boxes, empty.categories, empty.crowd, semantic=mask)
 

@@ -104,8 +104,14 @@ def scan_targets(src: Path, options: TargetOptions, exclude: Path | None, sink: 
             if (Path(options.masks) / CLASSES_TXT).exists():
                 raise SourceError(f"--masks {options.masks!r} with --annotations: the masks' class ids are the "
                                   f"annotation file's category ids, which its {CLASSES_TXT} would name again")
-        return _scan_coco(src, Path(options.annotations), options.mask_kind, sink, scratch,
-                          options.max_annotations_size, mask_dir)
+        scanned = _scan_coco(src, Path(options.annotations), options.mask_kind, sink, scratch,
+                             options.max_annotations_size, mask_dir)
+        wide = [i for i in scanned[1].job.category_ids if not 0 <= i < MASK_IGNORE]
+        if mask_dir and wide:  # an 8-bit mask holds 0..254, and 255 is "ignore"
+            raise SourceError(f"--masks with --annotations {options.annotations!r}: category id {wide[0]} "
+                              f"cannot be a mask's class id (8-bit masks hold 0 to {MASK_IGNORE - 1}; "
+                              f"{MASK_IGNORE} means ignore)")
+        return scanned
     if kind is TargetKind.YOLO:
         images, labels = src / YOLO_IMAGES, src / YOLO_LABELS
         if not images.is_dir() or not labels.is_dir():

@@ -283,6 +283,7 @@ def test_masks_beside_a_coco_file_hold_its_category_ids(coco: CocoSet, tmp_path:
                targets=TargetOptions(annotations=str(coco.annotations), masks=str(masks)))
     reasons = _rejects(out, coco.src)
     assert reasons["img00.png"].startswith("unknown category: ") and "class id 0" in reasons["img00.png"]
+    assert reasons["img00.png"].endswith("not in the annotations file's categories")
     # the masks are part of the run's identity: the same ones find the store complete, a mask
     # changed (here in size) makes it another store, and so do boxes alone
     from tilefeed.store.errors import StoreExistsError
@@ -300,6 +301,13 @@ def test_masks_beside_a_coco_file_hold_its_category_ids(coco: CocoSet, tmp_path:
     with pytest.raises(SourceError, match="the annotation file's category ids"):
         preprocess(coco.src, tmp_path / "again", TileSettings(tile=T), workers=1,
                    targets=TargetOptions(annotations=str(coco.annotations), masks=str(masks)))
+    (masks / "classes.txt").unlink()
+    wide = json.loads(coco.annotations.read_text())
+    wide["categories"].append({"id": 300, "name": "wide"})
+    (tmp_path / "wide.json").write_text(json.dumps(wide))
+    with pytest.raises(SourceError, match="category id 300 cannot be a mask's class id"):
+        preprocess(coco.src, tmp_path / "wide", TileSettings(tile=T), workers=1,
+                   targets=TargetOptions(annotations=str(tmp_path / "wide.json"), masks=str(masks)))
     with pytest.raises(ConfigError, match="one kind of mask"):
         TargetOptions(annotations="a.json", masks=str(masks), instance_masks=True)
     with pytest.raises(ConfigError, match="--yolo and --masks"):
