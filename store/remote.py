@@ -131,6 +131,8 @@ class RemoteStore:
             self.mask_cache = ShardCache(self.storage, self.mirror, self.cache_dir, masks["shard_bytes"],
                                          per_shard, cache_limit, masks["shard_sha256"], fmt.MASKS)
             self.mask_ranges = RangedTiles(self.storage, masks["shard_bytes"], per_shard, fmt.MASKS)
+            # one folder, one limit: neither cache evicts a shard the other holds pinned
+            self.cache.peers, self.mask_cache.peers = (self.mask_cache,), (self.cache,)
         # the masks' read-ahead follows the images' plan once a mask is read: a Loader that asks
         # for no masks fetches none
         self.masks_read = False

@@ -86,6 +86,9 @@ class ShardCache:
         self._tail: set[int] = set()  # the last plan's shards still to come when this one was made
         self.depth = 0
         self.window = 1
+        # the other caches of this store that share the folder and its limit (a store's masks
+        # beside its images): their pinned shards are kept here as this cache's own are
+        self.peers: tuple[ShardCache, ...] = ()
 
     def __getstate__(self) -> dict[str, Any]:
         # threads and locks stay in their process; each process downloads on its own pool
@@ -326,12 +329,22 @@ class ShardCache:
         with self._lock:
             return shard in self.pinned or shard in self._waiting
 
+    def pinned_keys(self) -> tuple[set[str], set[str]]:
+        """The shards this process reads (or waits for) and those it fetched ahead, as paths
+        under the cache folder: the ones eviction keeps longest."""
+        mine = f"{self.mirror.name}/"
+        with self._lock:
+            read = {mine + self.key(s) for s in {*self._recent, *self._waiting}}
+            ahead = {mine + self.key(s) for s in self.pinned} - read
+        return read, ahead
+
     def _make_room(self, shard: int, need: int, *, placing: bool) -> bool:
         """Evict least recently used shards (of any store in the cache folder) until ``need``
         bytes of ``shard`` fit beside them; the caller holds the cache folder's lock. True when
         they fit. Shards this process has pinned go only as a pinned shard is put in place
         (``placing``), after all others (those read before those fetched ahead, each least
-        recently used first): the limit is kept whatever it takes, and a shard no longer pinned
+        recently used first; its ``peers``' pinned shards count as pinned): the limit is kept
+        whatever it takes, and a shard no longer pinned
         (fetched ahead of a plan since replaced) is not put in place at their cost. Before a
         download (not ``placing``) the other downloads under way here count too. Only real
         folders and files count: a link in the cache folder is neither followed nor removed."""
@@ -339,11 +352,12 @@ class ShardCache:
         if need > self.limit:
             raise ConfigError(f"cache_limit {self.limit} bytes is smaller than one shard ({need} bytes): "
                               f"raise it to at least {self.largest}")
-        mine = f"{self.mirror.name}/"
-        own = mine + self.key(shard)
+        own = f"{self.mirror.name}/{self.key(shard)}"
+        read, ahead = self.pinned_keys()  # evicted last, this cache's and its peers'
+        for peer in self.peers:
+            theirs_read, theirs_ahead = peer.pinned_keys()
+            read, ahead = read | theirs_read, (ahead | theirs_ahead) - theirs_read
         with self._lock:
-            read = {mine + self.key(s) for s in {*self._recent, *self._waiting}}  # evicted last
-            ahead = {mine + self.key(s) for s in self.pinned} - read
             reserved = 0 if placing else sum(b for s, b in self._reserved.items() if s != shard)
             # a shard pinned or waited for by a reader goes in place at others' cost
             forced = placing and (shard in self.pinned or shard in self._waiting)

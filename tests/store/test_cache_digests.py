@@ -201,3 +201,30 @@ def test_the_shard_digests_are_checked_as_attributes(honest: dict[str, Any], tmp
             **attrs["arrays"][fmt.IMAGES], "shard_sha256": bad}})
         with pytest.raises(StoreFormatError, match="arrays.images.shard_sha256"):
             StoreAttrs.from_dict(broken, "store")
+
+
+def test_a_stores_image_and_mask_caches_keep_each_others_pinned_shards(tmp_path: Path) -> None:
+    """Two caches of one store share its folder and limit (its images and its masks): making
+    room for an image shard evicts the unpinned shards, never one the mask cache holds pinned,
+    even when that one is the least recently used; the control, without peers, evicts it."""
+    from tilefeed.store.shard_cache import ShardCache
+
+    def caches(folder: Path) -> tuple[ShardCache, ShardCache]:
+        mirror = folder / "store"
+        images = ShardCache(None, mirror, folder, [100] * 4, 4, 300)  # type: ignore[arg-type]
+        masks = ShardCache(None, mirror, folder, [100] * 4, 4, 300, array=fmt.MASKS)  # type: ignore[arg-type]
+        for age, (cache, shard) in enumerate([(masks, 0), (images, 0), (images, 1)]):
+            path = cache.path(shard)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(bytes(100))
+            os.utime(path, (1000 + age, 1000 + age))  # the mask shard used longest ago
+        masks.pinned.add(0)
+        return images, masks
+
+    images, masks = caches(tmp_path / "peers")
+    images.peers, masks.peers = (masks,), (images,)
+    assert images._make_room(2, 100, placing=False)
+    assert masks.path(0).exists() and not images.path(0).exists() and images.path(1).exists()
+    images, masks = caches(tmp_path / "alone")
+    assert images._make_room(2, 100, placing=False)
+    assert not masks.path(0).exists(), "without peers the mask shard, least recently used, goes first"
