@@ -10,6 +10,7 @@ is the only one lost.
 from __future__ import annotations
 
 import gc
+import os
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
@@ -117,10 +118,20 @@ class Pool:
         context = multiprocessing.get_context(method)
         if method == "forkserver":
             context.set_forkserver_preload(["tilefeed.preprocess.tasks"])
-        # A forked worker starts with the driver's objects, garbage included; frozen, they are
-        # never collected there, so no finalizer of the driver's (a DALI pipeline's, which
-        # waits for threads a child does not have) ever runs in a worker.
-        return ProcessPoolExecutor(self.workers, mp_context=context, initializer=gc.freeze)
+        return ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
+                                   initargs=(dict(os.environ),))
+
+
+def _start_worker(environment: dict[str, str]) -> None:
+    """A worker's first step: the driver's environment as it is at the pool's start (a
+    forkserver, started by an earlier run, forks workers with the environment of its own start,
+    while a bucket's endpoint or credentials may have changed since); then the objects it was
+    forked with frozen. A forked worker starts with the driver's objects, garbage included;
+    frozen, they are never collected there, so no finalizer of the driver's (a DALI pipeline's,
+    which waits for threads a child does not have) ever runs in a worker."""
+    os.environ.clear()
+    os.environ.update(environment)
+    gc.freeze()
 
 
 class InFlight:

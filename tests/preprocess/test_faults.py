@@ -131,3 +131,15 @@ def test_mutated_images_are_accepted_or_rejected_never_crash_or_hang(
             assert str(e) and "\n" not in str(e)
         else:
             assert tiles.pixels.dtype == np.uint8 and tiles.pixels.shape[1:] == (16, 16, 3)
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["fork", "forkserver"])
+def test_workers_read_the_environment_the_pool_starts_in(monkeypatch: pytest.MonkeyPatch, started: bool) -> None:
+    """A bucket's endpoint or credentials set after an earlier run reach the next run's workers,
+    whether they are forked from the driver or from a forkserver an earlier run started (which
+    holds the environment of its own start)."""
+    monkeypatch.setattr(worker_pool, "client_started", lambda: started)
+    for value in ("first", "second"):  # the forkserver, if any, starts with the first
+        monkeypatch.setenv("TILEFEED_TEST_SETTING", value)
+        with worker_pool.Pool(1, None) as pool:
+            assert pool.submit(os.getenv, "TILEFEED_TEST_SETTING").result(timeout=60) == value
