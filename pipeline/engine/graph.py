@@ -34,7 +34,7 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
              "hue": types.FLOAT, "pd_order": types.INT32, "pd_brightness": types.FLOAT,
              "pd_contrast": types.FLOAT, "pd_saturation": types.FLOAT, "pd_hue": types.FLOAT,
              "pd_permutation": types.FLOAT,
-             "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT,
+             "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT, "aa_filter": types.INT32,
              **{name: types.FLOAT for name in PASTE_NAMES}}
     # evaluation: the filter alone; on the host-resize path the batch source applies the
     # recipe's pixel operations (recipe.host_ops) and the graph only flips and normalises
