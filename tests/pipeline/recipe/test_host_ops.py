@@ -40,7 +40,7 @@ from tilefeed.pipeline.engine.graph import input_names as graph_input_names
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
 from tilefeed.pipeline.recipe.policies import (
-    GEOMETRIC, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
+    GEOMETRIC, OPS, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
 from tilefeed.pipeline.recipe.recipe import ColorJitter, PhotometricDistort, Recipe
 from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles, torchvision_pil
 from tests.pipeline.recipe.test_policies import SIDE, _all_ops, pictures, run_dali, single_op_draws
@@ -183,6 +183,66 @@ def test_timm_ops_equal_timms(two_pictures: list[np.ndarray]) -> None:
         assert (big & ~at_fill).sum() == 0 and (diff > 0).mean() <= 0.1, (op, param, diff.max())
 
 
+def _timm_data(op: Op, amount: float) -> tuple[float, ...]:
+    """The float64 AFFINE data timm's op hands PIL (its rotate: PIL's own rotate matrix)."""
+    if op is not Op.ROTATE:  # shear and translate amounts below are exact in float32
+        return tuple(float(v) for v in _matrix(op, amount, np.array([SIDE, SIDE]), Family.TIMM).reshape(6))
+    angle = -math.radians(amount)
+    a, b = round(math.cos(angle), 15), round(math.sin(angle), 15)
+    c = SIDE / 2.0
+    return (a, b, a * -c + b * -c + c, -b, a, -b * -c + a * -c + c)
+
+
+TIMM_GEOMETRIC = ((Op.ROTATE, 21.0, timm_aa.rotate), (Op.SHEAR_X, -0.125, timm_aa.shear_x),
+                  (Op.SHEAR_Y, 0.1875, timm_aa.shear_y), (Op.TRANSLATE_X, 20.5, timm_aa.translate_x_abs),
+                  (Op.TRANSLATE_Y, -13.25, timm_aa.translate_y_abs),
+                  (Op.TRANSLATE_X, -7.0, timm_aa.translate_x_abs))
+
+
+def test_timm_bicubic_ops_equal_timms(two_pictures: list[np.ndarray]) -> None:
+    """A random-interpolation policy's slot that drew bicubic (``aa_filter`` 1) is timm's op with
+    ``resample=BICUBIC`` and its mean fill, bit for bit, given timm's own float64 data (the
+    float32 drawn matrix's gap is test_timm_ops_equal_timms'); one that drew bilinear is timm's
+    bilinear op. Control: bilinear against timm's bicubic differs (but at whole-pixel shifts,
+    where both copy pixels: the paste road's premise)."""
+    bicubic, bilinear = PIL.Image.Resampling.BICUBIC, PIL.Image.Resampling.BILINEAR
+    policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
+                                  interpolation=Interpolation.RANDOM))
+    for picture in two_pictures:
+        img = PIL.Image.fromarray(picture)
+        for op, amount, fn in TIMM_GEOMETRIC:
+            data = np.array(_timm_data(op, amount), dtype=np.float64).reshape(2, 3)
+            whole = op in (Op.TRANSLATE_X, Op.TRANSLATE_Y) and float(amount).is_integer()
+            for which, resample in ((1, bicubic), (0, bilinear)):
+                ref = np.asarray(fn(img, amount, resample=resample, fillcolor=(128, 128, 128)))
+                ours = np.asarray(host_ops.policy_op(img, op, 0.0, data, policy, which))
+                assert np.array_equal(ours, ref), (op, amount, resample)
+            control = np.asarray(host_ops.policy_op(img, op, 0.0, data, policy, 0))
+            theirs = np.asarray(fn(img, amount, resample=bicubic, fillcolor=(128, 128, 128)))
+            assert np.array_equal(control, theirs) == whole, (op, amount)
+
+
+def test_each_slot_takes_its_own_drawn_filter(two_pictures: list[np.ndarray]) -> None:
+    """``apply_policy`` hands slot k the filter ``aa_filter[k]``: a shear then a rotation with
+    filters (1, 0) is timm's bicubic shear then bilinear rotation, and (0, 1) the other way."""
+    policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=2, fill=(128, 128, 128),
+                                  interpolation=Interpolation.RANDOM))
+    img = PIL.Image.fromarray(two_pictures[1])
+    ops = np.array([OPS.index(Op.SHEAR_X), OPS.index(Op.ROTATE)], np.int32)
+    matrices = np.array([_timm_data(Op.SHEAR_X, 0.25), _timm_data(Op.ROTATE, -13.0)]).reshape(2, 2, 3)
+    kw = {"fillcolor": (128, 128, 128)}
+    outs = {}
+    for filters in ((1, 0), (0, 1)):
+        resample = [PIL.Image.Resampling.BICUBIC if f else PIL.Image.Resampling.BILINEAR for f in filters]
+        sheared = timm_aa.shear_x(img, 0.25, resample=resample[0], **kw)
+        ref = timm_aa.rotate(sheared, -13.0, resample=resample[1], **kw)
+        ours = host_ops.apply_policy(img, ops, np.zeros(2, np.float32), matrices, policy,
+                                     np.array(filters, np.int32))
+        assert np.array_equal(np.asarray(ours), np.asarray(ref)), filters
+        outs[filters] = np.asarray(ours)
+    assert not np.array_equal(outs[(1, 0)], outs[(0, 1)])
+
+
 def _host_recipe(images: list[np.ndarray], recipe: Recipe, seed: int = 0) -> tuple[list[np.ndarray], Draws]:
     drawn = drawn_for(recipe, len(images), seed=seed)
     inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
@@ -286,13 +346,18 @@ def test_the_table_and_paste_roads_give_pils_own_bytes() -> None:
         rounded = [min(255, max(0, round(base + factor * (i - base)))) for i in range(256)] * 3
         rounded_differs += not np.array_equal(np.asarray(img.point(rounded)),
                                               np.asarray(ImageEnhance.Contrast(img).enhance(factor)))
-        for interpolation in (Interpolation.NEAREST, Interpolation.BILINEAR):
+        # the cubic weights at a whole-pixel offset are (0, 1, 0, 0): bicubic copies pixels too
+        for interpolation, which, resample in ((Interpolation.NEAREST, 0, PIL.Image.Resampling.NEAREST),
+                                               (Interpolation.BILINEAR, 0, PIL.Image.Resampling.BILINEAR),
+                                               (Interpolation.RANDOM, 0, PIL.Image.Resampling.BILINEAR),
+                                               (Interpolation.RANDOM, 1, PIL.Image.Resampling.BICUBIC)):
             fill = tuple(int(v) for v in rng.integers(0, 256, 3))
             policy = AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=interpolation)
             dx, dy = int(rng.integers(-w - 2, w + 3)), int(rng.integers(-h - 2, h + 3))
             matrix = np.array([[1, 0, dx], [0, 1, dy]], dtype=np.float32)
-            ours = host_ops.policy_op(img, Op.TRANSLATE_X if k % 2 else Op.TRANSLATE_Y, 0.0, matrix, policy)
+            ours = host_ops.policy_op(img, Op.TRANSLATE_X if k % 2 else Op.TRANSLATE_Y, 0.0, matrix, policy,
+                                      which)
             ref = img.transform(img.size, PIL.Image.Transform.AFFINE, (1.0, 0.0, dx, 0.0, 1.0, dy),
-                                host_ops._RESAMPLE[interpolation], fillcolor=fill)
-            assert np.array_equal(np.asarray(ours), np.asarray(ref)), (interpolation, dx, dy, h, w)
+                                resample, fillcolor=fill)
+            assert np.array_equal(np.asarray(ours), np.asarray(ref)), (interpolation, which, dx, dy, h, w)
     assert rounded_differs >= 30, rounded_differs
