@@ -9,14 +9,16 @@ from nvidia.dali import fn, pipeline_def, types
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import HOST_USED, BatchSource
 from tilefeed.pipeline.recipe import ops
+from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS
 from tilefeed.pipeline.engine.crops import PASTE_NAMES, sent_names
 
 
 def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
     """The per-sample inputs after the pixels, labels and indices, in the order the batch source
     sends them (``crops.graph_inputs``, less what the source used itself to cut, resize and
-    apply a recipe's pixel operations: ``HOST_USED``)."""
-    names = sent_names(augment)
+    apply a recipe's pixel operations: ``HOST_USED``, and what only the host kernels read:
+    ``policies.HOST_ONLY_INPUTS``)."""
+    names = tuple(n for n in sent_names(augment) if n not in HOST_ONLY_INPUTS)
     if host_resize and augment.windows:
         return tuple(n for n in names if n not in HOST_USED)
     return names
@@ -34,7 +36,7 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
              "hue": types.FLOAT, "pd_order": types.INT32, "pd_brightness": types.FLOAT,
              "pd_contrast": types.FLOAT, "pd_saturation": types.FLOAT, "pd_hue": types.FLOAT,
              "pd_permutation": types.FLOAT,
-             "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT, "aa_filter": types.INT32,
+             "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT,
              **{name: types.FLOAT for name in PASTE_NAMES}}
     # evaluation: the filter alone; on the host-resize path the batch source applies the
     # recipe's pixel operations (recipe.host_ops) and the graph only flips and normalises

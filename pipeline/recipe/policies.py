@@ -85,6 +85,9 @@ class Interpolation(StrEnum):
 RANDOM_FILTERS: tuple[str, ...] = ("bilinear", "bicubic")
 # Every per-sample input a policy may send (``AutoAugment.input_names`` picks its own).
 INPUT_NAMES: tuple[str, ...] = ("aa_op", "aa_param", "aa_matrix", "aa_filter")
+# The inputs only the host kernels read: DALI's warp has no cubic filter, so the graph warps every
+# slot bilinear and is not sent the drawn filter (an unread input would still be fed to DALI).
+HOST_ONLY_INPUTS: tuple[str, ...] = ("aa_filter",)
 
 
 class Op(StrEnum):

@@ -21,6 +21,7 @@ Measured tolerances (the asserts hold them):
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 from pathlib import Path
 
@@ -282,6 +283,58 @@ def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
     assert graph_input_names(augment, host_resize=True) == ("flip",)
     assert set(sent_names(augment)) - set(HOST_USED) == {"flip"}
     assert "aa_op" in graph_input_names(augment, host_resize=False)  # a GPU graph applies them
+
+
+def test_a_random_filter_reaches_the_host_kernels_only() -> None:
+    """``aa_filter`` is sent with a random-interpolation policy's inputs, stays with the host
+    kernels on the host-resize path, and is not declared by a device graph (which warps every
+    slot bilinear); a fixed filter sends none."""
+    policy = AutoAugment.parse("rand-m9-mstd0.5")
+    augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
+                      recipe=Recipe(auto_augment=policy))
+    assert "aa_filter" in sent_names(augment) and "aa_filter" in HOST_USED
+    assert graph_input_names(augment, host_resize=True) == ("flip",)
+    device = graph_input_names(augment, host_resize=False)
+    assert "aa_op" in device and "aa_filter" not in device
+    fixed = replace(augment, recipe=Recipe(auto_augment=replace(policy, interpolation=Interpolation.BILINEAR)))
+    assert "aa_filter" not in sent_names(fixed)
+
+
+def test_the_device_graph_takes_a_random_policy_and_stays_near_the_host_path(store: Path) -> None:
+    """The GPU's graph built on the CPU (DALI's warp, bilinear for the slots that drew bicubic):
+    the batch source hands it no unread input (DALI warns of one), and its samples stay near the
+    host path's (PIL's resize, PIL's bicubic slots): median mean difference under 4 levels, as a
+    torchvision policy's (tests/pipeline/recipe/test_recipe_gpu.py)."""
+    import warnings
+    from functools import partial
+
+    from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch
+    from tilefeed.pipeline.engine.crops import graph_inputs
+    from tilefeed.pipeline.engine.feed import Feed
+    from tilefeed.pipeline.engine.graph import build_pipeline
+
+    recipe = Recipe(auto_augment=AutoAugment.parse("rand-m9-mstd0.5"))
+    size = 32
+    with Loader(store, 8, shuffle=False, size=size, recipe=recipe, **UINT8) as loader:
+        want = np.concatenate([b[0].numpy() for b in loader])[:48]  # whole batches of 8
+        reader, augment = loader.reader, loader.augment
+        source = BatchSource(reader, 8, 1, ahead=2, dali_depth=1, names=sent_names(augment))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipe = build_pipeline(source, augment, batch_size=8, threads=1, device_id=None, prefetch=1,
+                                  jpeg=reader.is_image_coded)
+            pipe.build()
+            feed = Feed(source, pipe, None)
+            indices = np.arange(len(want))
+            generation = feed.arm(Epoch(0, indices, partial(graph_inputs, reader.boxes, augment, 3, 0, size),
+                                        size), 0, [])
+            got = np.concatenate([feed.next(generation)[1]["images"].numpy() for _ in range(len(want) // 8)])
+            feed.park()
+            source.close()
+    assert not [w for w in caught if "is not used" in str(w.message)], [str(w.message) for w in caught]
+    assert got.shape == want.shape
+    diff = np.abs(got.astype(np.int16) - want.astype(np.int16)).reshape(len(want), -1).mean(axis=1)
+    assert np.median(diff) < 4.0, diff
 
 
 UINT8: dict[str, Any] = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1, train=True,
