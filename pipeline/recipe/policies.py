@@ -289,6 +289,11 @@ class AutoAugment:
                               f"num_magnitude_bins {self.num_magnitude_bins}")
         if not 0.0 <= self.prob <= 1.0:
             raise ConfigError(f"auto-augment prob must be in [0, 1], got {self.prob}")
+        if self.interpolation not in set(Interpolation):
+            raise ConfigError(f"auto-augment interpolation {self.interpolation!r} not supported "
+                              f"({', '.join(i.value for i in Interpolation)})")
+        # a plain string becomes the enum, which the draws and kernels compare by identity
+        object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
         if len(self.fill) != 3 or not all(0 <= f <= 255 for f in self.fill):
             raise ConfigError(f"auto-augment fill must be three values in 0..255, got {self.fill}")
         choices: tuple[str, ...]

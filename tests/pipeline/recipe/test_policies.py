@@ -129,6 +129,10 @@ def test_timm_strings_take_timms_random_interpolation_unless_told() -> None:
     assert AutoAugment.parse("ta_wide").interpolation is Interpolation.NEAREST
     assert "aa_filter" in AutoAugment.parse("v0").input_names()
     assert "aa_filter" not in AutoAugment.parse("imagenet").input_names()
+    named = AutoAugment(Policy.RAND, Family.TIMM, interpolation="random")  # type: ignore[arg-type]
+    assert named.interpolation is Interpolation.RANDOM and "aa_filter" in named.draw(0, 0, np.arange(3))
+    with pytest.raises(ConfigError, match="bicubic"):
+        AutoAugment(Policy.RAND, Family.TIMM, interpolation="bicubic")  # type: ignore[arg-type]
 
 
 def test_parse_takes_timm_hparams() -> None:
