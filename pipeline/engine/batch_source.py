@@ -24,6 +24,7 @@ import numpy as np
 from tilefeed.pipeline.engine.crops import PASTE_NAMES
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.recipe import host_ops
+from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS
 from tilefeed.pipeline.stats import Reading, Timing
 from tilefeed.store.format import ceil_div
 from tilefeed.store.codec import decode_jpeg
@@ -326,6 +327,9 @@ class BatchSource:
                 if timing is not None:  # one pass reads, checks and decodes each tile
                     timing.decode += time.perf_counter() - began - timing.download
                     timing.stored = indices
+            if not self.host_resize and any(n in HOST_ONLY_INPUTS for n in self.names):
+                # the graph applies the ops itself and does not read these (graph.input_names)
+                extras = tuple(v for n, v in zip(self.names, extras, strict=True) if n not in HOST_ONLY_INPUTS)
         return (images, labels, indices, *extras)
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,

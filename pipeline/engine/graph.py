@@ -9,14 +9,16 @@ from nvidia.dali import fn, pipeline_def, types
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import HOST_USED, BatchSource
 from tilefeed.pipeline.recipe import ops
+from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS
 from tilefeed.pipeline.engine.crops import PASTE_NAMES, sent_names
 
 
 def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
     """The per-sample inputs after the pixels, labels and indices, in the order the batch source
     sends them (``crops.graph_inputs``, less what the source used itself to cut, resize and
-    apply a recipe's pixel operations: ``HOST_USED``)."""
-    names = sent_names(augment)
+    apply a recipe's pixel operations: ``HOST_USED``, and what only the host kernels read:
+    ``policies.HOST_ONLY_INPUTS``)."""
+    names = tuple(n for n in sent_names(augment) if n not in HOST_ONLY_INPUTS)
     if host_resize and augment.windows:
         return tuple(n for n in names if n not in HOST_USED)
     return names

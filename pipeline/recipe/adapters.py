@@ -121,7 +121,8 @@ TIMM_FLAGS: dict[str, Flag] = {
     "interpolation": Flag("--interpolation", H, "data_config['interpolation']: the evaluation resize's filter"),
     "train_interpolation": Flag("--train-interpolation", H,
                                 "the training resize's filter, 'random' as timm's (bilinear or bicubic per "
-                                "sample): Recipe.interpolation"),
+                                "sample): Recipe.interpolation; 'random' also leaves the --aa policy timm's "
+                                "random filter per op (bicubic ops warp bilinear on a GPU)"),
     "scale": Flag("--scale", H, "random-resized-crop area range: scale"),
     "ratio": Flag("--ratio", H, "random-resized-crop aspect range: ratio"),
     "hflip": Flag("--hflip", H, "horizontal flip probability: Recipe.hflip"),
@@ -257,7 +258,7 @@ def _timm_recipe(args: Any, data_config: Mapping[str, Any]) -> Recipe:
         size = int(data_config["input_size"][-1])
         hparams: dict[str, Any] = {"translate_const": int(size * 0.45),
                                    "img_mean": tuple(min(255, round(255 * x)) for x in data_config["mean"])}
-        if interpolation != "random":
+        if interpolation != "random":  # else timm's default: bilinear or bicubic per op (Interpolation.RANDOM)
             hparams["interpolation"] = interpolation
         policy = AutoAugment.parse(str(args.aa), hparams)
     erasing = None

@@ -23,8 +23,9 @@ Two of them take a shorter road to the same bytes. Brightness and contrast blend
 with a constant, so each output byte depends on its input byte alone: the 256 answers of PIL's
 own ``Image.blend`` on a ramp, applied with ``point``, are its answers on the picture, at a
 tenth of the cost. A translation by whole pixels samples pixel centres exactly, so PIL's
-bilinear (or nearest) transform copies pixels: a paste onto the fill gives them, where the
-generic transform costs about ten resizes.
+nearest, bilinear and bicubic transforms copy pixels (the cubic weights at a whole-pixel offset
+are 0, 1, 0, 0): a paste onto the fill gives them, where the generic transform costs about ten
+resizes.
 """
 
 from __future__ import annotations
@@ -37,15 +38,18 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps, ImageStat
 
 from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS
-from tilefeed.pipeline.recipe.policies import GEOMETRIC, OPS, AutoAugment, Interpolation, Op
+from tilefeed.pipeline.recipe.policies import (GEOMETRIC, INPUT_NAMES, OPS, RANDOM_FILTERS, AutoAugment,
+                                               Interpolation, Op)
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 # the per-sample inputs (``draws.input_names``) these kernels take: on the host-resize path the
 # batch source applies them and the graph declares none of them
 INPUTS: tuple[str, ...] = ("vflip", "grayscale", "jitter", "order", *JITTER_ADJUSTMENTS,
-                           *PHOTOMETRIC_INPUTS, *AutoAugment.input_names())
+                           *PHOTOMETRIC_INPUTS, *INPUT_NAMES)
 SOLARIZE_ADD_BELOW = 128  # timm's solarize_add threshold: only pixels below it are raised
 _RESAMPLE = {Interpolation.NEAREST: Image.Resampling.NEAREST, Interpolation.BILINEAR: Image.Resampling.BILINEAR}
+# ``aa_filter``'s values (indices into ``RANDOM_FILTERS``) as PIL's filters, timm's _RANDOM_INTERPOLATION
+_RANDOM_RESAMPLE = tuple(Image.Resampling[name.upper()] for name in RANDOM_FILTERS)
 _ENHANCE: dict[Op, Any] = {Op.COLOR: ImageEnhance.Color, Op.SHARPNESS: ImageEnhance.Sharpness}
 _RAMP = Image.frombytes("RGB", (256, 1), np.repeat(np.arange(256, dtype=np.uint8), 3).tobytes())
 
@@ -72,7 +76,8 @@ def apply(image: Image.Image, inputs: Mapping[str, Any], recipe: Recipe) -> Imag
     inputs : mapping of str to array or scalar
         The sample's own values of the inputs ``draws.input_names`` names (``sample``): the bits
         ``vflip``, ``grayscale``, ``jitter``, the jitter ``order`` and factors, the photometric
-        distortion's ``pd_*``, the policy's ``aa_op``, ``aa_param`` and ``aa_matrix`` rows. An
+        distortion's ``pd_*``, the policy's ``aa_op``, ``aa_param``, ``aa_matrix`` (and under
+        a random interpolation ``aa_filter``) rows. An
         input absent is an operation the recipe cannot apply.
     recipe : Recipe
         The recipe the inputs were drawn for (the policy's fill and interpolation).
@@ -90,7 +95,8 @@ def apply(image: Image.Image, inputs: Mapping[str, Any], recipe: Recipe) -> Imag
         image = image.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
     policy = recipe.auto_augment
     if policy is not None:
-        image = apply_policy(image, inputs["aa_op"], inputs["aa_param"], inputs["aa_matrix"], policy)
+        image = apply_policy(image, inputs["aa_op"], inputs["aa_param"], inputs["aa_matrix"], policy,
+                             inputs.get("aa_filter"))
     if recipe.jitter is not None and ("jitter" not in inputs or inputs["jitter"]):
         factors = {name: float(inputs[name]) for name in JITTER_ADJUSTMENTS if name in inputs}
         image = color_jitter(image, inputs["order"], factors)
@@ -100,30 +106,37 @@ def apply(image: Image.Image, inputs: Mapping[str, Any], recipe: Recipe) -> Imag
 
 
 def apply_policy(image: Image.Image, ops: np.ndarray, params: np.ndarray, matrices: np.ndarray,
-                 policy: AutoAugment) -> Image.Image:
+                 policy: AutoAugment, filters: np.ndarray | None = None) -> Image.Image:
     """The drawn auto-augment ops of one sample, slot after slot (``AutoAugment.draw``: op
-    index into ``OPS``, scalar parameter, 2x3 output-to-input matrix per slot)."""
-    for index, param, matrix in zip(ops.tolist(), params.tolist(), matrices, strict=True):
-        image = policy_op(image, OPS[index], param, matrix, policy)
+    index into ``OPS``, scalar parameter, 2x3 output-to-input matrix per slot, and under
+    ``Interpolation.RANDOM`` the filter index into ``RANDOM_FILTERS``)."""
+    picked = [0] * len(ops) if filters is None else np.asarray(filters).tolist()
+    for index, param, matrix, which in zip(ops.tolist(), params.tolist(), matrices, picked, strict=True):
+        image = policy_op(image, OPS[index], param, matrix, policy, which)
     return image
 
 
-def policy_op(image: Image.Image, op: Op, param: float, matrix: np.ndarray, policy: AutoAugment) -> Image.Image:
+def policy_op(image: Image.Image, op: Op, param: float, matrix: np.ndarray, policy: AutoAugment,
+              which: int = 0) -> Image.Image:
     """One auto-augment op with its drawn parameter, as torchvision's PIL kernels and timm apply it.
 
     ``param``: the enhance factor, the posterize bit mask, the solarize threshold (pixels at or
     above it inverted), the solarize-add amount; ``matrix``: the geometric ops' map from output
-    to input pixel coordinates, origin at the first pixel's corner (PIL's AFFINE data).
+    to input pixel coordinates, origin at the first pixel's corner (PIL's AFFINE data);
+    ``which``: under ``Interpolation.RANDOM``, the slot's drawn filter (index into
+    ``RANDOM_FILTERS``, ``aa_filter``), else unused.
     """
     if op is Op.IDENTITY:
         return image
     if op in GEOMETRIC:
         data = tuple(float(v) for v in np.asarray(matrix, dtype=np.float64).reshape(6))
         fill = tuple(int(f) for f in policy.fill)
-        if policy.interpolation in _RESAMPLE and _whole_shift(data):
+        resample = (_RANDOM_RESAMPLE[which] if policy.interpolation is Interpolation.RANDOM
+                    else _RESAMPLE[policy.interpolation])
+        if _whole_shift(data):
             return _shifted(image, int(data[2]), int(data[5]), fill)
-        return image.transform(image.size, Image.Transform.AFFINE, data, _RESAMPLE[policy.interpolation],
-                               fillcolor=fill)
+        # timm's call: img.transform(size, AFFINE, data, resample=..., fillcolor=...)
+        return image.transform(image.size, Image.Transform.AFFINE, data, resample, fillcolor=fill)
     if op is Op.BRIGHTNESS:
         return adjust_brightness(image, param)
     if op is Op.CONTRAST:
@@ -215,7 +228,7 @@ def _whole_shift(data: tuple[float, ...]) -> bool:
 def _shifted(image: Image.Image, dx: int, dy: int, fill: tuple[int, ...]) -> Image.Image:
     """PIL's affine transform by the whole-pixel translation ``(dx, dy)`` (output pixel x, y
     from input x + dx, y + dy; outside, ``fill``): the pixel centres land on pixel centres, so
-    its interpolation copies them."""
+    its interpolation copies them (nearest, bilinear and bicubic alike)."""
     out = Image.new(image.mode, image.size, fill)
     out.paste(image, (-dx, -dy))
     return out

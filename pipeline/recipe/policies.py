@@ -36,6 +36,9 @@ from tilefeed.store.errors import ConfigError
 STREAM = "tilefeed.recipe.policies"  # the policies' draw stream (planning.counters.stream_seed)
 # Uniforms per op slot: op choice, probability, magnitude bin or noise (two for Box-Muller), sign.
 _PER_SLOT = 5
+# The geometric ops' filter under ``Interpolation.RANDOM``: a stream of its own, one uniform per
+# slot, so the op, magnitude and sign draws above keep their counters and values.
+FILTER_STREAM = "tilefeed.recipe.policies.filter"
 _LEVEL_DENOM = 10.0  # timm's magnitude scale: level / 10 is the fraction of the op's range
 
 
@@ -65,10 +68,26 @@ class Table(StrEnum):
 
 
 class Interpolation(StrEnum):
-    """Interpolation of the geometric ops (DALI's warp has nearest and bilinear)."""
+    """Interpolation of the geometric ops.
+
+    ``RANDOM`` is timm's default (no ``interpolation`` in its hparams): each op slot of each
+    sample picks bilinear or bicubic (``RANDOM_FILTERS``) with even odds. PIL applies the
+    bicubic slots bicubic on the host path; DALI's warp has no cubic filter, so the graph warps
+    them bilinear.
+    """
 
     NEAREST = "nearest"
     BILINEAR = "bilinear"
+    RANDOM = "random"
+
+
+# What ``aa_filter`` indexes under ``Interpolation.RANDOM``: timm's _RANDOM_INTERPOLATION, in its order.
+RANDOM_FILTERS: tuple[str, ...] = ("bilinear", "bicubic")
+# Every per-sample input a policy may send (``AutoAugment.input_names`` picks its own).
+INPUT_NAMES: tuple[str, ...] = ("aa_op", "aa_param", "aa_matrix", "aa_filter")
+# The inputs only the host kernels read: DALI's warp has no cubic filter, so the graph warps every
+# slot bilinear and is not sent the drawn filter (an unread input would still be fed to DALI).
+HOST_ONLY_INPUTS: tuple[str, ...] = ("aa_filter",)
 
 
 class Op(StrEnum):
@@ -234,7 +253,7 @@ class AutoAugment:
     fill : tuple of int
         RGB fill of geometric ops' uncovered pixels (torchvision ``fill``, timm ``img_mean``).
     interpolation : Interpolation
-        Interpolation of the geometric ops.
+        Interpolation of the geometric ops; ``random`` draws bilinear or bicubic per slot.
     translate_pct : float
         timm: relative translation range at level 10 (``translate_pct``).
     translate_const : float
@@ -270,6 +289,11 @@ class AutoAugment:
                               f"num_magnitude_bins {self.num_magnitude_bins}")
         if not 0.0 <= self.prob <= 1.0:
             raise ConfigError(f"auto-augment prob must be in [0, 1], got {self.prob}")
+        if self.interpolation not in set(Interpolation):
+            raise ConfigError(f"auto-augment interpolation {self.interpolation!r} not supported "
+                              f"({', '.join(i.value for i in Interpolation)})")
+        # a plain string becomes the enum, which the draws and kernels compare by identity
+        object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
         if len(self.fill) != 3 or not all(0 <= f <= 255 for f in self.fill):
             raise ConfigError(f"auto-augment fill must be three values in 0..255, got {self.fill}")
         choices: tuple[str, ...]
@@ -297,9 +321,9 @@ class AutoAugment:
             ``original``, ``originalr``, ``v0``, ``v0r`` with an optional ``mstd`` section.
         hparams : mapping, optional
             timm's hparams: ``img_mean`` (fill), ``translate_pct``, ``translate_const``,
-            ``interpolation`` (``nearest`` or ``bilinear``), ``magnitude_std``,
-            ``magnitude_max``. timm's own default picks bilinear or bicubic at random per op;
-            DALI's warp has no bicubic, so timm strings use bilinear unless told otherwise.
+            ``interpolation`` (``nearest``, ``bilinear`` or ``random``), ``magnitude_std``,
+            ``magnitude_max``. Without ``interpolation`` timm strings take timm's own default,
+            ``random``: bilinear or bicubic per op slot and sample.
 
         Returns
         -------
@@ -379,17 +403,18 @@ class AutoAugment:
         used = {self._op_of(name) for name in names} | {Op.IDENTITY}
         return tuple(op for op in OPS if op in used)
 
-    @staticmethod
-    def input_names() -> tuple[str, ...]:
-        """Names of the per-sample inputs ``draw`` returns, in the graph's order."""
-        return ("aa_op", "aa_param", "aa_matrix")
+    def input_names(self) -> tuple[str, ...]:
+        """Names of the per-sample inputs ``draw`` returns, in the graph's order: ``aa_filter``
+        only under ``Interpolation.RANDOM`` (a fixed filter needs no per-sample input)."""
+        return INPUT_NAMES if self.interpolation is Interpolation.RANDOM else INPUT_NAMES[:3]
 
     @staticmethod
     def input_dtypes() -> dict[str, np.dtype[Any]]:
         """numpy dtype of each input: op index per slot (int32), scalar parameter per slot
-        (float32), inverse affine matrix per slot (float32, shape (slots, 2, 3))."""
+        (float32), inverse affine matrix per slot (float32, shape (slots, 2, 3)), filter index
+        into ``RANDOM_FILTERS`` per slot (int32)."""
         return {"aa_op": np.dtype(np.int32), "aa_param": np.dtype(np.float32),
-                "aa_matrix": np.dtype(np.float32)}
+                "aa_matrix": np.dtype(np.float32), "aa_filter": np.dtype(np.int32)}
 
     # -- draws -----------------------------------------------------------------------------------
 
@@ -416,7 +441,9 @@ class AutoAugment:
             the solarize threshold (pixels at or above it are inverted), the solarize-add
             amount, else 0; ``aa_matrix`` (n, slots, 2, 3) float32: for geometric ops the map
             from output to input pixel coordinates (origin at the first pixel's corner), else
-            the identity.
+            the identity; under ``Interpolation.RANDOM`` also ``aa_filter`` (n, slots) int32:
+            index into ``RANDOM_FILTERS`` of each slot's filter (drawn for every slot, as timm
+            draws one per op call; only the geometric ops use it).
         """
         keys = np.asarray(keys)
         n, slots = len(keys), self.slots
@@ -437,7 +464,31 @@ class AutoAugment:
                 params[i, k] = param
                 if op in GEOMETRIC:
                     matrices[i, k] = _matrix(op, shift, hw[i], self.family)
-        return {"aa_op": ops, "aa_param": params, "aa_matrix": matrices}
+        made = {"aa_op": ops, "aa_param": params, "aa_matrix": matrices}
+        if self.interpolation is Interpolation.RANDOM:
+            made["aa_filter"] = self.filters(seed, epoch, keys)
+        return made
+
+    def filters(self, seed: int, epoch: int, keys: np.ndarray) -> np.ndarray:
+        """Per sample and slot, the index into ``RANDOM_FILTERS`` of the geometric ops' filter
+        (timm's ``random.choice``: even odds), from (seed, epoch, key) on ``FILTER_STREAM``.
+
+        Parameters
+        ----------
+        seed, epoch : int
+            The run's seed and the epoch.
+        keys : ndarray
+            One key per sample.
+
+        Returns
+        -------
+        ndarray
+            (n, slots) int32.
+        """
+        keys = np.asarray(keys)
+        u = uniforms(stream_seed(seed, FILTER_STREAM), epoch, keys, max(self.slots, 1))[:, :self.slots]
+        n = len(RANDOM_FILTERS)
+        return np.minimum((u * n).astype(np.int64), n - 1).astype(np.int32)
 
     def _choose(self, u: np.ndarray, n: int) -> tuple[list[list[str | None]], np.ndarray, np.ndarray]:
         """Op names per slot (None: skipped), the level or magnitude bin, and the sign (+1/-1)."""
@@ -521,9 +572,10 @@ def _section(text: str, s: str) -> tuple[str, str]:
 
 def _timm_common(hp: Mapping[str, Any]) -> dict[str, Any]:
     """AutoAugment fields from timm's hparams (timm's defaults where absent)."""
-    interp = str(hp.get("interpolation", "bilinear")).lower()
-    if interp not in {"nearest", "bilinear"}:
-        raise ConfigError(f"auto-augment interpolation {interp!r} not supported (nearest, bilinear)")
+    # timm's default without an interpolation hparam: bilinear or bicubic per op (_RANDOM_INTERPOLATION)
+    interp = str(hp.get("interpolation", "random")).lower()
+    if interp not in set(Interpolation):
+        raise ConfigError(f"auto-augment interpolation {interp!r} not supported (nearest, bilinear, random)")
     fill = hp.get("img_mean", (128, 128, 128))
     fill = tuple(int(f) for f in (fill if isinstance(fill, (tuple, list)) else (fill,) * 3))
     mmax = hp.get("magnitude_max")

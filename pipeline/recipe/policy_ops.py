@@ -35,7 +35,8 @@ def apply_policy(images: Any, inputs: Mapping[str, Any], policy: AutoAugment) ->
     inputs : mapping of str to DataNode
         The per-sample inputs named by ``AutoAugment.input_names()`` (``aa_op`` int32 (slots,),
         ``aa_param`` float32 (slots,), ``aa_matrix`` float32 (slots, 2, 3)), CPU nodes from
-        ``fn.external_source``.
+        ``fn.external_source``; a random interpolation's ``aa_filter`` is not read (the warp
+        is bilinear for every slot).
     policy : AutoAugment
         The policy the inputs were drawn for (its op set, fill and interpolation).
 
@@ -116,7 +117,9 @@ def _on(node: Any, gpu: bool) -> Any:
 
 
 def _warp(images: Any, matrix: Any, policy: AutoAugment) -> Any:
-    """Geometric ops: one warp by the host's output-to-input matrix, uncovered pixels filled."""
+    """Geometric ops: one warp by the host's output-to-input matrix, uncovered pixels filled.
+    DALI's warp has no cubic filter: under ``Interpolation.RANDOM`` every slot warps bilinear,
+    the slots that drew bicubic too (``aa_filter`` stays on the host)."""
     interp = types.INTERP_NN if policy.interpolation is Interpolation.NEAREST else types.INTERP_LINEAR
     fill = policy.fill
     if fill[0] == fill[1] == fill[2]:

@@ -104,6 +104,9 @@ def test_timm_recipe_flags_become_the_recipe_as_timm_applies_them() -> None:
     policy = recipe.auto_augment
     assert (policy.policy, policy.family, policy.magnitude, policy.mstd) == (Policy.RAND, Family.TIMM, 9, 0.5)
     assert policy.increasing and policy.fill == (124, 116, 104)  # timm's img_mean from the config's mean
+    assert policy.interpolation == "random"  # no interpolation hparam: timm's bilinear-or-bicubic per op
+    fixed = timm_options(timm_args(aa="rand-m9", train_interpolation="bilinear"), timm_config(), train=True)
+    assert fixed["recipe"].auto_augment.interpolation == "bilinear"  # the hparam timm passes the policy
     assert recipe.erasing.p == 0.25 and recipe.erasing.value is Fill.RANDOM  # --remode pixel
     mix = recipe.mix
     assert (mix.mixup_alpha, mix.cutmix_alpha, mix.label_smoothing, mix.num_classes) == (0.8, 1.0, 0.1, 10)

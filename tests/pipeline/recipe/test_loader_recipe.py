@@ -14,6 +14,7 @@ from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
+from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.recipe import ColorJitter, Recipe
 from tilefeed.store.errors import ConfigError
 from tests.pipeline.recipe.helpers import torchvision_pil
@@ -48,8 +49,14 @@ def test_the_cpu_path_gives_torchvisions_pil_kernels_on_the_same_draws(store: Pa
     assert drawn.jitter.sum() > len(samples) // 2 and drawn.grayscale.sum() > 0  # the ops did act
 
 
-def test_a_resumed_epoch_with_a_recipe_delivers_the_same_samples_bit_for_bit(store: Path) -> None:
-    opts = dict(UINT8, size=24, recipe=RECIPE, shuffle=True)
+# timm's RandAugment under its default random filter: bicubic slots drawn per sample and op slot
+TIMM_POLICY = Recipe(auto_augment=AutoAugment.parse("rand-m9-mstd0.5-inc1"))
+
+
+@pytest.mark.parametrize("recipe", [RECIPE, TIMM_POLICY], ids=["jitter", "timm_policy"])
+def test_a_resumed_epoch_with_a_recipe_delivers_the_same_samples_bit_for_bit(store: Path,
+                                                                              recipe: Recipe) -> None:
+    opts = dict(UINT8, size=24, recipe=recipe, shuffle=True)
     with Loader(store, 8, **opts) as loader:
         whole = [(b[0].clone(), b[2].clone()) for b in loader]
     with Loader(store, 8, **opts) as loader:
@@ -77,6 +84,13 @@ def test_a_state_saved_under_another_recipe_is_refused(store: Path) -> None:
                 loader.load_state_dict(state)
     with Loader(store, 8, recipe=RECIPE, **UINT8) as loader:
         loader.load_state_dict(state)
+    # a timm string's state saved with a bilinear policy does not resume under the random filter
+    bilinear = Recipe(auto_augment=AutoAugment.parse("rand-m9", {"interpolation": "bilinear"}))
+    with Loader(store, 8, recipe=bilinear, **UINT8) as loader:
+        state = loader.state_dict()
+    with Loader(store, 8, recipe=Recipe(auto_augment=AutoAugment.parse("rand-m9")), **UINT8) as loader:
+        with pytest.raises(ConfigError, match="recipe"):
+            loader.load_state_dict(state)
 
 
 def test_evaluation_takes_only_the_filter_and_a_bad_recipe_is_refused(store: Path) -> None:

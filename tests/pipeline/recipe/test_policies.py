@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,9 @@ from timm.data import auto_augment as timm_aa
 
 from tests.helpers import ks
 from tilefeed.bench.fixtures.generated import synthetic_image
-from tilefeed.pipeline.planning.counters import uniforms
+from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.pipeline.recipe.policies import (
-    GEOMETRIC, OPS, AutoAugment, Family, Interpolation, Op, Policy, Table, _matrix, _posterize_mask,
+    GEOMETRIC, OPS, STREAM, AutoAugment, Family, Interpolation, Op, Policy, Table, _matrix, _posterize_mask,
     _TIMM_NAMES, _TV_NAMES)
 from tilefeed.pipeline.recipe.policy_ops import apply_policy
 from tilefeed.store.errors import ConfigError
@@ -118,6 +119,22 @@ def test_parse_reads_torchvision_names_and_timm_strings(text: str, fields: dict[
         assert getattr(policy, name) == value, (text, name)
 
 
+def test_timm_strings_take_timms_random_interpolation_unless_told() -> None:
+    """timm's ops get ``resample=_RANDOM_INTERPOLATION`` when hparams carry no interpolation;
+    torchvision's policies keep their nearest default."""
+    assert AutoAugment.parse("rand-m9-mstd0.5").interpolation is Interpolation.RANDOM
+    assert AutoAugment.parse("original").interpolation is Interpolation.RANDOM
+    assert AutoAugment.parse("rand-m9", {"interpolation": "random"}).interpolation is Interpolation.RANDOM
+    assert AutoAugment.parse("rand-m9", {"interpolation": "bilinear"}).interpolation is Interpolation.BILINEAR
+    assert AutoAugment.parse("ta_wide").interpolation is Interpolation.NEAREST
+    assert "aa_filter" in AutoAugment.parse("v0").input_names()
+    assert "aa_filter" not in AutoAugment.parse("imagenet").input_names()
+    named = AutoAugment(Policy.RAND, Family.TIMM, interpolation="random")  # type: ignore[arg-type]
+    assert named.interpolation is Interpolation.RANDOM and "aa_filter" in named.draw(0, 0, np.arange(3))
+    with pytest.raises(ConfigError, match="bicubic"):
+        AutoAugment(Policy.RAND, Family.TIMM, interpolation="bicubic")  # type: ignore[arg-type]
+
+
 def test_parse_takes_timm_hparams() -> None:
     policy = AutoAugment.parse("rand-m9-mstd0.5", {"img_mean": (124, 116, 104), "translate_pct": 0.3,
                                                    "interpolation": "nearest"})
@@ -129,7 +146,7 @@ def test_parse_takes_timm_hparams() -> None:
     ("augmix-m5-w4-d2", None, "augmix-m5-w4-d2"), ("3a", None, "3a"), ("rand-m9-w0", None, "w0"),
     ("rand-m9-t3a", None, "3a"), ("rand-m9-q2", None, "q2"), ("original-m5", None, "m5"),
     ("cifar10", None, "cifar10"), ("rand-m9", {"interpolation": "bicubic"}, "bicubic"),
-    ("rand-m9", {"interpolation": "random"}, "random"), ("rand-m9", {"cutout": 1}, "cutout"),
+("rand-m9", {"cutout": 1}, "cutout"),
     ("ra", {"img_mean": (1, 2, 3)}, "img_mean"),
 ])
 def test_parse_refuses_what_it_does_not_support_naming_it(text: str, hparams: dict[str, Any] | None,
@@ -291,7 +308,7 @@ def test_a_samples_draws_do_not_depend_on_its_batch(text: str) -> None:
     whole = policy.draw(11, 4, keys)
     for start, stop in [(0, 64), (64, 65), (65, 300), (300, 500)]:
         part = policy.draw(11, 4, keys[start:stop][::-1])
-        for name in AutoAugment.input_names():
+        for name in policy.input_names():
             assert np.array_equal(part[name], whole[name][start:stop][::-1]), (text, name)
     other = policy.draw(11, 5, keys)
     assert not np.array_equal(other["aa_op"], whole["aa_op"])
@@ -306,6 +323,71 @@ def test_policy_draws_use_their_own_stream() -> None:
     choice_from_crop = np.minimum((crops[:, 0] * 14).astype(int), 13)
     ours = np.array([_tv_index(o) for o in d["aa_op"][:, 0]])
     assert np.mean(choice_from_crop == ours) < 0.1  # 1/14 by chance
+
+
+# sha256 of aa_op, aa_param and aa_matrix for seed 7, epoch 3, keys 0..999, size 56 (the draws before
+# the random interpolation existed): its filters draw on a stream of their own and leave these be
+_DRAW_DIGESTS = {
+    "rand-m9-mstd0.5-inc1": "31918374f79fcc6cbad6e42025e2053854f79f0ee41c81516c6a1b57e70b490a",
+    "rand-m7-n3-mstd101-mmax15-p0.7-tweights":
+        "0c1dc5ae33b9b93d4f1a1c8549030af435a4d39d4a2553c1b1239fd435072570",
+    "originalr-mstd0.5": "e4e16525305c069822b693283f2a0e855e68fe22503808920be2b474451032a8",
+}
+
+
+def _digest(made: dict[str, np.ndarray]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in ("aa_op", "aa_param", "aa_matrix"):
+        h.update(np.ascontiguousarray(made[name]).tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("text", sorted(_DRAW_DIGESTS))
+def test_the_random_filter_leaves_every_other_draw_as_it_was(text: str) -> None:
+    """Ops, parameters and matrices are bit-identical under a random, bilinear or nearest filter,
+    and equal the digests recorded before the filter had a draw; the filter's own draw is not a
+    function of the op draws' uniforms."""
+    keys = np.arange(1000)
+    policy = AutoAugment.parse(text)
+    assert policy.interpolation is Interpolation.RANDOM
+    made = policy.draw(7, 3, keys, 56)
+    assert _digest(made) == _DRAW_DIGESTS[text]
+    for other in (Interpolation.BILINEAR, Interpolation.NEAREST):
+        fixed = replace(policy, interpolation=other).draw(7, 3, keys, 56)
+        assert set(fixed) == {"aa_op", "aa_param", "aa_matrix"}
+        assert _digest(fixed) == _DRAW_DIGESTS[text]
+    ops_u = uniforms(stream_seed(7, STREAM), 3, keys, 1 + 5 * policy.slots)
+    sign_bits = (ops_u[:, 5::5][:, :policy.slots] < 0.5).astype(np.int32)  # the slots' sign uniforms
+    agree = np.mean(sign_bits == made["aa_filter"])
+    assert 0.45 < agree < 0.55, agree  # independent streams agree half the time
+
+
+def test_the_random_filter_is_an_even_choice_per_slot_and_an_uneven_one_is_rejected() -> None:
+    """timm's ``random.choice((BILINEAR, BICUBIC))``: chi-square (df 1, alpha 0.001) of the
+    bicubic count over 20000 samples x 2 slots against 1/2; the control, the same counts against
+    a 55/45 split, must be rejected. The two slots of a sample are independent (2x2 table)."""
+    policy = AutoAugment.parse("rand-m9-mstd0.5")
+    filters = policy.filters(13, 2, np.arange(20000))
+    assert filters.shape == (20000, 2) and filters.dtype == np.int32 and set(np.unique(filters)) == {0, 1}
+    n, bicubic = filters.size, int(filters.sum())
+    critical = 10.828  # chi-square quantile, df 1, alpha 0.001
+
+    def chi2(p: float) -> float:
+        expected = np.array([n * (1 - p), n * p])
+        observed = np.array([n - bicubic, bicubic])
+        return float(((observed - expected) ** 2 / expected).sum())
+
+    assert chi2(0.5) < critical, chi2(0.5)
+    assert chi2(0.55) > critical, chi2(0.55)  # negative control
+    table = np.array([[np.sum((filters[:, 0] == a) & (filters[:, 1] == b)) for b in (0, 1)] for a in (0, 1)])
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    assert float(((table - expected) ** 2 / expected).sum()) < critical
+    # its own (seed, epoch, key) draw: another epoch or seed changes it, the same call repeats it
+    assert np.array_equal(filters, policy.filters(13, 2, np.arange(20000)))
+    assert not np.array_equal(filters, policy.filters(13, 3, np.arange(20000)))
+    assert not np.array_equal(filters, policy.filters(14, 2, np.arange(20000)))
 
 
 def _tv_index(graph_index: int) -> int:
