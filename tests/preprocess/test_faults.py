@@ -134,7 +134,8 @@ def test_mutated_images_are_accepted_or_rejected_never_crash_or_hang(
 
 
 @pytest.mark.parametrize("started", [False, True], ids=["fork", "forkserver"])
-def test_workers_read_the_environment_the_pool_starts_in(monkeypatch: pytest.MonkeyPatch, started: bool) -> None:
+def test_workers_read_the_environment_the_pool_starts_in(monkeypatch: pytest.MonkeyPatch,
+                                                         started: bool) -> None:
     """A bucket's endpoint or credentials set after an earlier run reach the next run's workers,
     whether they are forked from the driver or from a forkserver an earlier run started (which
     holds the environment of its own start)."""
