@@ -38,8 +38,8 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps, ImageStat
 
 from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS
-from tilefeed.pipeline.recipe.policies import (GEOMETRIC, INPUT_NAMES, OPS, RANDOM_FILTERS, AutoAugment,
-                                               Interpolation, Op)
+from tilefeed.pipeline.recipe.policies import INPUT_NAMES, AutoAugment
+from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS, RANDOM_FILTERS, Interpolation, Op
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 # the per-sample inputs (``draws.input_names``) these kernels take: on the host-resize path the

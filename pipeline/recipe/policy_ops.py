@@ -18,7 +18,8 @@ from nvidia.dali import fn, types
 from nvidia.dali import math as dmath
 from nvidia.dali.auto_aug import augmentations as dali_aug
 
-from tilefeed.pipeline.recipe.policies import OPS, AutoAugment, Interpolation, Op
+from tilefeed.pipeline.recipe.policies import AutoAugment
+from tilefeed.pipeline.recipe.policy_tables import OPS, Interpolation, Op
 
 _BLUR = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13  # PIL's SMOOTH kernel
 # Luma weights of torchvision's rgb_to_grayscale (PIL's L conversion: 0.299, 0.587, 0.114).

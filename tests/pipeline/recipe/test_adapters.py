@@ -93,7 +93,7 @@ def test_a_flag_the_script_does_not_apply_is_not_refused(changes: dict[str, Any]
 def test_timm_recipe_flags_become_the_recipe_as_timm_applies_them() -> None:
     from tilefeed.pipeline.recipe.batch_mix import MixStyle
     from tilefeed.pipeline.recipe.erasing import Fill
-    from tilefeed.pipeline.recipe.policies import Family, Policy
+    from tilefeed.pipeline.recipe.policy_tables import Family, Policy
 
     recipe = timm_options(timm_args(aa="rand-m9-mstd0.5-inc1", color_jitter=0.4, reprob=0.25, mixup=0.8,
                                     cutmix=1.0, train_interpolation="random", hflip=0.3, vflip=0.1,
@@ -150,7 +150,7 @@ def test_ra_sampler_is_refused_only_where_the_script_uses_it() -> None:
 
 def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> None:
     from tilefeed.pipeline.recipe.batch_mix import MixStyle
-    from tilefeed.pipeline.recipe.policies import Policy
+    from tilefeed.pipeline.recipe.policy_tables import Policy
 
     recipe = torchvision_options(tv_args(auto_augment="ta_wide", random_erase=0.1, mixup_alpha=0.2,
                                          cutmix_alpha=1.0), train=True, num_classes=7)["recipe"]

@@ -40,8 +40,9 @@ from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.graph import input_names as graph_input_names
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
-from tilefeed.pipeline.recipe.policies import (
-    GEOMETRIC, OPS, AutoAugment, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
+from tilefeed.pipeline.recipe.policies import AutoAugment
+from tilefeed.pipeline.recipe.policy_tables import (
+    GEOMETRIC, OPS, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
 from tilefeed.pipeline.recipe.recipe import ColorJitter, PhotometricDistort, Recipe
 from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles, torchvision_pil
 from tests.pipeline.recipe.test_policies import SIDE, _all_ops, pictures, run_dali, single_op_draws

@@ -26,9 +26,9 @@ from timm.data import auto_augment as timm_aa
 from tests.helpers import ks
 from tilefeed.bench.fixtures.generated import synthetic_image
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
-from tilefeed.pipeline.recipe.policies import (
-    GEOMETRIC, OPS, STREAM, AutoAugment, Family, Interpolation, Op, Policy, Table, _matrix, _posterize_mask,
-    _TIMM_NAMES, _TV_NAMES)
+from tilefeed.pipeline.recipe.policies import STREAM, AutoAugment
+from tilefeed.pipeline.recipe.policy_tables import (
+    GEOMETRIC, OPS, Family, Interpolation, Op, Policy, Table, _matrix, _posterize_mask, _TIMM_NAMES, _TV_NAMES)
 from tilefeed.pipeline.recipe.policy_ops import apply_policy
 from tilefeed.store.errors import ConfigError
 

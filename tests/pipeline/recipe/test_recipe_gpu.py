@@ -121,7 +121,8 @@ def test_a_timm_policy_with_a_random_filter_on_the_device_stays_near_the_cpu_pat
     average (tests/pipeline/recipe/test_host_ops.py, docs/recipes.md), on top of the resize's and
     the other ops' gaps, so the samples keep the bound of a torchvision policy: median mean
     difference under 4 levels."""
-    from tilefeed.pipeline.recipe.policies import AutoAugment, Interpolation
+    from tilefeed.pipeline.recipe.policies import AutoAugment
+    from tilefeed.pipeline.recipe.policy_tables import Interpolation
     from tilefeed.pipeline.recipe.recipe import Recipe
 
     policy = AutoAugment.parse("rand-m9-mstd0.5")

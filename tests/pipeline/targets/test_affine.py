@@ -15,7 +15,7 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from tilefeed.pipeline.recipe.policies import Family, _matrix, _tv_param
+from tilefeed.pipeline.recipe.policy_tables import Family, _matrix, _tv_param
 from tilefeed.pipeline.targets.affine import Affines, affine_boxes, affine_masks, hflip_boxes
 from tilefeed.pipeline.targets.objects import Objects
 from tilefeed.store.errors import ConfigError
@@ -48,7 +48,7 @@ def torchvision_op(cls: Any, target: Any, name: str, magnitude: float) -> Any:
 
 def tilefeed_affine(name: str, bins: int, wide: bool, b: int, sign: float) -> Affines:
     """The matrix the image path warps by for the same op, bin and sign."""
-    from tilefeed.pipeline.recipe.policies import _TV_NAMES
+    from tilefeed.pipeline.recipe.policy_tables import _TV_NAMES
 
     op, _, amount = _tv_param(name, float(b), sign, np.array([H, W], np.float64), wide, bins)
     assert op is _TV_NAMES[name]
