@@ -26,9 +26,8 @@ from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, 
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.batch_ops import BatchOps
-from tilefeed.pipeline.loader.targets import TARGETS, BatchTargets, sample_framing
-from tilefeed.pipeline.targets.batches import Targets, check_targets
-from tilefeed.pipeline.targets.mapping import boxes_to_source
+from tilefeed.pipeline.loader.targets import (TARGETS, BatchTargets, check_store_targets, source_boxes,
+                                              store_objects)
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
@@ -36,7 +35,6 @@ from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
 from tilefeed.pipeline.settings import Layout, LoaderSettings, check_int, require_dali
 from tilefeed.pipeline.planning.order import Shuffle, batches_per_rank
-from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
 from tilefeed.pipeline.planning.sizes import Schedule
@@ -290,7 +288,7 @@ class Loader:
         self.subset = s.subset(len(self.reader))
         self.augment = s.augment(self.reader.tile, self.reader.padded)
         if s.targets:
-            self._check_targets(s)
+            check_store_targets(self.reader, s.targets)
         _ = self._store_objects  # a crop="iou" without boxes fails here, not at the first batch
         # the stored tiles, handed out with no graph, while nothing can ask for another size
         self._direct = (not callable(schedule) and self.device.type == "cpu"
@@ -312,26 +310,7 @@ class Loader:
     def _store_objects(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The store's object offsets and rows, which a recipe's ``crop="iou"`` or ``"zoom_iou"``
         draws against (None: no such crop). A store without boxes, or a mixture, is refused for it here."""
-        recipe = self.recipe
-        if recipe is None or not recipe.crop.against_boxes or not self.settings.train:
-            return None
-        store = self.reader.targets
-        if isinstance(store, MixedTargets):  # each store's boxes, or a background store's none
-            store.check(boxes=True, masks=False, what=f"crop={recipe.crop.value!r}")
-        if store is None or store.offsets is None or store.objects is None:
-            raise ConfigError(f"crop={recipe.crop.value!r} draws each window against the sample's stored "
-                              "boxes: read a store made with boxes (--annotations or --yolo)")
-        return store.offsets, store.objects
-
-    def _check_targets(self, s: LoaderSettings) -> None:
-        """Refuse targets the store does not hold, in one line."""
-        store = self.reader.targets
-        if isinstance(store, MixedTargets):  # each store named where it lacks what is asked
-            store.check(Targets.BOXES in s.targets, Targets.MASKS in s.targets)
-        if store is None:
-            raise ConfigError(f"targets: {self.reader.location} holds no boxes or masks (it was made "
-                              "without --annotations, --yolo or --masks)")
-        check_targets(s.targets, store.offsets is not None, store.masks)
+        return store_objects(self.reader, self.recipe, self.settings.train)
 
     # -- the output size ----------------------------------------------------------------------
     def size_of(self, epoch: int) -> int:
@@ -499,24 +478,9 @@ class Loader:
         list of numpy.ndarray
             Per sample, (k, 4) float64 XYXY in source-image pixels.
         """
-        reader = self.reader
-        if reader.targets is None:  # of a mixture, each sample's store's frames
-            raise ConfigError("boxes_to_source needs a store made with targets (its frames map tiles to "
-                              "source images)")
-        if self.mixture is not None and self.augment.train:
-            raise ConfigError("boxes_to_source over a mixture maps evaluation batches: its training crops "
-                              "are drawn from positions, which ids do not name")
-        recipe = self.augment.recipe
-        if self.augment.train and recipe is not None and recipe.auto_augment is not None:
-            raise ConfigError("boxes_to_source maps back the crop and flips, not an auto-augment policy's "
-                              "shears and rotations: map evaluation batches, or train without auto_augment")
-        samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
-                             dtype=np.int64).reshape(-1)
         epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)
-        framing = sample_framing(reader, self.augment, self.seed, epoch, self.size_of(epoch), samples,
-                                 objects=self._store_objects)
-        host = [b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else b for b in boxes]
-        return boxes_to_source(host, framing, reader.targets.frames_of(samples))
+        return source_boxes(self.reader, self.augment, self.mixture is not None, self.seed, epoch,
+                            self.size_of(epoch), boxes, indices, self._store_objects)
 
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is

@@ -16,11 +16,15 @@ split into per-object masks there, so a batch's targets come on the device of it
 labels, crowd flags and counts copied over, one copy a field). Like the per-batch operations, a
 ``BatchTargets`` is a plain record of settings (the store's reader aside, which the graph holds
 anyway): two are equal when they make the same targets for the same batch.
+
+The Loader's other dealings with a store's targets live here too: the check that the store holds
+what is asked (``check_store_targets``), the stored boxes an IoU crop draws against
+(``store_objects``), and predicted boxes mapped back to the source images (``source_boxes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,17 +33,128 @@ import torch
 
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.crops import StoreObjects, graph_inputs, iou_windows, sent_names
-from tilefeed.pipeline.recipe.policies import GEOMETRIC, OPS
-from tilefeed.pipeline.recipe.recipe import Crop
+from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS
+from tilefeed.pipeline.recipe.recipe import Crop, Recipe
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.targets.affine import Affines
-from tilefeed.pipeline.targets.batches import FramedTargets, Targets, TargetsLayout, frame_targets
+from tilefeed.pipeline.targets.batches import (FramedTargets, Targets, TargetsLayout, check_targets,
+                                               frame_targets)
 from tilefeed.pipeline.targets.geometry import Framing
+from tilefeed.pipeline.targets.mapping import boxes_to_source
 from tilefeed.pipeline.targets.objects import Objects
+from tilefeed.store.errors import ConfigError
 from tilefeed.store.targets import StoreTargets
 
 TARGETS = "targets"  # the hand-over's entry that holds them
+
+
+def check_store_targets(reader: AnyReader, asked: frozenset[Targets]) -> None:
+    """Refuse targets the store does not hold, in one line.
+
+    Parameters
+    ----------
+    reader : StoreReader or MixedReader
+        The store, or a mixture's stores (each named where it lacks what is asked).
+    asked : frozenset of Targets
+        What a batch is to hold.
+
+    Raises
+    ------
+    ConfigError
+        The store holds no targets, or not the ones asked.
+    """
+    store = reader.targets
+    if isinstance(store, MixedTargets):  # each store named where it lacks what is asked
+        store.check(Targets.BOXES in asked, Targets.MASKS in asked)
+    if store is None:
+        raise ConfigError(f"targets: {reader.location} holds no boxes or masks (it was made "
+                          "without --annotations, --yolo or --masks)")
+    check_targets(asked, store.offsets is not None, store.masks)
+
+
+def store_objects(reader: AnyReader, recipe: Recipe | None, train: bool) -> StoreObjects | None:
+    """The store's object offsets and rows, which a recipe's ``crop="iou"`` or ``"zoom_iou"``
+    draws against.
+
+    Parameters
+    ----------
+    reader : StoreReader or MixedReader
+        The store, or a mixture's stores.
+    recipe : Recipe or None
+        The Loader's recipe.
+    train : bool
+        Whether the Loader trains (evaluation draws no crop).
+
+    Returns
+    -------
+    tuple of numpy.ndarray or None
+        Offsets (N + 1,) and rows (M, 6); None where no such crop is drawn.
+
+    Raises
+    ------
+    ConfigError
+        Such a crop over a store without boxes (or a mixture with a store that has none).
+    """
+    if recipe is None or not recipe.crop.against_boxes or not train:
+        return None
+    store = reader.targets
+    if isinstance(store, MixedTargets):  # each store's boxes, or a background store's none
+        store.check(boxes=True, masks=False, what=f"crop={recipe.crop.value!r}")
+    if store is None or store.offsets is None or store.objects is None:
+        raise ConfigError(f"crop={recipe.crop.value!r} draws each window against the sample's stored "
+                          "boxes: read a store made with boxes (--annotations or --yolo)")
+    return store.offsets, store.objects
+
+
+def source_boxes(reader: AnyReader, augment: Augment, mixed: bool, seed: int, epoch: int, size: int,
+                 boxes: Sequence[Any], indices: Any, objects: StoreObjects | None = None) -> list[np.ndarray]:
+    """Boxes on a batch's images (XYXY, output pixels) in the pixels of each sample's source
+    image: its framing of ``epoch`` at ``size`` undone (``Loader.boxes_to_source``).
+
+    Parameters
+    ----------
+    reader : StoreReader or MixedReader
+        The store, or a mixture's stores (each sample's frames from its own).
+    augment : Augment
+        The graph's framing and recipe.
+    mixed : bool
+        Whether ``reader`` is a mixture's (its training crops are keyed by positions, not ids).
+    seed, epoch, size : int
+        The Loader's seed, the batch's epoch and its output side.
+    boxes : sequence of array-like
+        Per sample of the batch, (k, 4) boxes (numpy arrays or tensors, on any device).
+    indices : array-like
+        The batch's store indices.
+    objects : tuple of numpy.ndarray, optional
+        The store's object offsets and rows, for a recipe's ``crop="iou"`` (``store_objects``).
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Per sample, (k, 4) float64 XYXY in source-image pixels.
+
+    Raises
+    ------
+    ConfigError
+        A store without targets, a mixture's training batches, or an auto-augment policy's
+        geometric ops, which are not mapped back.
+    """
+    if reader.targets is None:  # of a mixture, each sample's store's frames
+        raise ConfigError("boxes_to_source needs a store made with targets (its frames map tiles to "
+                          "source images)")
+    if mixed and augment.train:
+        raise ConfigError("boxes_to_source over a mixture maps evaluation batches: its training crops "
+                          "are drawn from positions, which ids do not name")
+    recipe = augment.recipe
+    if augment.train and recipe is not None and recipe.auto_augment is not None:
+        raise ConfigError("boxes_to_source maps back the crop and flips, not an auto-augment policy's "
+                          "shears and rotations: map evaluation batches, or train without auto_augment")
+    samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
+                         dtype=np.int64).reshape(-1)
+    framing = sample_framing(reader, augment, seed, epoch, size, samples, objects=objects)
+    host = [b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else b for b in boxes]
+    return boxes_to_source(host, framing, reader.targets.frames_of(samples))
 
 
 def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int,
