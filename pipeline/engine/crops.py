@@ -111,7 +111,8 @@ def iou_windows(seed: int, epoch: int, samples: np.ndarray, keys: np.ndarray | N
 def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int,
                   samples: np.ndarray, size: int | None = None,
                   keys: np.ndarray | None = None,
-                  objects: StoreObjects | None = None) -> tuple[np.ndarray, ...]:
+                  objects: StoreObjects | None = None,
+                  iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
     """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip, drawn
     from ``keys`` (default the samples themselves).
 
@@ -122,7 +123,9 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
     ``"zoom_iou"`` the same of each picture's zoomed-out canvas, with ``"lsj"`` large-scale
     jitter's cut (these two reach past the picture). Evaluation: its
     framing of the picture for output ``size`` (default the tile side: shorter side to
-    ``size / crop_pct``, centre crop ``size``), no flip.
+    ``size / crop_pct``, centre crop ``size``), no flip. ``iou``: the IoU crop's windows of these
+    samples already drawn (``iou_windows``, for the boxes they keep), taken as they are rather
+    than drawn a second time.
     """
     top, left, height, width = boxes[samples].T
     if a.train:
@@ -132,8 +135,8 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
             n = len(samples)
             return np.zeros((n, 2), np.float32), np.full((n, 2), a.tile, np.float32), w.flip
         if a.recipe is not None and a.recipe.crop.against_boxes:  # SSD's, against the stored boxes
-            drawn = iou_windows(seed, epoch, samples, keys, boxes[samples], objects,
-                                zoom=a.recipe.crop is Crop.ZOOM_IOU)
+            drawn = iou if iou is not None else iou_windows(seed, epoch, samples, keys, boxes[samples],
+                                                            objects, zoom=a.recipe.crop is Crop.ZOOM_IOU)
             return drawn.start.astype(np.float32), drawn.end.astype(np.float32), w.flip
         if a.recipe is not None and a.recipe.crop is Crop.LSJ:  # ScaleJitter to the output side
             side = a.tile if size is None else size
@@ -152,17 +155,19 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
 
 def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
                  samples: np.ndarray, keys: np.ndarray | None = None,
-                 objects: StoreObjects | None = None) -> tuple[np.ndarray, ...]:
+                 objects: StoreObjects | None = None,
+                 iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
     """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``.
 
     With windows: (start, end, flip, output [h, w]), then for a crop that pads
     (``PASTE_NAMES``) the cut inside the picture, its output size and the paste's anchor.
     Without (evaluation framing of whole tiles by fixed ops): (resize [h, w], centre crop
-    [h, w]). The size travels as an input, so one graph serves every size.
+    [h, w]). The size travels as an input, so one graph serves every size. ``iou``: the IoU
+    crop's windows already drawn (``window_inputs``).
     """
     n = len(samples)
     if a.windows:
-        start, end, flip = window_inputs(boxes, a, seed, epoch, samples, size, keys, objects)
+        start, end, flip = window_inputs(boxes, a, seed, epoch, samples, size, keys, objects, iou)
         framed = (start, end, flip, np.full((n, 2), size, np.float32))
         if not pads(a):
             return framed
@@ -176,12 +181,14 @@ def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
 
 def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
                  samples: np.ndarray, keys: np.ndarray | None = None,
-                 objects: StoreObjects | None = None) -> tuple[np.ndarray, ...]:
+                 objects: StoreObjects | None = None,
+                 iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
     """Everything the graph takes per sample besides the pixels: ``frame_inputs``, then the
     recipe's inputs (``draws.input_names``); without a recipe, ``frame_inputs`` alone. A
     recipe's ``hflip`` other than 0.5 replaces the window's flip with its own draw. ``objects``:
-    the store's object offsets and rows, which a recipe's ``crop="iou"`` draws against."""
-    base = frame_inputs(boxes, a, seed, epoch, size, samples, keys, objects)
+    the store's object offsets and rows, which a recipe's ``crop="iou"`` draws against; ``iou``:
+    its windows already drawn (``window_inputs``)."""
+    base = frame_inputs(boxes, a, seed, epoch, size, samples, keys, objects, iou)
     recipe = a.recipe
     if recipe is None:
         return base

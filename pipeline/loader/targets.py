@@ -43,6 +43,7 @@ from tilefeed.pipeline.targets.batches import (FramedTargets, Targets, TargetsLa
 from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.mapping import boxes_to_source
 from tilefeed.pipeline.targets.objects import Objects
+from tilefeed.pipeline.targets.windows import DrawnWindows
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.targets import StoreTargets
 
@@ -189,9 +190,11 @@ def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, s
 
 
 def _sent(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int, samples: np.ndarray,
-          keys: np.ndarray | None, objects: StoreObjects | None) -> dict[str, np.ndarray]:
-    """The graph's per-sample inputs for ``samples``, by name."""
-    sent = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects)
+          keys: np.ndarray | None, objects: StoreObjects | None,
+          iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
+    """The graph's per-sample inputs for ``samples``, by name (``iou``: the IoU crop's windows,
+    already drawn)."""
+    sent = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects, iou)
     return dict(zip(sent_names(augment), sent, strict=True))
 
 
@@ -291,16 +294,17 @@ class BatchTargets:
         samples = np.asarray(samples, dtype=np.int64)
         stored = None if store.offsets is None or store.objects is None else (store.offsets, store.objects)
         crop = self.augment.recipe.crop if self.augment.train and self.augment.recipe is not None else None
-        iou = crop is not None and crop.against_boxes
+        # SSD's crop is drawn once: its windows frame the pixels and its keep marks the boxes
+        drawn = (iou_windows(self.seed, self.epoch, samples, keys, reader.boxes[samples], stored,
+                             zoom=crop is Crop.ZOOM_IOU)
+                 if crop is not None and crop.against_boxes else None)
         inputs = _sent(reader, self.augment, self.seed, self.epoch, self.size, samples, keys,
-                       stored if iou else None)
+                       stored if drawn is not None else None, drawn)
         framing = _framing(self.augment, inputs, self.size, len(samples))
         objects = None
         if Targets.BOXES in self.asked and stored is not None:
             objects = Objects.gather(stored[0], stored[1], samples)
-            if iou:  # the boxes whose centres SSD's crop leaves out go, as RandomIoUCrop marks them
-                drawn = iou_windows(self.seed, self.epoch, samples, keys, reader.boxes[samples], stored,
-                                    zoom=crop is Crop.ZOOM_IOU)
+            if drawn is not None:  # the boxes whose centres the crop leaves out go, as RandomIoUCrop marks them
                 objects = objects.select(drawn.keep)
         masks = None
         if Targets.MASKS in self.asked:

@@ -425,6 +425,43 @@ def test_ssds_iou_crop_keeps_the_boxes_whose_centres_it_holds(coco_store: tuple[
         Loader(plain, 4, train=True, recipe=Recipe(crop="iou"))
 
 
+@pytest.mark.parametrize("crop", ["iou", "zoom_iou"])
+def test_a_batchs_iou_crop_is_drawn_once_for_its_windows_and_its_boxes(
+        coco_store: tuple[Path, ...], crop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BatchTargets.framed`` under an IoU crop draws the crop once (its windows frame the
+    pixels, its keep marks the boxes) and gives the boxes the Loader handed over."""
+    import threading
+
+    from tilefeed.pipeline.engine import crops
+    from tilefeed.pipeline.loader import targets as loader_targets
+    from tilefeed.pipeline.loader.targets import BatchTargets
+    from tilefeed.pipeline.targets.batches import Targets, TargetsLayout
+
+    store = coco_store[0]
+    with Loader(store, 4, targets="boxes", recipe=Recipe(crop=crop), **OPTS) as loader:
+        handed = by_sample(list(loader))
+        made = BatchTargets(frozenset({Targets.BOXES}), TargetsLayout.DICTS, loader.augment, loader.seed, 0,
+                            48, 4, reader=loader.reader)
+        here = threading.get_ident()
+        calls = []
+        real = crops.iou_windows
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == here:  # not the Loader's own feeding thread
+                calls.append(args[2])
+            return real(*args, **kwargs)
+
+        # both names the crop is drawn by: the window inputs' and the batch targets' own
+        monkeypatch.setattr(crops, "iou_windows", counted)
+        monkeypatch.setattr(loader_targets, "iou_windows", counted)
+        samples = np.array(sorted(handed)[:4], dtype=np.int64)
+        framed = made.framed(samples).as_dicts(torch.device("cpu"))
+    assert len(calls) == 1
+    for target, sample in zip(framed, samples.tolist(), strict=True):
+        assert torch.equal(target["boxes"], handed[sample]["boxes"])
+        assert torch.equal(target["labels"], handed[sample]["labels"])
+
+
 def test_a_store_with_boxes_in_a_bucket_hands_over_the_same_targets(tmp_path: Path) -> None:
     """A store read from object storage (a real S3 server) gives the boxes its local copy gives,
     a store with masks too (its masks: test_bucket_targets)."""
