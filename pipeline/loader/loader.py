@@ -2,8 +2,9 @@
 
 The class's docstring documents every parameter with its trade-off (as FFCV's Loader does). The
 options are checked in ``pipeline.settings``, where the epochs stand is ``loader.epochs``'s
-``EpochState``, the resume state is written and read in ``loader.resume``; the order, crops, the
-graph and its pool live in their own rooms.
+``EpochState``, the resume state is written and read in ``loader.resume``, a batch's boxes and
+masks and the store's targets checked in ``loader.targets``; the order, crops, the graph and its
+pool live in their own rooms.
 """
 
 from __future__ import annotations
