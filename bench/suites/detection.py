@@ -13,7 +13,7 @@ with no step, and the stall at an emulated step (``--step-ms``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,41 +22,20 @@ import torch
 from tilefeed.bench.harness.steps import EmulatedStep
 from tilefeed.bench.harness.watch import RunResult, measure
 from tilefeed.bench.peers.torchvision_detection import detection_dataloader
-from tilefeed.bench.suites.recipe import Figure
+from tilefeed.bench.harness.sides import DATALOADER, LOADER, Figure, SideBySide, figures
 from tilefeed.pipeline import Loader
 from tilefeed.pipeline.device import default_device
 from tilefeed.store.host import usable_cores
 
-LOADER, DATALOADER = "tilefeed Loader", "DataLoader + torchvision v2"
 
 
 @dataclass
-class DetectionResult:
-    """Both sides' figures; ``runs`` keeps every measured run's."""
-
-    step_ms: float
-    rate: dict[str, Figure]  # side -> images/s with no step
-    stall: dict[str, Figure]  # side -> stall share at the step
-    settings: dict[str, Any]
-    runs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def speedup(self) -> float:
-        """The Loader's median images/s over the DataLoader's."""
-        return self.rate[LOADER].median / self.rate[DATALOADER].median
-
-    def as_dict(self) -> dict[str, Any]:
-        """The result as JSON-ready data."""
-        d = asdict(self)
-        d["speedup"] = self.speedup
-        return d
+class DetectionResult(SideBySide):
+    """Both sides' figures (``SideBySide``); ``runs`` keeps every measured run's."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DetectionResult:
         """The result again from ``as_dict``'s data (what ``--out`` wrote)."""
-        def figures(sides: dict[str, Any]) -> dict[str, Figure]:
-            return {side: Figure(**figure) for side, figure in sides.items()}
-
         return cls(data["step_ms"], figures(data["rate"]), figures(data["stall"]), data["settings"],
                    data.get("runs", []))
 
@@ -64,14 +43,8 @@ class DetectionResult:
         """Both sides' images/s and stall, and the ratio."""
         s = self.settings
         targets = "boxes and masks" if s["masks"] else "boxes"
-        lines = [f"detection ({targets}), {s['rounds']} interleaved rounds (median, range), batch "
-                 f"{s['batch_size']}, random-resized crop to {s['size']} and flip:",
-                 f"| loader | img/s, no step | stall at a {self.step_ms:g} ms step |",
-                 "| --- | ---: | ---: |"]
-        for side in (LOADER, DATALOADER):
-            lines.append(f"| {side} | {self.rate[side].text(',.0f')} | {self.stall[side].text('.1%')} |")
-        lines.append(f"Loader / DataLoader: {self.speedup:.2f}x")
-        return "\n".join(lines)
+        return "\n".join(self.rows(f"detection ({targets}), {s['rounds']} interleaved rounds (median, range), "
+                                   f"batch {s['batch_size']}, random-resized crop to {s['size']} and flip:"))
 
 
 def bench_detection(images: Path, annotations: Path, store: Path, *, batch_size: int = 32, size: int = 320,

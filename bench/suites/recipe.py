@@ -16,14 +16,14 @@ the adapter a swapped ``train.py`` calls, and the DataLoader through
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tilefeed.bench.harness.sides import DATALOADER, LOADER, Figure, SideBySide, figures
 from tilefeed.bench.harness.steps import EmulatedStep
 from tilefeed.bench.harness.watch import RunResult, measure
 from tilefeed.bench.peers.torchvision_recipe import RecipeFlags, recipe_dataloader
@@ -32,7 +32,6 @@ from tilefeed.pipeline.device import default_device
 from tilefeed.pipeline.recipe.adapters import torchvision_options
 from tilefeed.store.host import usable_cores
 
-LOADER, DATALOADER = "tilefeed Loader", "DataLoader + torchvision v2"
 RESNET50 = RecipeFlags()  # torchvision's ResNet-50 recipe
 # each operation alone on top of the crop and flip, then the whole recipe
 OPERATIONS: dict[str, dict[str, Any]] = {
@@ -54,64 +53,32 @@ def script_args(flags: RecipeFlags, *, batch_size: int, workers: int) -> argpars
         backend="pil", use_v2=True, label_smoothing=0.1)
 
 
-@dataclass
-class Figure:
-    """One figure's rounds: its median and range."""
+@dataclass(kw_only=True)
+class RecipeResult(SideBySide):
+    """Both measurements, per side: the whole recipe (``SideBySide``) and each operation's cost.
 
-    rounds: list[float]
-
-    @property
-    def median(self) -> float:
-        """The median of the rounds."""
-        return statistics.median(self.rounds)
-
-    def text(self, fmt: str) -> str:
-        """``median (low-high)`` in ``fmt``."""
-        return f"{self.median:{fmt}} ({min(self.rounds):{fmt}}-{max(self.rounds):{fmt}})"
-
-
-@dataclass
-class RecipeResult:
-    """Both measurements, per side; ``runs`` keeps every measured run's figures."""
+    Attributes
+    ----------
+    flags : RecipeFlags
+        The recipe measured.
+    operations : dict of str to dict of str to Figure
+        Operation row -> side -> images/s with no step.
+    """
 
     flags: RecipeFlags
-    step_ms: float
-    rate: dict[str, Figure]  # side -> images/s with no step, the whole recipe
-    stall: dict[str, Figure]  # side -> stall share at the step, the whole recipe
-    operations: dict[str, dict[str, Figure]]  # operation row -> side -> images/s with no step
-    settings: dict[str, Any]
-    runs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def speedup(self) -> float:
-        """The Loader's median images/s over the DataLoader's."""
-        return self.rate[LOADER].median / self.rate[DATALOADER].median
-
-    def as_dict(self) -> dict[str, Any]:
-        """The result as JSON-ready data."""
-        d = asdict(self)
-        d["speedup"] = self.speedup
-        return d
+    operations: dict[str, dict[str, Figure]]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RecipeResult:
         """The result again from ``as_dict``'s data (what ``--out`` wrote)."""
-        def figures(sides: dict[str, Any]) -> dict[str, Figure]:
-            return {side: Figure(**figure) for side, figure in sides.items()}
-
-        return cls(RecipeFlags(**data["flags"]), data["step_ms"], figures(data["rate"]), figures(data["stall"]),
-                   {op: figures(sides) for op, sides in data["operations"].items()}, data["settings"],
-                   data.get("runs", []))
+        return cls(step_ms=data["step_ms"], rate=figures(data["rate"]), stall=figures(data["stall"]),
+                   settings=data["settings"], runs=data.get("runs", []), flags=RecipeFlags(**data["flags"]),
+                   operations={op: figures(sides) for op, sides in data["operations"].items()})
 
     def table(self) -> str:
         """The whole recipe's figures, then each operation's cost."""
-        lines = [f"torchvision's ResNet-50 recipe, {self.settings['rounds']} interleaved rounds "
-                 f"(median, range), batch {self.settings['batch_size']}, crop {self.flags.crop}:",
-                 f"| loader | img/s, no step | stall at a {self.step_ms:g} ms step |",
-                 "| --- | ---: | ---: |"]
-        for side in (LOADER, DATALOADER):
-            lines.append(f"| {side} | {self.rate[side].text(',.0f')} | {self.stall[side].text('.1%')} |")
-        lines.append(f"Loader / DataLoader: {self.speedup:.2f}x")
+        lines = self.rows(f"torchvision's ResNet-50 recipe, {self.settings['rounds']} interleaved rounds "
+                          f"(median, range), batch {self.settings['batch_size']}, crop {self.flags.crop}:")
         if self.operations:
             lines += ["", "what each operation costs (img/s, no step):",
                       f"| operations | {LOADER} | {DATALOADER} |", "| --- | ---: | ---: |"]
@@ -194,10 +161,10 @@ def bench_recipe(images: Path, store: Path, *, classes: int, batch_size: int = 6
                 "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
                 "classes": classes, "images": str(images), "store": str(store), "cores": usable_cores(),
                 "torch": torch.__version__}
-    return RecipeResult(flags, step_ms, {k: Figure(v) for k, v in rate.items()},
-                        {k: Figure(v) for k, v in stall.items()},
-                        {op: {k: Figure(v) for k, v in sides.items()} for op, sides in costs.items()},
-                        settings, runs)
+    return RecipeResult(step_ms=step_ms, rate={k: Figure(v) for k, v in rate.items()},
+                        stall={k: Figure(v) for k, v in stall.items()}, settings=settings, runs=runs,
+                        flags=flags, operations={op: {k: Figure(v) for k, v in sides.items()}
+                                                 for op, sides in costs.items()})
 
 
 def _brief(run: RunResult) -> dict[str, Any]:
