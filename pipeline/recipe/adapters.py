@@ -121,8 +121,9 @@ TIMM_FLAGS: dict[str, Flag] = {
     "interpolation": Flag("--interpolation", H, "data_config['interpolation']: the evaluation resize's filter"),
     "train_interpolation": Flag("--train-interpolation", H,
                                 "the training resize's filter, 'random' as timm's (bilinear or bicubic per "
-                                "sample): Recipe.interpolation; 'random' also leaves the --aa policy timm's "
-                                "random filter per op (bicubic ops warp bilinear on a GPU)"),
+                                "sample): Recipe.interpolation; with --aa also the policy's geometric ops' "
+                                "filter (nearest, bilinear or bicubic; 'random' leaves timm's random filter "
+                                "per op), bicubic ops warp bilinear on a GPU"),
     "scale": Flag("--scale", H, "random-resized-crop area range: scale"),
     "ratio": Flag("--ratio", H, "random-resized-crop aspect range: ratio"),
     "hflip": Flag("--hflip", H, "horizontal flip probability: Recipe.hflip"),
@@ -384,8 +385,8 @@ def _torchvision_recipe(args: Any, interpolation: Interpolation, num_classes: in
         policy = AutoAugment.parse(str(chosen))
         # presets.py hands the policy the script's --interpolation (the class default is nearest)
         if interpolation.value not in set(PolicyInterpolation):
-            raise ConfigError(f"torchvision train.py --interpolation {interpolation.value} with "
-                              "--auto-augment: the policy's geometric ops resize nearest or bilinear here")
+            raise ConfigError(f"torchvision train.py --interpolation {interpolation.value} with --auto-augment"
+                              ": the policy's geometric ops resize nearest, bilinear or bicubic here")
         policy = replace(policy, interpolation=PolicyInterpolation(interpolation.value))
         if chosen == "ra":
             policy = replace(policy, magnitude=int(getattr(args, "ra_magnitude", 9)))

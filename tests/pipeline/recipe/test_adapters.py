@@ -107,6 +107,14 @@ def test_timm_recipe_flags_become_the_recipe_as_timm_applies_them() -> None:
     assert policy.interpolation == "random"  # no interpolation hparam: timm's bilinear-or-bicubic per op
     fixed = timm_options(timm_args(aa="rand-m9", train_interpolation="bilinear"), timm_config(), train=True)
     assert fixed["recipe"].auto_augment.interpolation == "bilinear"  # the hparam timm passes the policy
+    # DeiT's --train-interpolation bicubic --aa rand-m9-mstd0.5-inc1: timm's
+    # aa_params['interpolation'] = str_to_pil_interp('bicubic'), the resize bicubic too
+    deit = timm_options(timm_args(aa="rand-m9-mstd0.5-inc1", train_interpolation="bicubic"), timm_config(),
+                        train=True)["recipe"]
+    assert deit.interpolation == "bicubic" and deit.auto_augment.interpolation == "bicubic"
+    # no --train-interpolation: the model's data_config interpolation, the policy's too
+    assert timm_options(timm_args(aa="rand-m9", train_interpolation=None), timm_config(interpolation="bicubic"),
+                        train=True)["recipe"].auto_augment.interpolation == "bicubic"
     assert recipe.erasing.p == 0.25 and recipe.erasing.value is Fill.RANDOM  # --remode pixel
     mix = recipe.mix
     assert (mix.mixup_alpha, mix.cutmix_alpha, mix.label_smoothing, mix.num_classes) == (0.8, 1.0, 0.1, 10)
@@ -169,7 +177,7 @@ def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> N
 
 @pytest.mark.parametrize("changes, train, named", [
     ({"auto_augment": "augmix"}, True, "--auto-augment"),
-    ({"auto_augment": "ta_wide", "interpolation": "bicubic"}, True, "--interpolation"),
+    ({"auto_augment": "ta_wide", "interpolation": "lanczos"}, True, "--interpolation"),
     ({"ra_sampler": True, "distributed": True}, True, "--ra-sampler"),
     ({"weights": "ResNet18_Weights.DEFAULT", "test_only": True}, False, "--weights"),
 ])
