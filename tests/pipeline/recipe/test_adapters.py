@@ -169,6 +169,11 @@ def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> N
     assert recipe.mix.label_smoothing == 0.0  # torchvision smooths in the loss
     ra = torchvision_options(tv_args(auto_augment="ra", ra_magnitude=5), train=True)["recipe"].auto_augment
     assert ra.policy is Policy.RAND and ra.magnitude == 5
+    # presets.py: TrivialAugmentWide(interpolation=InterpolationMode.BICUBIC) under --interpolation bicubic
+    bicubic = torchvision_options(tv_args(auto_augment="ta_wide", interpolation="bicubic"),
+                                  train=True)["recipe"]
+    assert bicubic.interpolation == "bicubic" and bicubic.auto_augment.interpolation == "bicubic"
+    assert bicubic.auto_augment.policy is Policy.TRIVIAL_WIDE
     evaluation = torchvision_options(tv_args(interpolation="bicubic"), train=False)
     assert evaluation["recipe"].interpolation == "bicubic"
     with pytest.raises(ConfigError, match="num_classes"):
