@@ -71,6 +71,7 @@ def test_timm_options_build_a_loader_that_normalises_as_timm(store: Path) -> Non
     ({"no_aug": True}, {}, True, "--no-aug"),
     ({"train_img_sizes": [32, 48]}, {}, True, "--train-img-sizes"),
     ({}, {"input_size": (3, 32, 48)}, True, "--input-size"),
+    ({"aa": "rand-m9", "train_interpolation": "lanczos"}, {}, True, "--train-interpolation lanczos/box/hamming"),
 ])
 def test_a_refused_timm_flag_is_named_in_one_line(changes: dict[str, Any], config: dict[str, Any],
                                                   train: bool, named: str) -> None:
@@ -84,6 +85,8 @@ def test_a_refused_timm_flag_is_named_in_one_line(changes: dict[str, Any], confi
     ({"color_jitter": 0.4, "aa": None, "no_aug": False}, False),  # evaluation applies no jitter
     ({"aa": "rand-m9-mstd0.5"}, False),
     ({"train_interpolation": "random"}, False),
+    ({"train_interpolation": "lanczos"}, True),  # no policy: the resize alone takes lanczos
+    ({"aa": "rand-m9", "train_interpolation": "lanczos"}, False),
     ({"color_jitter": 0.0}, True),  # ColorJitter(0, 0, 0) changes no pixel
 ])
 def test_a_flag_the_script_does_not_apply_is_not_refused(changes: dict[str, Any], train: bool) -> None:
