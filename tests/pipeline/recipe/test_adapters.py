@@ -71,7 +71,8 @@ def test_timm_options_build_a_loader_that_normalises_as_timm(store: Path) -> Non
     ({"no_aug": True}, {}, True, "--no-aug"),
     ({"train_img_sizes": [32, 48]}, {}, True, "--train-img-sizes"),
     ({}, {"input_size": (3, 32, 48)}, True, "--input-size"),
-    ({"aa": "rand-m9", "train_interpolation": "lanczos"}, {}, True, "--train-interpolation lanczos/box/hamming"),
+    ({"aa": "rand-m9", "train_interpolation": "lanczos"}, {}, True,
+     "--train-interpolation lanczos/box/hamming"),
 ])
 def test_a_refused_timm_flag_is_named_in_one_line(changes: dict[str, Any], config: dict[str, Any],
                                                   train: bool, named: str) -> None:
