@@ -95,6 +95,14 @@ def _timm_colour_jitter(args: Any, data_config: Mapping[str, Any], train: bool) 
     return any(float(v) != 0 for v in values)
 
 
+def _timm_policy_filter_refused(args: Any, data_config: Mapping[str, Any], train: bool) -> bool:
+    """timm hands an ``--aa`` policy the training filter; PIL's affine transform, which its
+    geometric ops call, takes no other than nearest, bilinear and bicubic (timm fails there)."""
+    if not train or getattr(args, "no_aug", False) or not getattr(args, "aa", None):
+        return False
+    return _timm_train_interpolation(args, data_config) not in set(PolicyInterpolation)
+
+
 def _train_aug(test: Callable[[Any], bool]) -> Active:
     """Active on the training loader when timm augments (not ``--no-aug``) and ``test`` holds."""
     return lambda args, config, train: train and not getattr(args, "no_aug", False) and test(args)
@@ -121,8 +129,12 @@ TIMM_FLAGS: dict[str, Flag] = {
     "interpolation": Flag("--interpolation", H, "data_config['interpolation']: the evaluation resize's filter"),
     "train_interpolation": Flag("--train-interpolation", H,
                                 "the training resize's filter, 'random' as timm's (bilinear or bicubic per "
-                                "sample): Recipe.interpolation; 'random' also leaves the --aa policy timm's "
-                                "random filter per op (bicubic ops warp bilinear on a GPU)"),
+                                "sample): Recipe.interpolation; with --aa also the policy's geometric ops' "
+                                "filter (nearest, bilinear or bicubic; 'random' leaves timm's random filter "
+                                "per op), bicubic ops warp bilinear on a GPU"),
+    "train_interpolation_aa": Flag("--train-interpolation lanczos/box/hamming with --aa", R,
+                                   "policy geometric ops filtered other than nearest, bilinear or bicubic",
+                                   _timm_policy_filter_refused),
     "scale": Flag("--scale", H, "random-resized-crop area range: scale"),
     "ratio": Flag("--ratio", H, "random-resized-crop aspect range: ratio"),
     "hflip": Flag("--hflip", H, "horizontal flip probability: Recipe.hflip"),
@@ -384,8 +396,8 @@ def _torchvision_recipe(args: Any, interpolation: Interpolation, num_classes: in
         policy = AutoAugment.parse(str(chosen))
         # presets.py hands the policy the script's --interpolation (the class default is nearest)
         if interpolation.value not in set(PolicyInterpolation):
-            raise ConfigError(f"torchvision train.py --interpolation {interpolation.value} with "
-                              "--auto-augment: the policy's geometric ops resize nearest or bilinear here")
+            raise ConfigError(f"torchvision train.py --interpolation {interpolation.value} with --auto-augment"
+                              ": the policy's geometric ops resize nearest, bilinear or bicubic here")
         policy = replace(policy, interpolation=PolicyInterpolation(interpolation.value))
         if chosen == "ra":
             policy = replace(policy, magnitude=int(getattr(args, "ra_magnitude", 9)))

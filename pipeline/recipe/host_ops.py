@@ -47,7 +47,8 @@ from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 INPUTS: tuple[str, ...] = ("vflip", "grayscale", "jitter", "order", *JITTER_ADJUSTMENTS,
                            *PHOTOMETRIC_INPUTS, *INPUT_NAMES)
 SOLARIZE_ADD_BELOW = 128  # timm's solarize_add threshold: only pixels below it are raised
-_RESAMPLE = {Interpolation.NEAREST: Image.Resampling.NEAREST, Interpolation.BILINEAR: Image.Resampling.BILINEAR}
+_RESAMPLE = {Interpolation.NEAREST: Image.Resampling.NEAREST, Interpolation.BILINEAR: Image.Resampling.BILINEAR,
+             Interpolation.BICUBIC: Image.Resampling.BICUBIC}
 # ``aa_filter``'s values (indices into ``RANDOM_FILTERS``) as PIL's filters, timm's _RANDOM_INTERPOLATION
 _RANDOM_RESAMPLE = tuple(Image.Resampling[name.upper()] for name in RANDOM_FILTERS)
 _ENHANCE: dict[Op, Any] = {Op.COLOR: ImageEnhance.Color, Op.SHARPNESS: ImageEnhance.Sharpness}

@@ -87,7 +87,8 @@ class AutoAugment:
     fill : tuple of int
         RGB fill of geometric ops' uncovered pixels (torchvision ``fill``, timm ``img_mean``).
     interpolation : Interpolation
-        Interpolation of the geometric ops; ``random`` draws bilinear or bicubic per slot.
+        Interpolation of the geometric ops (``bicubic``: bilinear in the GPU graph, whose warp has
+        no cubic filter); ``random`` draws bilinear or bicubic per slot.
     translate_pct : float
         timm: relative translation range at level 10 (``translate_pct``).
     translate_const : float
@@ -155,7 +156,7 @@ class AutoAugment:
             ``original``, ``originalr``, ``v0``, ``v0r`` with an optional ``mstd`` section.
         hparams : mapping, optional
             timm's hparams: ``img_mean`` (fill), ``translate_pct``, ``translate_const``,
-            ``interpolation`` (``nearest``, ``bilinear`` or ``random``), ``magnitude_std``,
+            ``interpolation`` (``nearest``, ``bilinear``, ``bicubic`` or ``random``), ``magnitude_std``,
             ``magnitude_max``. Without ``interpolation`` timm strings take timm's own default,
             ``random``: bilinear or bicubic per op slot and sample.
 
@@ -166,7 +167,7 @@ class AutoAugment:
         Raises
         ------
         ConfigError
-            For AugMix, timm's ``3a`` sets, the removed ``w`` section, bicubic interpolation,
+            For AugMix, timm's ``3a`` sets, the removed ``w`` section, lanczos interpolation,
             and anything else that is not supported, naming it.
         """
         return cls(**policy_settings(text, hparams))

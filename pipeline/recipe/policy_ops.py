@@ -37,7 +37,7 @@ def apply_policy(images: Any, inputs: Mapping[str, Any], policy: AutoAugment) ->
         The per-sample inputs named by ``AutoAugment.input_names()`` (``aa_op`` int32 (slots,),
         ``aa_param`` float32 (slots,), ``aa_matrix`` float32 (slots, 2, 3)), CPU nodes from
         ``fn.external_source``; a random interpolation's ``aa_filter`` is not read (the warp
-        is bilinear for every slot).
+        is bilinear for every slot, a bicubic policy's too).
     policy : AutoAugment
         The policy the inputs were drawn for (its op set, fill and interpolation).
 
@@ -119,8 +119,9 @@ def _on(node: Any, gpu: bool) -> Any:
 
 def _warp(images: Any, matrix: Any, policy: AutoAugment) -> Any:
     """Geometric ops: one warp by the host's output-to-input matrix, uncovered pixels filled.
-    DALI's warp has no cubic filter: under ``Interpolation.RANDOM`` every slot warps bilinear,
-    the slots that drew bicubic too (``aa_filter`` stays on the host)."""
+    DALI's warp has no cubic filter: under ``Interpolation.BICUBIC`` every slot warps bilinear,
+    and under ``Interpolation.RANDOM`` the slots that drew bicubic too (``aa_filter`` stays on
+    the host)."""
     interp = types.INTERP_NN if policy.interpolation is Interpolation.NEAREST else types.INTERP_LINEAR
     fill = policy.fill
     if fill[0] == fill[1] == fill[2]:

@@ -33,7 +33,7 @@ def policy_settings(text: str, hparams: Mapping[str, Any] | None = None) -> dict
         ``original``, ``originalr``, ``v0``, ``v0r`` with an optional ``mstd`` section.
     hparams : mapping, optional
         timm's hparams: ``img_mean`` (fill), ``translate_pct``, ``translate_const``,
-        ``interpolation`` (``nearest``, ``bilinear`` or ``random``), ``magnitude_std``,
+        ``interpolation`` (``nearest``, ``bilinear``, ``bicubic`` or ``random``), ``magnitude_std``,
         ``magnitude_max``. Without ``interpolation`` timm strings take timm's own default,
         ``random``: bilinear or bicubic per op slot and sample.
 
@@ -46,7 +46,7 @@ def policy_settings(text: str, hparams: Mapping[str, Any] | None = None) -> dict
     Raises
     ------
     ConfigError
-        For AugMix, timm's ``3a`` sets, the removed ``w`` section, bicubic interpolation,
+        For AugMix, timm's ``3a`` sets, the removed ``w`` section, lanczos interpolation,
         and anything else that is not supported, naming it.
     """
     simple = {"ta_wide": Policy.TRIVIAL_WIDE, "trivial_wide": Policy.TRIVIAL_WIDE,
@@ -115,7 +115,8 @@ def _timm_common(hp: Mapping[str, Any]) -> dict[str, Any]:
     # timm's default without an interpolation hparam: bilinear or bicubic per op (_RANDOM_INTERPOLATION)
     interp = str(hp.get("interpolation", "random")).lower()
     if interp not in set(Interpolation):
-        raise ConfigError(f"auto-augment interpolation {interp!r} not supported (nearest, bilinear, random)")
+        raise ConfigError(f"auto-augment interpolation {interp!r} not supported "
+                          f"({', '.join(i.value for i in Interpolation)})")
     fill = hp.get("img_mean", (128, 128, 128))
     fill = tuple(int(f) for f in (fill if isinstance(fill, (tuple, list)) else (fill,) * 3))
     mmax = hp.get("magnitude_max")

@@ -47,14 +47,16 @@ class Table(StrEnum):
 class Interpolation(StrEnum):
     """Interpolation of the geometric ops.
 
-    ``RANDOM`` is timm's default (no ``interpolation`` in its hparams): each op slot of each
-    sample picks bilinear or bicubic (``RANDOM_FILTERS``) with even odds. PIL applies the
-    bicubic slots bicubic on the host path; DALI's warp has no cubic filter, so the graph warps
-    them bilinear.
+    ``BICUBIC`` is every op slot bicubic: timm's ``--train-interpolation bicubic`` with ``--aa``
+    (DeiT's recipes) and torchvision's presets with ``--interpolation bicubic``. ``RANDOM`` is
+    timm's default (no ``interpolation`` in its hparams): each op slot of each sample picks
+    bilinear or bicubic (``RANDOM_FILTERS``) with even odds. PIL applies the bicubic slots
+    bicubic on the host path; DALI's warp has no cubic filter, so the graph warps them bilinear.
     """
 
     NEAREST = "nearest"
     BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
     RANDOM = "random"
 
 

@@ -71,6 +71,8 @@ def test_timm_options_build_a_loader_that_normalises_as_timm(store: Path) -> Non
     ({"no_aug": True}, {}, True, "--no-aug"),
     ({"train_img_sizes": [32, 48]}, {}, True, "--train-img-sizes"),
     ({}, {"input_size": (3, 32, 48)}, True, "--input-size"),
+    ({"aa": "rand-m9", "train_interpolation": "lanczos"}, {}, True,
+     "--train-interpolation lanczos/box/hamming"),
 ])
 def test_a_refused_timm_flag_is_named_in_one_line(changes: dict[str, Any], config: dict[str, Any],
                                                   train: bool, named: str) -> None:
@@ -84,6 +86,8 @@ def test_a_refused_timm_flag_is_named_in_one_line(changes: dict[str, Any], confi
     ({"color_jitter": 0.4, "aa": None, "no_aug": False}, False),  # evaluation applies no jitter
     ({"aa": "rand-m9-mstd0.5"}, False),
     ({"train_interpolation": "random"}, False),
+    ({"train_interpolation": "lanczos"}, True),  # no policy: the resize alone takes lanczos
+    ({"aa": "rand-m9", "train_interpolation": "lanczos"}, False),
     ({"color_jitter": 0.0}, True),  # ColorJitter(0, 0, 0) changes no pixel
 ])
 def test_a_flag_the_script_does_not_apply_is_not_refused(changes: dict[str, Any], train: bool) -> None:
@@ -107,6 +111,14 @@ def test_timm_recipe_flags_become_the_recipe_as_timm_applies_them() -> None:
     assert policy.interpolation == "random"  # no interpolation hparam: timm's bilinear-or-bicubic per op
     fixed = timm_options(timm_args(aa="rand-m9", train_interpolation="bilinear"), timm_config(), train=True)
     assert fixed["recipe"].auto_augment.interpolation == "bilinear"  # the hparam timm passes the policy
+    # DeiT's --train-interpolation bicubic --aa rand-m9-mstd0.5-inc1: timm's
+    # aa_params['interpolation'] = str_to_pil_interp('bicubic'), the resize bicubic too
+    deit = timm_options(timm_args(aa="rand-m9-mstd0.5-inc1", train_interpolation="bicubic"), timm_config(),
+                        train=True)["recipe"]
+    assert deit.interpolation == "bicubic" and deit.auto_augment.interpolation == "bicubic"
+    # no --train-interpolation: the model's data_config interpolation, the policy's too
+    assert timm_options(timm_args(aa="rand-m9", train_interpolation=None), timm_config(interpolation="bicubic"),
+                        train=True)["recipe"].auto_augment.interpolation == "bicubic"
     assert recipe.erasing.p == 0.25 and recipe.erasing.value is Fill.RANDOM  # --remode pixel
     mix = recipe.mix
     assert (mix.mixup_alpha, mix.cutmix_alpha, mix.label_smoothing, mix.num_classes) == (0.8, 1.0, 0.1, 10)
@@ -161,6 +173,11 @@ def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> N
     assert recipe.mix.label_smoothing == 0.0  # torchvision smooths in the loss
     ra = torchvision_options(tv_args(auto_augment="ra", ra_magnitude=5), train=True)["recipe"].auto_augment
     assert ra.policy is Policy.RAND and ra.magnitude == 5
+    # presets.py: TrivialAugmentWide(interpolation=InterpolationMode.BICUBIC) under --interpolation bicubic
+    bicubic = torchvision_options(tv_args(auto_augment="ta_wide", interpolation="bicubic"),
+                                  train=True)["recipe"]
+    assert bicubic.interpolation == "bicubic" and bicubic.auto_augment.interpolation == "bicubic"
+    assert bicubic.auto_augment.policy is Policy.TRIVIAL_WIDE
     evaluation = torchvision_options(tv_args(interpolation="bicubic"), train=False)
     assert evaluation["recipe"].interpolation == "bicubic"
     with pytest.raises(ConfigError, match="num_classes"):
@@ -169,7 +186,7 @@ def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> N
 
 @pytest.mark.parametrize("changes, train, named", [
     ({"auto_augment": "augmix"}, True, "--auto-augment"),
-    ({"auto_augment": "ta_wide", "interpolation": "bicubic"}, True, "--interpolation"),
+    ({"auto_augment": "ta_wide", "interpolation": "lanczos"}, True, "--interpolation"),
     ({"ra_sampler": True, "distributed": True}, True, "--ra-sampler"),
     ({"weights": "ResNet18_Weights.DEFAULT", "test_only": True}, False, "--weights"),
 ])

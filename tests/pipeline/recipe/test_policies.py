@@ -131,8 +131,15 @@ def test_timm_strings_take_timms_random_interpolation_unless_told() -> None:
     assert "aa_filter" not in AutoAugment.parse("imagenet").input_names()
     named = AutoAugment(Policy.RAND, Family.TIMM, interpolation="random")  # type: ignore[arg-type]
     assert named.interpolation is Interpolation.RANDOM and "aa_filter" in named.draw(0, 0, np.arange(3))
-    with pytest.raises(ConfigError, match="bicubic"):
-        AutoAugment(Policy.RAND, Family.TIMM, interpolation="bicubic")  # type: ignore[arg-type]
+    # a fixed bicubic filter: every slot, nothing drawn for it (the draws of a bilinear policy)
+    bicubic = AutoAugment.parse("rand-m9-mstd0.5-inc1", {"interpolation": "bicubic"})
+    bilinear = AutoAugment.parse("rand-m9-mstd0.5-inc1", {"interpolation": "bilinear"})
+    assert bicubic.interpolation is Interpolation.BICUBIC and "aa_filter" not in bicubic.input_names()
+    keys = np.arange(64)
+    ours, theirs = bicubic.draw(3, 1, keys), bilinear.draw(3, 1, keys)
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    with pytest.raises(ConfigError, match="lanczos"):
+        AutoAugment(Policy.RAND, Family.TIMM, interpolation="lanczos")  # type: ignore[arg-type]
 
 
 def test_parse_takes_timm_hparams() -> None:
@@ -145,7 +152,7 @@ def test_parse_takes_timm_hparams() -> None:
 @pytest.mark.parametrize("text,hparams,named", [
     ("augmix-m5-w4-d2", None, "augmix-m5-w4-d2"), ("3a", None, "3a"), ("rand-m9-w0", None, "w0"),
     ("rand-m9-t3a", None, "3a"), ("rand-m9-q2", None, "q2"), ("original-m5", None, "m5"),
-    ("cifar10", None, "cifar10"), ("rand-m9", {"interpolation": "bicubic"}, "bicubic"),
+    ("cifar10", None, "cifar10"), ("rand-m9", {"interpolation": "lanczos"}, "lanczos"),
 ("rand-m9", {"cutout": 1}, "cutout"),
     ("ra", {"img_mean": (1, 2, 3)}, "img_mean"),
 ])
