@@ -569,7 +569,8 @@ def _targets(reader: Any) -> Targets | None:
     return rows, np.array(t.frames_of(everyone)), masks
 
 
-def _read(store: Path, tiles: np.ndarray, labels: np.ndarray, targets: Targets | None = None) -> tuple[str, str]:
+def _read(store: Path, tiles: np.ndarray, labels: np.ndarray,
+          targets: Targets | None = None) -> tuple[str, str]:
     from tilefeed.pipeline import StoreReader
 
     try:

@@ -151,7 +151,8 @@ def test_every_crafted_targets_store_is_refused_in_one_line(honest_targets: Path
         assert r["info"][0] in ("refused", "ok"), r
 
 
-def test_the_targets_harness_reads_the_honest_store_and_tells_a_changed_one(honest_targets: Path, tmp_path: Path) -> None:
+def test_the_targets_harness_reads_the_honest_store_and_tells_a_changed_one(honest_targets: Path,
+                                                                            tmp_path: Path) -> None:
     """The controls: the harness's reader serves the honest store's rows, frames and masks, a copy
     re-signed with the same values reads honestly (a harness that refused everything would pass
     the test above), and a valid box moved a pixel is told from the honest one."""
