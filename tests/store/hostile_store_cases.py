@@ -6,7 +6,8 @@ checks under test are the ones no checksum makes, not the checksums themselves.
 
 ``python -m tests.store.hostile_store_cases HONEST WORK SUITE BUDGET_MB SECONDS`` runs each case of
 SUITE on a copy of the honest store under WORK and prints one JSON line per case: what ``verify --deep``,
-``info``, the StoreReader (every tile and label) and, for JPEG stores, zarr-python made of it,
+``info``, the StoreReader (every tile and label; for the targets suites every object row,
+frame and mask tile too) and, for JPEG stores, zarr-python made of it,
 how long that took, and any file outside the store that was opened. Memory beyond BUDGET_MB over
 the warmed-up process is refused by the kernel (RLIMIT_AS), so an allocation sized by a hostile
 number shows up as a MemoryError rather than a slow machine.
@@ -414,6 +415,28 @@ def targets_cases() -> list[Case]:
     ]
 
 
+def _class_id(value: int) -> Callable[[Path], None]:
+    """Sample 0's semantic mask full of class id ``value``."""
+    def craft(s: Path) -> None:
+        tile = attrs_of(s)["tile"][0]
+        write_mask_chunk(s, 0, bytes(COMPRESSORS["zstd"].encode(np.full(tile * tile, value, np.uint8))))
+    return craft
+
+
+def semantic_cases() -> list[Case]:
+    """Crafted stores of semantic masks (no boxes), each re-signed."""
+    return [
+        ("class id 9 not in the table", _class_id(9)),
+        ("class id 254 not in the table", _class_id(254)),
+        ("semantic mask zstd bomb", _mask_bomb),
+        ("masks called instance without boxes", lambda s: edit_attrs(
+            s, lambda a: a["targets"].update(masks="instance"))),
+        ("boxes claimed, no object arrays", lambda s: edit_attrs(s, lambda a: a["targets"].update(boxes=True))),
+        ("objects claimed without boxes", lambda s: edit_attrs(s, lambda a: a["targets"].update(objects=5))),
+        ("masks shard absent", lambda s: fmt.shard_path(s, 1, fmt.MASKS).unlink()),
+    ]
+
+
 def _resigned(s: Path) -> None:
     """Every targets array and a mask chunk written again with the same values, re-signed."""
     for name in (fmt.OBJECT_OFFSETS, fmt.OBJECTS, fmt.FRAMES):
@@ -702,7 +725,8 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
     _verify(honest), _info(honest), _zarr(honest, tiles) if jpeg else None
     cases = {"rows": lambda: row_cases(attrs_of(honest)["codec"]), "fields": lambda: field_cases(honest),
              "bytes": lambda: byte_cases(honest), "ledger": ledger_cases,
-             "targets": targets_cases, "targets-control": targets_control_cases}[suite]()
+             "targets": targets_cases, "targets-control": targets_control_cases,
+             "semantic": semantic_cases}[suite]()
     (work / "outside").mkdir(parents=True, exist_ok=True)
     watch = _Watch(work)
     with open("/proc/self/status") as f:
@@ -737,7 +761,7 @@ def _fresh(honest: Path, work: Path, suite: str, n: int) -> Path:
     """A copy of the honest store for case ``n``. The property's cases each change one file in
     place, so one copy serves them all, its files put back as they were (copying a tree per case
     costs more than the case)."""
-    if suite in ("rows", "ledger", "targets", "targets-control"):
+    if suite in ("rows", "ledger", "targets", "targets-control", "semantic"):
         store = work / f"case-{n}"
         store.mkdir() if suite == "ledger" else shutil.copytree(honest, store)
         return store

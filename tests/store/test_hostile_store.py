@@ -123,6 +123,29 @@ TARGETS = {
     "objects chunk file absent": ["objects/c/0/0: missing chunk"],
 }
 
+SEMANTIC = {
+    "class id 9 not in the table": ["masks/c/0/0/0: sample 0: the mask holds class id 9"],
+    "class id 254 not in the table": ["masks/c/0/0/0: sample 0: the mask holds class id 254"],
+    "semantic mask zstd bomb": ["masks/c/0/0/0: sample 1: mask chunk declares 2147483648 decoded bytes"],
+    "masks called instance without boxes": ["'targets.masks' must not be instance without boxes"],
+    "boxes claimed, no object arrays": ["'arrays' lacks object_offsets"],
+    "objects claimed without boxes": ["'targets.objects' must be a whole number in 0..0"],
+    "masks shard absent": ["masks/c/1/0/0: missing shard"],
+}
+
+
+@pytest.fixture(scope="module")
+def honest_semantic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of semantic masks, no boxes (32 px tiles, shards of 4), from a generated folder."""
+    from tests.preprocess.targets_data import write_semantic
+    from tilefeed.preprocess import StoreSettings, TargetOptions, TileSettings, preprocess
+
+    root = tmp_path_factory.mktemp("honest-semantic")
+    sem = write_semantic(root)
+    preprocess(sem.src, root / "store", TileSettings(tile=32), StoreSettings(shard_size=4), workers=1,
+               targets=TargetOptions(masks=str(sem.masks)))
+    return root / "store"
+
 
 @pytest.fixture(scope="module")
 def honest_targets(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -137,17 +160,22 @@ def honest_targets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "store"
 
 
-def test_every_crafted_targets_store_is_refused_in_one_line(honest_targets: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("suite", ["targets", "semantic"])
+def test_every_crafted_targets_store_is_refused_in_one_line(request: pytest.FixtureRequest, tmp_path: Path,
+                                                            suite: str) -> None:
     """verify --deep and the StoreReader (every object row, frame and mask tile read) refuse each
-    store in one line naming the array or field; nothing is allocated by a declared size."""
-    results = run_cases(honest_targets, tmp_path, "targets", ROWS_BUDGET_MB, ROWS_SECONDS)
-    assert [r["case"] for r in results] == list(TARGETS)
+    store in one line naming the array or field; nothing is allocated by a declared size.
+    ``targets``: boxes and instance masks; ``semantic``: semantic masks without boxes."""
+    honest = request.getfixturevalue("honest_targets" if suite == "targets" else "honest_semantic")
+    expected = TARGETS if suite == "targets" else SEMANTIC
+    results = run_cases(honest, tmp_path, suite, ROWS_BUDGET_MB, ROWS_SECONDS)
+    assert [r["case"] for r in results] == list(expected)
     for r in results:
         _bounded(r, ROWS_SECONDS)
         for reader in ("verify", "reader"):
             outcome, message = r[reader]
             assert outcome == "refused", (r["case"], reader, r[reader])
-            assert all(name in message for name in TARGETS[r["case"]]), (r["case"], reader, message)
+            assert all(name in message for name in expected[r["case"]]), (r["case"], reader, message)
         assert r["info"][0] in ("refused", "ok"), r
 
 
