@@ -437,6 +437,21 @@ def semantic_cases() -> list[Case]:
     ]
 
 
+def _wrap(offsets: np.ndarray) -> None:
+    """Offsets 0, 2**63-1, -2**62, ...: their int64 differences wrap to positive counts."""
+    offsets[1], offsets[2] = 2**63 - 1, -(2**62)
+
+
+def boxes_cases() -> list[Case]:
+    """Crafted stores of boxes without masks (no cap on a tile's objects), each re-signed."""
+    return [
+        ("object_offsets wrap around int64", _edit_values(fmt.OBJECT_OFFSETS, _wrap)),
+        ("object_offsets negative inside", _edit_values(fmt.OBJECT_OFFSETS, lambda v: v.__setitem__(1, -1))),
+        ("masks claimed, none written", lambda s: edit_attrs(
+            s, lambda a: a["targets"].update(masks="instance"))),
+    ]
+
+
 def _resigned(s: Path) -> None:
     """Every targets array and a mask chunk written again with the same values, re-signed."""
     for name in (fmt.OBJECT_OFFSETS, fmt.OBJECTS, fmt.FRAMES):
@@ -726,7 +741,7 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
     cases = {"rows": lambda: row_cases(attrs_of(honest)["codec"]), "fields": lambda: field_cases(honest),
              "bytes": lambda: byte_cases(honest), "ledger": ledger_cases,
              "targets": targets_cases, "targets-control": targets_control_cases,
-             "semantic": semantic_cases}[suite]()
+             "semantic": semantic_cases, "boxes": boxes_cases}[suite]()
     (work / "outside").mkdir(parents=True, exist_ok=True)
     watch = _Watch(work)
     with open("/proc/self/status") as f:
@@ -761,7 +776,7 @@ def _fresh(honest: Path, work: Path, suite: str, n: int) -> Path:
     """A copy of the honest store for case ``n``. The property's cases each change one file in
     place, so one copy serves them all, its files put back as they were (copying a tree per case
     costs more than the case)."""
-    if suite in ("rows", "ledger", "targets", "targets-control", "semantic"):
+    if suite in ("rows", "ledger", "targets", "targets-control", "semantic", "boxes"):
         store = work / f"case-{n}"
         store.mkdir() if suite == "ledger" else shutil.copytree(honest, store)
         return store

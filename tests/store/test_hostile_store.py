@@ -133,6 +133,27 @@ SEMANTIC = {
     "masks shard absent": ["masks/c/1/0/0: missing shard"],
 }
 
+BOXES = {
+    # a gap once: the int64 differences of these offsets are all positive, so the tiles' rows
+    # were served from the wrong places (verify found the store sound)
+    "object_offsets wrap around int64": ["objects: object_offsets decrease at sample 1"],
+    "object_offsets negative inside": ["objects: object_offsets decrease at sample 0"],
+    "masks claimed, none written": ["'arrays' lacks masks"],
+}
+
+
+@pytest.fixture(scope="module")
+def honest_boxes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of boxes without masks (32 px tiles, shards of 4) from a generated COCO set."""
+    from tests.preprocess.targets_data import write_coco
+    from tilefeed.preprocess import StoreSettings, TargetOptions, TileSettings, preprocess
+
+    root = tmp_path_factory.mktemp("honest-boxes")
+    coco = write_coco(root, images=9, planted=False)
+    preprocess(coco.src, root / "store", TileSettings(tile=32), StoreSettings(shard_size=4), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations)))
+    return root / "store"
+
 
 @pytest.fixture(scope="module")
 def honest_semantic(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -160,14 +181,15 @@ def honest_targets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "store"
 
 
-@pytest.mark.parametrize("suite", ["targets", "semantic"])
+@pytest.mark.parametrize("suite", ["targets", "semantic", "boxes"])
 def test_every_crafted_targets_store_is_refused_in_one_line(request: pytest.FixtureRequest, tmp_path: Path,
                                                             suite: str) -> None:
     """verify --deep and the StoreReader (every object row, frame and mask tile read) refuse each
     store in one line naming the array or field; nothing is allocated by a declared size.
-    ``targets``: boxes and instance masks; ``semantic``: semantic masks without boxes."""
-    honest = request.getfixturevalue("honest_targets" if suite == "targets" else "honest_semantic")
-    expected = TARGETS if suite == "targets" else SEMANTIC
+    ``targets``: boxes and instance masks; ``semantic``: semantic masks without boxes;
+    ``boxes``: boxes without masks."""
+    honest = request.getfixturevalue(f"honest_{suite}")
+    expected = {"targets": TARGETS, "semantic": SEMANTIC, "boxes": BOXES}[suite]
     results = run_cases(honest, tmp_path, suite, ROWS_BUDGET_MB, ROWS_SECONDS)
     assert [r["case"] for r in results] == list(expected)
     for r in results:
