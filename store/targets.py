@@ -304,8 +304,8 @@ def decode_mask_payload(payload: memoryview, where: str, sample: int, out: np.nd
     ``where`` (the shard) and ``sample``."""
     size = zstd_content_size(payload)
     if size != out.nbytes:
-        raise CorruptChunkError(where, sample,
-                                f"mask chunk declares {size} decoded bytes, the tile holds {out.nbytes}")
+        what = "no decoded size" if size < 0 else f"{size} decoded bytes"  # not a frame, or a streamed one
+        raise CorruptChunkError(where, sample, f"mask chunk declares {what}, the tile holds {out.nbytes}")
     try:
         COMPRESSORS[fmt.MASK_CODEC].decode(payload, out=out)
     except Exception as e:  # noqa: BLE001 - whatever the codec raises on a bad chunk is its reason

@@ -343,6 +343,34 @@ def _mask_overfull(s: Path) -> None:
     write_mask_chunk(s, 1, zstd_rle(tile * tile + (64 << 10), declared=tile * tile))
 
 
+def _mask_unsized(s: Path) -> None:
+    """A zstd frame of a tile's zeros that declares no content size (as a stream writes it)."""
+    tile = attrs_of(s)["tile"][0]
+    # magic; no size, not single-segment; a window of 1 KiB << 3; one RLE block, the last
+    frame = b"\x28\xb5\x2f\xfd\x00\x18" + ((tile * tile << 3) | (1 << 1) | 1).to_bytes(3, "little") + b"\0"
+    write_mask_chunk(s, 1, frame)
+
+
+def _mask_two_frames(s: Path) -> None:
+    """A tile's frame, then a 2 GiB one after it (only the first frame's header is read)."""
+    tile = attrs_of(s)["tile"][0]
+    write_mask_chunk(s, 1, zstd_rle(tile * tile) + zstd_rle(2 << 30))
+
+
+def _crowded_tile(s: Path) -> None:
+    """Sample 0 holds 300 objects (a pixel box each), past the 254 instance ids a mask has."""
+    many, samples = 300, attrs_of(s)["samples"]
+    rows = np.tile(np.array([[0.0, 0.0, 1.0, 1.0, 1.0, 0.0]]), (many, 1))
+    offsets = np.full(samples + 1, many, np.int64)
+    offsets[0] = 0
+    edit_array_doc(s, fmt.OBJECTS, lambda d: (d.update(shape=[many, 6]),
+                                              d["chunk_grid"]["configuration"].update(chunk_shape=[many, 6])))
+    edit_attrs(s, lambda a: (a["arrays"][fmt.OBJECTS].update(length=many, chunk=many, chunks=1),
+                             a["targets"].update(objects=many)))
+    write_small_values(s, fmt.OBJECTS, rows)
+    write_small_values(s, fmt.OBJECT_OFFSETS, offsets)
+
+
 def _instance_past_count(s: Path) -> None:
     """Sample 0's mask full of an instance id one past its object count."""
     offsets, tile = small_values(s, fmt.OBJECT_OFFSETS), attrs_of(s)["tile"][0]
@@ -407,6 +435,9 @@ def targets_cases() -> list[Case]:
         ("mask chunk zstd bomb", _mask_bomb),
         ("mask frame overfull", _mask_overfull),
         ("instance id past the object count", _instance_past_count),
+        ("mask frame without a size", _mask_unsized),
+        ("mask chunk: a tile's frame, then a 2 GiB one", _mask_two_frames),
+        ("a tile of 300 objects with instance masks", _crowded_tile),
         ("targets null, arrays present", _untargeted_with_arrays),
         ("targets absent, arrays present", lambda s: edit_attrs(s, lambda a: a.pop("targets"))),
         ("version 2, targets present", lambda s: edit_attrs(s, lambda a: a.update(version=2))),
