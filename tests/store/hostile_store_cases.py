@@ -429,7 +429,13 @@ def targets_cases() -> list[Case]:
         ("frame sy -1", _edit_values(f, _cell(1, 1, -1.0))),
         ("frame tx NaN", _edit_values(f, _cell(2, 2, np.nan))),
         ("frame ty -inf", _edit_values(f, _cell(2, 3, -np.inf))),
+        ("objects zarr.json float32", lambda s: edit_array_doc(s, fmt.OBJECTS, lambda d: d.update(
+            data_type="float32"))),
+        ("frames zarr.json rows of 3", lambda s: edit_array_doc(s, fmt.FRAMES, lambda d: d.update(
+            shape=[d["shape"][0], 3]))),
         ("masks zarr.json shape 10**9", _masks_huge),
+        ("masks zarr.json uint16", lambda s: edit_array_doc(s, fmt.MASKS, lambda d: d.update(
+            data_type="uint16"))),
         ("masks zarr.json quarter-tile chunks", _masks_rechunked),
         ("masks shard cut short", _mask_shard_cut),
         ("mask chunk zstd bomb", _mask_bomb),
