@@ -572,8 +572,8 @@ def byte_cases(honest: Path) -> list[Case]:
     for path in chunk_files(honest):
         rel, size = path.relative_to(honest), path.stat().st_size
         positions = {0, size // 2, size - 1}
-        if rel.parts[0] == fmt.IMAGES:
-            f = ShardFile(honest, int(rel.parts[2]), attrs_of(honest)["shard_size"])
+        if rel.parts[0] in fmt.SHARDED_ARRAYS:  # images and masks: each tile's chunk too
+            f = ShardFile(honest, int(rel.parts[2]), attrs_of(honest)["shard_size"], rel.parts[0])
             positions |= {int(o) for o, n in f.index.table[: len(f)]}
             positions |= {int(o + n) - 1 for o, n in f.index.table[: len(f)]}
             f.close()

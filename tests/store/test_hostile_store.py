@@ -274,6 +274,19 @@ def test_every_chunk_damaged_is_refused_or_read_honestly(honest: dict[str, Path]
         assert r["verify"][0] == "refused", r  # every change to a chunk is found
 
 
+def test_every_chunk_of_a_targets_store_damaged_is_refused_or_read_honestly(honest_targets: Path,
+                                                                          tmp_path: Path) -> None:
+    """As above, over a store of boxes and instance masks: every mask shard's tile chunks and
+    index, and the object, offset and frame chunks; the reader reads every row, frame and mask."""
+    results = run_cases(honest_targets, tmp_path, "bytes", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+        assert r["verify"][0] == "refused", r
+    damaged = {r["case"].split(" ")[0].split("/")[0] for r in results}
+    assert {fmt.MASKS, fmt.OBJECTS, fmt.OBJECT_OFFSETS, fmt.FRAMES} <= damaged
+    assert sum(r["case"].startswith(fmt.MASKS) for r in results) > 3 * 4  # every tile's chunk bounds
+
+
 # -- the decoded-size checks, one codec at a time --------------------------------------------------
 @pytest.mark.parametrize("size", [0, 16, 255, 256, 300, 65_791, 70_000, 3 * 224 * 224])
 def test_the_zstd_header_gives_the_content_size_numcodecs_wrote(size: int) -> None:
