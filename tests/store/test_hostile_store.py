@@ -274,6 +274,19 @@ def test_every_chunk_damaged_is_refused_or_read_honestly(honest: dict[str, Path]
         assert r["verify"][0] == "refused", r  # every change to a chunk is found
 
 
+def test_every_attribute_field_of_a_targets_store_mutated_is_refused_or_read_honestly(
+        honest_targets: Path, tmp_path: Path) -> None:
+    """The property above over a store of boxes and instance masks: the targets' fields and their
+    arrays' records mutated too, the reader reading every row, frame and mask."""
+    results = run_cases(honest_targets, tmp_path, "fields", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+    fields = {r["case"].rsplit(" ", 1)[0] for r in results}
+    assert {"targets.boxes", "targets.masks", "targets.objects", "targets.categories.0.id",
+            "arrays.objects.length", "arrays.object_offsets.chunk", "arrays.frames.sha256",
+            "arrays.masks.shard_bytes.0"} <= fields, sorted(fields)
+
+
 def test_every_chunk_of_a_targets_store_damaged_is_refused_or_read_honestly(honest_targets: Path,
                                                                           tmp_path: Path) -> None:
     """As above, over a store of boxes and instance masks: every mask shard's tile chunks and
