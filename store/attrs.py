@@ -189,7 +189,9 @@ class ArrayRecord:
             length, most = f.equal("length", objects, "targets.objects"), SMALL_CHUNK
         else:
             length, most = f.equal("length", samples, "one per sample"), SMALL_CHUNK
-        chunk = f.whole("chunk", 1, max(1, min(length, most)))  # a store of no objects: chunks of one
+        # the writer's chunks, exactly: a smaller chunk would only multiply the files a reader
+        # lists and checks (10**12 objects in chunks of one row) before the first is found missing
+        chunk = f.equal("chunk", max(1, min(length, most)), f"min(length, {most}) rows")
         return cls(name=name, length=length, chunk=chunk,
                    ndim=f.equal("ndim", 2 if name in ROW_WIDTH else 1, f"the dimensions of {name}"),
                    chunks=f.equal("chunks", ceil_div(length, chunk), "ceil(length / chunk)"),

@@ -128,7 +128,9 @@ ROW_WIDTH: Final = {BOXES: 4, OBJECTS: 6, FRAMES: 4}  # the arrays whose rows ho
 MASK_CODEC: Final = Codec.ZSTD  # masks are class or instance ids: lossless, and they compress well
 MASK_IGNORE: Final = 255  # a semantic mask's "no label" (also the pad areas')
 MAX_MASK_OBJECTS: Final = 254  # objects of a tile with instance masks: ids 1..254 (0: background)
-MAX_OBJECTS: Final = 1 << 40  # objects in a store
+# objects in a store: read whole (48 bytes a row, 192 GiB at the cap), their chunk files listed
+# and checked before the first is read (16,384 at the cap)
+MAX_OBJECTS: Final = 1 << 32
 MAX_CATEGORIES: Final = 1 << 16
 MAX_CATEGORY_ID: Final = 2**31 - 1
 MAX_NAME_BYTES: Final = 1024  # one category name

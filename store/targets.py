@@ -41,9 +41,12 @@ def objects_problem(offsets: np.ndarray, objects: np.ndarray, store: StoreAttrs)
         return "object_offsets or objects is not of the shape the attributes give"
     if offsets[0] != 0 or offsets[-1] != len(objects):
         return f"object_offsets must run from 0 to the object count {len(objects)}"
-    counts = np.diff(offsets)
-    if (counts < 0).any():
-        return f"object_offsets decrease at sample {int(np.argmax(counts < 0))}"
+    # compared, not differenced: int64 differences wrap, and offsets running 0, 2**63-1, -2**62, ...
+    # would difference to positive counts while leaving 0..M
+    decrease = offsets[1:] < offsets[:-1]
+    if decrease.any():
+        return f"object_offsets decrease at sample {int(np.argmax(decrease))}"
+    counts = np.diff(offsets)  # from 0 to M without decreasing: every count in 0..M
     most = store.max_tile_objects
     if most >= 0 and counts.size and counts.max() > most:
         return f"sample {int(np.argmax(counts > most))} holds more than {most} objects with instance masks"
@@ -301,8 +304,8 @@ def decode_mask_payload(payload: memoryview, where: str, sample: int, out: np.nd
     ``where`` (the shard) and ``sample``."""
     size = zstd_content_size(payload)
     if size != out.nbytes:
-        raise CorruptChunkError(where, sample,
-                                f"mask chunk declares {size} decoded bytes, the tile holds {out.nbytes}")
+        what = "no decoded size" if size < 0 else f"{size} decoded bytes"  # not a frame, or a streamed one
+        raise CorruptChunkError(where, sample, f"mask chunk declares {what}, the tile holds {out.nbytes}")
     try:
         COMPRESSORS[fmt.MASK_CODEC].decode(payload, out=out)
     except Exception as e:  # noqa: BLE001 - whatever the codec raises on a bad chunk is its reason

@@ -6,7 +6,8 @@ checks under test are the ones no checksum makes, not the checksums themselves.
 
 ``python -m tests.store.hostile_store_cases HONEST WORK SUITE BUDGET_MB SECONDS`` runs each case of
 SUITE on a copy of the honest store under WORK and prints one JSON line per case: what ``verify --deep``,
-``info``, the StoreReader (every tile and label) and, for JPEG stores, zarr-python made of it,
+``info``, the StoreReader (every tile and label; for the targets suites every object row,
+frame and mask tile too) and, for JPEG stores, zarr-python made of it,
 how long that took, and any file outside the store that was opened. Memory beyond BUDGET_MB over
 the warmed-up process is refused by the kernel (RLIMIT_AS), so an allocation sized by a hostile
 number shows up as a MemoryError rather than a slow machine.
@@ -256,6 +257,260 @@ def row_cases(codec: str) -> list[Case]:
     return cases
 
 
+# -- stores with targets: their arrays' values, their masks' shards, their attributes ---------------------
+def small_values(store: Path, name: str) -> np.ndarray:
+    """A targets array's values as written (its one chunk, the crc32c cut off), one row a line."""
+    from tilefeed.store.arrays import read_small_array
+    from tilefeed.store.attrs import store_attrs
+
+    return np.array(read_small_array(store, store_attrs(attrs_of(store), store), name))
+
+
+def write_small_values(store: Path, name: str, values: np.ndarray) -> None:
+    """A targets array's one chunk rewritten with ``values`` (zstd, as preprocess writes it), re-signed."""
+    dtype = np.dtype("<i8") if name == fmt.OBJECT_OFFSETS else np.dtype("<f8")
+    write_small_chunk(store, name, 0, bytes(COMPRESSORS["zstd"].encode(values.astype(dtype).tobytes())))
+
+
+def _edit_values(name: str, change: Callable[[np.ndarray], object]) -> Callable[[Path], None]:
+    def craft(s: Path) -> None:
+        values = small_values(s, name)
+        change(values)
+        write_small_values(s, name, values)
+    return craft
+
+
+def _cell(row: int, column: int, value: float) -> Callable[[np.ndarray], None]:
+    def change(values: np.ndarray) -> None:
+        values[row, column] = value
+    return change
+
+
+def _decrease(offsets: np.ndarray) -> None:
+    offsets[2] = offsets[3] + 1  # sample 2 ends after sample 3 starts
+
+
+def _long_array(name: str, rows: int, chunk: int = 1) -> Callable[[Path], None]:
+    """``name`` declares ``rows`` rows in chunks of ``chunk`` (its zarr.json and the attributes
+    agree), and, for the objects, the targets' object count says the same."""
+    def craft(s: Path) -> None:
+        edit_array_doc(s, name, lambda d: (d["shape"].__setitem__(0, rows),
+                                           d["chunk_grid"]["configuration"].update(
+                                               chunk_shape=[chunk, *d["shape"][1:]])))
+        edit_attrs(s, lambda a: a["arrays"][name].update(length=rows, chunk=chunk,
+                                                         chunks=-(-rows // chunk)))
+        if name == fmt.OBJECTS:
+            edit_attrs(s, lambda a: a["targets"].update(objects=rows))
+    return craft
+
+
+def write_mask_chunk(store: Path, sample: int, payload: bytes) -> None:
+    """The mask chunk of ``sample`` replaced (crc32c appended) in a rebuilt shard, its size and
+    sha256 re-signed in the attributes."""
+    attrs = attrs_of(store)
+    per, shard = attrs["shard_size"], sample // attrs["shard_size"]
+    f = ShardFile(store, shard, per, fmt.MASKS)
+    chunks = [bytes(f.chunk(i)) for i in range(len(f))]
+    f.close()
+    chunks[sample % per] = payload
+    parts = [c + fmt.crc_bytes(c) for c in chunks]
+    data = b"".join(parts) + ShardIndex.packed(per, [len(p) for p in parts]).encode()
+    _resign_mask_shard(store, shard, data)
+
+
+def _resign_mask_shard(store: Path, shard: int, data: bytes) -> None:
+    fmt.shard_path(store, shard, fmt.MASKS).write_bytes(data)
+    edit_attrs(store, lambda a: (a["arrays"][fmt.MASKS]["shard_bytes"].__setitem__(shard, len(data)),
+                                 a["arrays"][fmt.MASKS]["shard_sha256"].__setitem__(
+                                     shard, hashlib.sha256(data).hexdigest())))
+
+
+def _mask_shard_cut(s: Path) -> None:
+    """Masks shard 0 without the last 100 bytes of its chunks (the index kept), re-signed."""
+    data = fmt.shard_path(s, 0, fmt.MASKS).read_bytes()
+    index = ShardIndex.packed(attrs_of(s)["shard_size"], [1]).encode()
+    cut = len(data) - len(index)
+    _resign_mask_shard(s, 0, data[: cut - 100] + data[cut:])
+
+
+def _mask_bomb(s: Path) -> None:
+    write_mask_chunk(s, 1, zstd_rle(2 << 30))
+
+
+def _mask_overfull(s: Path) -> None:
+    """A frame that declares a tile's bytes but holds 64 KiB more."""
+    tile = attrs_of(s)["tile"][0]
+    write_mask_chunk(s, 1, zstd_rle(tile * tile + (64 << 10), declared=tile * tile))
+
+
+def _mask_unsized(s: Path) -> None:
+    """A zstd frame of a tile's zeros that declares no content size (as a stream writes it)."""
+    tile = attrs_of(s)["tile"][0]
+    # magic; no size, not single-segment; a window of 1 KiB << 3; one RLE block, the last
+    frame = b"\x28\xb5\x2f\xfd\x00\x18" + ((tile * tile << 3) | (1 << 1) | 1).to_bytes(3, "little") + b"\0"
+    write_mask_chunk(s, 1, frame)
+
+
+def _mask_two_frames(s: Path) -> None:
+    """A tile's frame, then a 2 GiB one after it (only the first frame's header is read)."""
+    tile = attrs_of(s)["tile"][0]
+    write_mask_chunk(s, 1, zstd_rle(tile * tile) + zstd_rle(2 << 30))
+
+
+def _crowded_tile(s: Path) -> None:
+    """Sample 0 holds 300 objects (a pixel box each), past the 254 instance ids a mask has."""
+    many, samples = 300, attrs_of(s)["samples"]
+    rows = np.tile(np.array([[0.0, 0.0, 1.0, 1.0, 1.0, 0.0]]), (many, 1))
+    offsets = np.full(samples + 1, many, np.int64)
+    offsets[0] = 0
+    edit_array_doc(s, fmt.OBJECTS, lambda d: (d.update(shape=[many, 6]),
+                                              d["chunk_grid"]["configuration"].update(chunk_shape=[many, 6])))
+    edit_attrs(s, lambda a: (a["arrays"][fmt.OBJECTS].update(length=many, chunk=many, chunks=1),
+                             a["targets"].update(objects=many)))
+    write_small_values(s, fmt.OBJECTS, rows)
+    write_small_values(s, fmt.OBJECT_OFFSETS, offsets)
+
+
+def _instance_past_count(s: Path) -> None:
+    """Sample 0's mask full of an instance id one past its object count."""
+    offsets, tile = small_values(s, fmt.OBJECT_OFFSETS), attrs_of(s)["tile"][0]
+    count = int(offsets[1] - offsets[0])
+    write_mask_chunk(s, 0, bytes(COMPRESSORS["zstd"].encode(np.full(tile * tile, count + 1, np.uint8))))
+
+
+def _masks_huge(s: Path) -> None:
+    edit_array_doc(s, fmt.MASKS, lambda d: d.update(shape=[d["shape"][0], 10**9, 10**9]))
+
+
+def _masks_rechunked(s: Path) -> None:
+    """The masks' inner chunks a quarter of a tile: another layout than the images'."""
+    def change(d: dict[str, Any]) -> None:
+        half = d["shape"][1] // 2
+        d["codecs"][0]["configuration"]["chunk_shape"][1:3] = [half, half]
+    edit_array_doc(s, fmt.MASKS, change)
+
+
+def _untargeted_with_arrays(s: Path) -> None:
+    """The targets null; their arrays still listed and on disk."""
+    edit_attrs(s, lambda a: a.update(targets=None))
+
+
+def _targets_without_arrays(s: Path) -> None:
+    """The attributes say boxes and instance masks; the objects array is gone, files and record."""
+    shutil.rmtree(s / fmt.OBJECTS)
+    edit_attrs(s, lambda a: a["arrays"].pop(fmt.OBJECTS))
+
+
+def _objects_files_gone(s: Path) -> None:
+    """The objects array listed, its chunk file removed."""
+    shutil.rmtree(s / fmt.OBJECTS / "c")
+
+
+def targets_cases() -> list[Case]:
+    """Crafted stores with targets (format version 3), each re-signed."""
+    o, f = fmt.OBJECTS, fmt.FRAMES
+    return [
+        ("object_offsets decrease", _edit_values(fmt.OBJECT_OFFSETS, _decrease)),
+        ("object_offsets end past the objects", _edit_values(
+            fmt.OBJECT_OFFSETS, lambda v: v.__setitem__(-1, v[-1] + 5))),
+        ("object_offsets start at 3", _edit_values(fmt.OBJECT_OFFSETS, lambda v: v.__setitem__(0, 3))),
+        ("object_offsets length 10**12", _long_array(fmt.OBJECT_OFFSETS, 10**12)),
+        ("objects 2**32 rows, chunks of 1", _long_array(fmt.OBJECTS, 1 << 32)),
+        ("objects 2**40 rows, chunks of 2**18", _long_array(fmt.OBJECTS, 1 << 40, fmt.SMALL_CHUNK)),
+        ("objects 2**32 rows, chunks of 2**18", _long_array(fmt.OBJECTS, 1 << 32, fmt.SMALL_CHUNK)),
+        ("object x0 NaN", _edit_values(o, _cell(0, 0, np.nan))),
+        ("object y1 inf", _edit_values(o, _cell(0, 3, np.inf))),
+        ("object x1 < x0", _edit_values(o, lambda v: v.__setitem__((0, 2), v[0, 0] - 1))),
+        ("object category 5 not in the table", _edit_values(o, _cell(0, 4, 5.0))),
+        ("object category NaN", _edit_values(o, _cell(0, 4, np.nan))),
+        ("object iscrowd 2", _edit_values(o, _cell(0, 5, 2.0))),
+        ("object iscrowd 0.5", _edit_values(o, _cell(0, 5, 0.5))),
+        ("frame sx 0", _edit_values(f, _cell(0, 0, 0.0))),
+        ("frame sy -1", _edit_values(f, _cell(1, 1, -1.0))),
+        ("frame tx NaN", _edit_values(f, _cell(2, 2, np.nan))),
+        ("frame ty -inf", _edit_values(f, _cell(2, 3, -np.inf))),
+        ("objects zarr.json float32", lambda s: edit_array_doc(s, fmt.OBJECTS, lambda d: d.update(
+            data_type="float32"))),
+        ("frames zarr.json rows of 3", lambda s: edit_array_doc(s, fmt.FRAMES, lambda d: d.update(
+            shape=[d["shape"][0], 3]))),
+        ("masks zarr.json shape 10**9", _masks_huge),
+        ("masks zarr.json uint16", lambda s: edit_array_doc(s, fmt.MASKS, lambda d: d.update(
+            data_type="uint16"))),
+        ("masks zarr.json quarter-tile chunks", _masks_rechunked),
+        ("masks shard cut short", _mask_shard_cut),
+        ("mask chunk zstd bomb", _mask_bomb),
+        ("mask frame overfull", _mask_overfull),
+        ("instance id past the object count", _instance_past_count),
+        ("mask frame without a size", _mask_unsized),
+        ("mask chunk: a tile's frame, then a 2 GiB one", _mask_two_frames),
+        ("a tile of 300 objects with instance masks", _crowded_tile),
+        ("targets null, arrays present", _untargeted_with_arrays),
+        ("targets absent, arrays present", lambda s: edit_attrs(s, lambda a: a.pop("targets"))),
+        ("version 2, targets present", lambda s: edit_attrs(s, lambda a: a.update(version=2))),
+        ("targets, objects absent", _targets_without_arrays),
+        ("objects chunk file absent", _objects_files_gone),
+    ]
+
+
+def _class_id(value: int) -> Callable[[Path], None]:
+    """Sample 0's semantic mask full of class id ``value``."""
+    def craft(s: Path) -> None:
+        tile = attrs_of(s)["tile"][0]
+        write_mask_chunk(s, 0, bytes(COMPRESSORS["zstd"].encode(np.full(tile * tile, value, np.uint8))))
+    return craft
+
+
+def semantic_cases() -> list[Case]:
+    """Crafted stores of semantic masks (no boxes), each re-signed."""
+    return [
+        ("class id 9 not in the table", _class_id(9)),
+        ("class id 254 not in the table", _class_id(254)),
+        ("semantic mask zstd bomb", _mask_bomb),
+        ("masks called instance without boxes", lambda s: edit_attrs(
+            s, lambda a: a["targets"].update(masks="instance"))),
+        ("boxes claimed, no object arrays", lambda s: edit_attrs(s, lambda a: a["targets"].update(boxes=True))),
+        ("objects claimed without boxes", lambda s: edit_attrs(s, lambda a: a["targets"].update(objects=5))),
+        ("masks shard absent", lambda s: fmt.shard_path(s, 1, fmt.MASKS).unlink()),
+    ]
+
+
+def _wrap(offsets: np.ndarray) -> None:
+    """Offsets 0, 2**63-1, -2**62, ...: their int64 differences wrap to positive counts."""
+    offsets[1], offsets[2] = 2**63 - 1, -(2**62)
+
+
+def boxes_cases() -> list[Case]:
+    """Crafted stores of boxes without masks (no cap on a tile's objects), each re-signed."""
+    return [
+        ("object_offsets wrap around int64", _edit_values(fmt.OBJECT_OFFSETS, _wrap)),
+        ("object_offsets negative inside", _edit_values(fmt.OBJECT_OFFSETS, lambda v: v.__setitem__(1, -1))),
+        ("masks claimed, none written", lambda s: edit_attrs(
+            s, lambda a: a["targets"].update(masks="instance"))),
+    ]
+
+
+def _resigned(s: Path) -> None:
+    """Every targets array and a mask chunk written again with the same values, re-signed."""
+    for name in (fmt.OBJECT_OFFSETS, fmt.OBJECTS, fmt.FRAMES):
+        write_small_values(s, name, small_values(s, name))
+    f = ShardFile(s, 0, attrs_of(s)["shard_size"], fmt.MASKS)
+    first = bytes(f.chunk(0))
+    f.close()
+    write_mask_chunk(s, 0, first)
+
+
+def targets_control_cases() -> list[Case]:
+    """The harness's controls: the honest store, a copy re-signed with the same values (both read
+    honestly), and one whose first box moved a pixel inside its tile (valid, so ``verify`` finds
+    it sound, but not what the honest store holds: the reader's comparison must call it wrong)."""
+    return [
+        ("honest", lambda s: None),
+        ("re-signed", _resigned),
+        ("box moved a pixel", _edit_values(fmt.OBJECTS, lambda v: v.__setitem__((0, slice(0, 4, 2)),
+                                                                                   v[0, 0:4:2] + 0.5))),
+    ]
+
+
 # -- the property: every attribute field, every chunk --------------------------------------------------
 def leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
     """The path of every field in the attributes, containers included."""
@@ -317,8 +572,8 @@ def byte_cases(honest: Path) -> list[Case]:
     for path in chunk_files(honest):
         rel, size = path.relative_to(honest), path.stat().st_size
         positions = {0, size // 2, size - 1}
-        if rel.parts[0] == fmt.IMAGES:
-            f = ShardFile(honest, int(rel.parts[2]), attrs_of(honest)["shard_size"])
+        if rel.parts[0] in fmt.SHARDED_ARRAYS:  # images and masks: each tile's chunk too
+            f = ShardFile(honest, int(rel.parts[2]), attrs_of(honest)["shard_size"], rel.parts[0])
             positions |= {int(o) for o, n in f.index.table[: len(f)]}
             positions |= {int(o + n) - 1 for o, n in f.index.table[: len(f)]}
             f.close()
@@ -373,7 +628,24 @@ def _info(store: Path) -> tuple[str, str]:
     return "ok", ""
 
 
-def _read(store: Path, tiles: np.ndarray, labels: np.ndarray) -> tuple[str, str]:
+Targets = tuple[np.ndarray, np.ndarray, np.ndarray]  # object rows, frames, masks
+
+
+def _targets(reader: Any) -> Targets | None:
+    """Every object row, frame and mask tile the reader serves (None: a store without targets)."""
+    t = reader.targets
+    if t is None:
+        return None
+    everyone = np.arange(len(reader))
+    rows = np.concatenate([np.empty((0, 6)), *t.rows(everyone)])
+    masks = np.empty((len(reader), t.tile, t.tile), np.uint8)
+    if t.masks is not None:
+        t.read_masks_into(everyone, masks)
+    return rows, np.array(t.frames_of(everyone)), masks
+
+
+def _read(store: Path, tiles: np.ndarray, labels: np.ndarray,
+          targets: Targets | None = None) -> tuple[str, str]:
     from tilefeed.pipeline import StoreReader
 
     try:
@@ -385,6 +657,13 @@ def _read(store: Path, tiles: np.ndarray, labels: np.ndarray) -> tuple[str, str]
                     return "wrong", f"sample {i}"
             if len(reader) != len(tiles):
                 return "wrong", f"{len(reader)} samples"
+            served = _targets(reader)
+            if (served is None) != (targets is None):
+                return "wrong", "targets " + ("absent" if served is None else "present")
+            if served is not None and targets is not None:
+                for what, a, b in zip(("objects", "frames", "masks"), served, targets, strict=True):
+                    if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
+                        return "wrong", what
     except Exception as e:  # noqa: BLE001
         return _one_line(e)
     return "honest", ""
@@ -493,10 +772,13 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
     with StoreReader(honest) as reader:  # the honest pixels and labels, and every module warmed up
         tiles = np.stack([reader.read(i) for i in range(len(reader))])
         labels = reader.labels.copy()
+        targets = _targets(reader)
         jpeg = reader.codec.name == "jpeg"
     _verify(honest), _info(honest), _zarr(honest, tiles) if jpeg else None
     cases = {"rows": lambda: row_cases(attrs_of(honest)["codec"]), "fields": lambda: field_cases(honest),
-             "bytes": lambda: byte_cases(honest), "ledger": ledger_cases}[suite]()
+             "bytes": lambda: byte_cases(honest), "ledger": ledger_cases,
+             "targets": targets_cases, "targets-control": targets_control_cases,
+             "semantic": semantic_cases, "boxes": boxes_cases}[suite]()
     (work / "outside").mkdir(parents=True, exist_ok=True)
     watch = _Watch(work)
     with open("/proc/self/status") as f:
@@ -515,7 +797,7 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
                 result: dict[str, Any] = {"case": name, "audit": _audit(store)}
             else:
                 result = {"case": name, "verify": _verify(store), "info": _info(store),
-                          "reader": _read(store, tiles, labels)}
+                          "reader": _read(store, tiles, labels, targets)}
             if jpeg and suite != "ledger":
                 result["zarr"] = _zarr(store, tiles)
         except _Late:
@@ -531,7 +813,7 @@ def _fresh(honest: Path, work: Path, suite: str, n: int) -> Path:
     """A copy of the honest store for case ``n``. The property's cases each change one file in
     place, so one copy serves them all, its files put back as they were (copying a tree per case
     costs more than the case)."""
-    if suite in ("rows", "ledger"):
+    if suite in ("rows", "ledger", "targets", "targets-control", "semantic", "boxes"):
         store = work / f"case-{n}"
         store.mkdir() if suite == "ledger" else shutil.copytree(honest, store)
         return store

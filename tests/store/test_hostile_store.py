@@ -90,6 +90,134 @@ def test_every_row_of_the_table_is_refused_in_one_line(honest: dict[str, Path], 
             assert r["zarr"][0] == "refused", r  # zarr-python through tilefeed.jpeg: no 10 GiB ask
 
 
+# What each crafted store with targets is refused for: the array or field named, and the reason.
+TARGETS = {
+    "object_offsets decrease": ["objects: object_offsets decrease at sample 2"],
+    "object_offsets end past the objects": ["objects: object_offsets must run from 0 to the object count"],
+    "object_offsets start at 3": ["objects: object_offsets must run from 0 to the object count"],
+    "object_offsets length 10**12": ["'arrays.object_offsets.length'"],
+    "objects 2**32 rows, chunks of 1": ["'arrays.objects.chunk' must be 262144"],
+    "objects 2**40 rows, chunks of 2**18": ["'targets.objects' must be a whole number"],
+    "objects 2**32 rows, chunks of 2**18": ["objects/c/1/0: missing chunk"],
+    "object x0 NaN": ["objects: an object row is not finite"],
+    "object y1 inf": ["objects: an object row is not finite"],
+    "object x1 < x0": ["objects: object 0's box"],
+    "object category 5 not in the table": ["objects: object 0's category", "not in the category table"],
+    "object category NaN": ["objects: an object row is not finite"],
+    "object iscrowd 2": ["objects: object 0's iscrowd"],
+    "object iscrowd 0.5": ["objects: object 0's iscrowd"],
+    "frame sx 0": ["frames: sample 0's frame"],
+    "frame sy -1": ["frames: sample 1's frame"],
+    "frame tx NaN": ["frames: sample 2's frame"],
+    "frame ty -inf": ["frames: sample 2's frame"],
+    "objects zarr.json float32": ["objects/zarr.json: data_type is 'float32'"],
+    "frames zarr.json rows of 3": ["frames/zarr.json: shape is"],
+    "masks zarr.json shape 10**9": ["masks/zarr.json: shape is"],
+    "masks zarr.json uint16": ["masks/zarr.json: data_type is 'uint16'"],
+    "masks zarr.json quarter-tile chunks": ["masks/zarr.json: chunk_shape is"],
+    "masks shard cut short": ["masks/c/0/0/0: sample 2"],
+    "mask chunk zstd bomb": ["masks/c/0/0/0: sample 1: mask chunk declares 2147483648 decoded bytes"],
+    "mask frame overfull": ["masks/c/0/0/0: sample 1: mask does not decode"],
+    "instance id past the object count": ["masks/c/0/0/0: sample 0: the mask holds instance id"],
+    "mask frame without a size": ["masks/c/0/0/0: sample 1: mask chunk declares no decoded size"],
+    "mask chunk: a tile's frame, then a 2 GiB one": ["masks/c/0/0/0: sample 1: mask does not decode"],
+    "a tile of 300 objects with instance masks": ["objects: sample 0 holds more than 254 objects"],
+    "targets null, arrays present": ["'targets' must be an object"],
+    "targets absent, arrays present": ["'arrays' holds object_offsets, which the store's targets do not hold"],
+    "version 2, targets present": ["'targets' must be absent in a version-2 store"],
+    "targets, objects absent": ["'arrays' lacks objects"],
+    "objects chunk file absent": ["objects/c/0/0: missing chunk"],
+}
+
+SEMANTIC = {
+    "class id 9 not in the table": ["masks/c/0/0/0: sample 0: the mask holds class id 9"],
+    "class id 254 not in the table": ["masks/c/0/0/0: sample 0: the mask holds class id 254"],
+    "semantic mask zstd bomb": ["masks/c/0/0/0: sample 1: mask chunk declares 2147483648 decoded bytes"],
+    "masks called instance without boxes": ["'targets.masks' must not be instance without boxes"],
+    "boxes claimed, no object arrays": ["'arrays' lacks object_offsets"],
+    "objects claimed without boxes": ["'targets.objects' must be a whole number in 0..0"],
+    "masks shard absent": ["masks/c/1/0/0: missing shard"],
+}
+
+BOXES = {
+    # a gap once: the int64 differences of these offsets are all positive, so the tiles' rows
+    # were served from the wrong places (verify found the store sound)
+    "object_offsets wrap around int64": ["objects: object_offsets decrease at sample 1"],
+    "object_offsets negative inside": ["objects: object_offsets decrease at sample 0"],
+    "masks claimed, none written": ["'arrays' lacks masks"],
+}
+
+
+@pytest.fixture(scope="module")
+def honest_boxes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of boxes without masks (32 px tiles, shards of 4) from a generated COCO set."""
+    from tests.preprocess.targets_data import write_coco
+    from tilefeed.preprocess import StoreSettings, TargetOptions, TileSettings, preprocess
+
+    root = tmp_path_factory.mktemp("honest-boxes")
+    coco = write_coco(root, images=9, planted=False)
+    preprocess(coco.src, root / "store", TileSettings(tile=32), StoreSettings(shard_size=4), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations)))
+    return root / "store"
+
+
+@pytest.fixture(scope="module")
+def honest_semantic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of semantic masks, no boxes (32 px tiles, shards of 4), from a generated folder."""
+    from tests.preprocess.targets_data import write_semantic
+    from tilefeed.preprocess import StoreSettings, TargetOptions, TileSettings, preprocess
+
+    root = tmp_path_factory.mktemp("honest-semantic")
+    sem = write_semantic(root)
+    preprocess(sem.src, root / "store", TileSettings(tile=32), StoreSettings(shard_size=4), workers=1,
+               targets=TargetOptions(masks=str(sem.masks)))
+    return root / "store"
+
+
+@pytest.fixture(scope="module")
+def honest_targets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of boxes and instance masks (32 px tiles, shards of 4) from a generated COCO set."""
+    from tests.preprocess.targets_data import write_coco
+    from tilefeed.preprocess import StoreSettings, TargetOptions, TileSettings, preprocess
+
+    root = tmp_path_factory.mktemp("honest-targets")
+    coco = write_coco(root, images=9, planted=False)
+    preprocess(coco.src, root / "store", TileSettings(tile=32), StoreSettings(shard_size=4), workers=1,
+               targets=TargetOptions(annotations=str(coco.annotations), instance_masks=True))
+    return root / "store"
+
+
+@pytest.mark.parametrize("suite", ["targets", "semantic", "boxes"])
+def test_every_crafted_targets_store_is_refused_in_one_line(request: pytest.FixtureRequest, tmp_path: Path,
+                                                            suite: str) -> None:
+    """verify --deep and the StoreReader (every object row, frame and mask tile read) refuse each
+    store in one line naming the array or field; nothing is allocated by a declared size.
+    ``targets``: boxes and instance masks; ``semantic``: semantic masks without boxes;
+    ``boxes``: boxes without masks."""
+    honest = request.getfixturevalue(f"honest_{suite}")
+    expected = {"targets": TARGETS, "semantic": SEMANTIC, "boxes": BOXES}[suite]
+    results = run_cases(honest, tmp_path, suite, ROWS_BUDGET_MB, ROWS_SECONDS)
+    assert [r["case"] for r in results] == list(expected)
+    for r in results:
+        _bounded(r, ROWS_SECONDS)
+        for reader in ("verify", "reader"):
+            outcome, message = r[reader]
+            assert outcome == "refused", (r["case"], reader, r[reader])
+            assert all(name in message for name in expected[r["case"]]), (r["case"], reader, message)
+        assert r["info"][0] in ("refused", "ok"), r
+
+
+def test_the_targets_harness_reads_the_honest_store_and_tells_a_changed_one(honest_targets: Path,
+                                                                            tmp_path: Path) -> None:
+    """The controls: the harness's reader serves the honest store's rows, frames and masks, a copy
+    re-signed with the same values reads honestly (a harness that refused everything would pass
+    the test above), and a valid box moved a pixel is told from the honest one."""
+    results = run_cases(honest_targets, tmp_path, "targets-control", ROWS_BUDGET_MB, ROWS_SECONDS)
+    assert [(r["case"], r["verify"], r["reader"]) for r in results] == [
+        ("honest", ["sound", ""], ["honest", ""]), ("re-signed", ["sound", ""], ["honest", ""]),
+        ("box moved a pixel", ["sound", ""], ["wrong", "objects"])]
+
+
 # What ``tilefeed audit`` makes of each hostile ledger: refused, or answered without a table or a
 # set sized by the largest id or the world size a file states.
 LEDGER = {
@@ -144,6 +272,32 @@ def test_every_chunk_damaged_is_refused_or_read_honestly(honest: dict[str, Path]
     for r in results:
         _honest_or_refused(r)
         assert r["verify"][0] == "refused", r  # every change to a chunk is found
+
+
+def test_every_attribute_field_of_a_targets_store_mutated_is_refused_or_read_honestly(
+        honest_targets: Path, tmp_path: Path) -> None:
+    """The property above over a store of boxes and instance masks: the targets' fields and their
+    arrays' records mutated too, the reader reading every row, frame and mask."""
+    results = run_cases(honest_targets, tmp_path, "fields", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+    fields = {r["case"].rsplit(" ", 1)[0] for r in results}
+    assert {"targets.boxes", "targets.masks", "targets.objects", "targets.categories.0.id",
+            "arrays.objects.length", "arrays.object_offsets.chunk", "arrays.frames.sha256",
+            "arrays.masks.shard_bytes.0"} <= fields, sorted(fields)
+
+
+def test_every_chunk_of_a_targets_store_damaged_is_refused_or_read_honestly(honest_targets: Path,
+                                                                          tmp_path: Path) -> None:
+    """As above, over a store of boxes and instance masks: every mask shard's tile chunks and
+    index, and the object, offset and frame chunks; the reader reads every row, frame and mask."""
+    results = run_cases(honest_targets, tmp_path, "bytes", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+        assert r["verify"][0] == "refused", r
+    damaged = {r["case"].split(" ")[0].split("/")[0] for r in results}
+    assert {fmt.MASKS, fmt.OBJECTS, fmt.OBJECT_OFFSETS, fmt.FRAMES} <= damaged
+    assert sum(r["case"].startswith(fmt.MASKS) for r in results) > 3 * 4  # every tile's chunk bounds
 
 
 # -- the decoded-size checks, one codec at a time --------------------------------------------------

@@ -4,7 +4,6 @@ as anyone can) refused in one line by the reader and listed by ``verify``."""
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import shutil
 from collections.abc import Callable
@@ -15,7 +14,7 @@ import pytest
 
 from tests.helpers import run_cli, write_folder
 from tests.preprocess.targets_data import write_coco
-from tests.store.hostile_store_cases import attrs_of, edit_attrs, write_attrs, write_small_chunk, zstd_rle
+from tests.store.hostile_store_cases import attrs_of, edit_attrs, write_mask_chunk, write_small_chunk, zstd_rle
 from tilefeed.pipeline import StoreReader
 from tilefeed.preprocess import StoreSettings, TargetOptions, TileSettings, preprocess
 from tilefeed.store import format as fmt
@@ -65,20 +64,8 @@ def _offsets_chunk(store: Path, change: Callable[[np.ndarray], object]) -> None:
 
 
 def _mask_chunk(store: Path, sample: int, payload: bytes) -> None:
-    """Sample's mask chunk replaced (crc32c appended) in a rebuilt shard, its size and sha256
-    re-signed in the attributes."""
-    attrs = attrs_of(store)
-    per, shard = attrs["shard_size"], sample // attrs["shard_size"]
-    f = ShardFile(store, shard, per, fmt.MASKS)
-    chunks = [bytes(f.chunk(i)) for i in range(len(f))]
-    f.close()
-    chunks[sample % per] = payload
-    parts = [c + fmt.crc_bytes(c) for c in chunks]
-    data = b"".join(parts) + ShardIndex.packed(per, [len(p) for p in parts]).encode()
-    fmt.shard_path(store, shard, fmt.MASKS).write_bytes(data)
-    attrs["arrays"][fmt.MASKS]["shard_bytes"][shard] = len(data)
-    attrs["arrays"][fmt.MASKS]["shard_sha256"][shard] = hashlib.sha256(data).hexdigest()
-    write_attrs(store, attrs)
+    """Sample's mask chunk replaced (crc32c appended) in a rebuilt shard, re-signed."""
+    write_mask_chunk(store, sample, payload)
 
 
 def _refused(store: Path, error: type[Exception], match: str, deep: bool = False) -> None:
