@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -41,7 +40,7 @@ import numpy as np
 
 from tilefeed.preprocess.images import Placement, Rejected
 from tilefeed.preprocess.settings import TargetKind
-from tilefeed.preprocess.sources.targets import YOLO_IMAGES, YOLO_LABELS, TargetJob
+from tilefeed.preprocess.sources.targets import YOLO_IMAGES, YOLO_LABELS, TargetJob, TooLarge, read_bounded
 from tilefeed.store.format import MASK_IGNORE, MAX_MASK_OBJECTS, MaskKind
 
 BOX_TOLERANCE: Final = 0.5  # pixels a box may pass its image's edge by (clipped), as tools round
@@ -224,24 +223,15 @@ def _yolo(job: TargetJob, path: str, size: tuple[int, int]) -> SourceTargets:
     normalised to the image's size. No label file means no objects (YOLO's background image)."""
     label, shown = target_file(job, path)
     try:
-        # non-blocking: the open of a pipe would itself wait for a writer
-        with open(os.open(label, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
-            # its kind and size checked on the open file, before a byte is read
-            stats = os.fstat(f.fileno())
-            if not stat.S_ISREG(stats.st_mode):
-                raise Rejected(f"unreadable labels: {shown}: not a regular file")
-            nbytes = stats.st_size
-            if nbytes > MAX_LABEL_BYTES:
-                raise Rejected(f"labels too large: {shown} is {nbytes} bytes, over the {MAX_LABEL_BYTES >> 20} "
-                               "MiB a label file may hold")
-            text = f.read(MAX_LABEL_BYTES + 1)
+        text = read_bounded(label, MAX_LABEL_BYTES)
     except FileNotFoundError:
         return _empty()
+    except TooLarge as e:
+        declared = "" if e.size is None else f" is {e.size} bytes,"
+        raise Rejected(f"labels too large: {shown}{declared} over the {MAX_LABEL_BYTES >> 20} MiB a label file "
+                       "may hold") from None
     except OSError as e:
         raise Rejected(f"unreadable labels: {shown}: {e.strerror or e}") from None
-    if len(text) > MAX_LABEL_BYTES:  # grown since its size was read
-        raise Rejected(f"labels too large: {shown} is over the {MAX_LABEL_BYTES >> 20} MiB a label file "
-                       "may hold")
     try:
         lines = text.decode("utf-8").splitlines()
     except UnicodeDecodeError:

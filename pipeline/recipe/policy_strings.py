@@ -27,15 +27,9 @@ def policy_settings(text: str, hparams: Mapping[str, Any] | None = None) -> dict
     Parameters
     ----------
     text : str
-        torchvision: ``ta_wide`` (TrivialAugmentWide), ``ra`` (RandAugment, num_ops 2,
-        magnitude 9), ``imagenet`` (AutoAugment's ImageNet policy). timm: ``rand-...``
-        with sections ``m``, ``n``, ``p``, ``mstd``, ``mmax``, ``inc``, ``tweights``;
-        ``original``, ``originalr``, ``v0``, ``v0r`` with an optional ``mstd`` section.
+        A policy name or timm config string, as ``AutoAugment.parse`` lists them.
     hparams : mapping, optional
-        timm's hparams: ``img_mean`` (fill), ``translate_pct``, ``translate_const``,
-        ``interpolation`` (``nearest``, ``bilinear``, ``bicubic`` or ``random``), ``magnitude_std``,
-        ``magnitude_max``. Without ``interpolation`` timm strings take timm's own default,
-        ``random``: bilinear or bicubic per op slot and sample.
+        timm's hparams, as ``AutoAugment.parse`` lists them.
 
     Returns
     -------

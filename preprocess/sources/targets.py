@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -189,32 +190,69 @@ def _scan_coco(src: Path, annotations: Path, masks: MaskKind | None, sink: Sourc
     return Scan(classes=[IMAGE_CLASS]), TargetSource(job, categories, identity, folder)
 
 
+class TooLarge(Exception):
+    """A file over the limit ``read_bounded`` was given: ``size`` bytes by its ``fstat``, or None
+    when it grew past the limit while it was read."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def read_bounded(path: str | os.PathLike[str], most: int) -> bytes:
+    """A regular file's bytes, at most ``most`` of them, checked before a byte is read.
+
+    The file is opened without blocking (the open of a pipe would itself wait for a writer),
+    its kind and size are read on the open file, and the read stops one byte past ``most``, so a
+    file that grows meanwhile is caught too.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file.
+    most : int
+        The largest size read.
+
+    Returns
+    -------
+    bytes
+        Its contents.
+
+    Raises
+    ------
+    TooLarge
+        Over ``most`` bytes, by its size or as read.
+    OSError
+        Unreadable, or not a regular file (a pipe, a device: ``errno.EINVAL``); FileNotFoundError
+        when absent.
+    """
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        stats = os.fstat(f.fileno())
+        if not stat.S_ISREG(stats.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if stats.st_size > most:
+            raise TooLarge(stats.st_size)
+        raw = f.read(most + 1)
+    if len(raw) > most:
+        raise TooLarge(None)
+    return raw
+
+
 def _read_annotations(path: Path, where: str, most: int) -> bytes:
     """The file's bytes, refused unread when it is over ``most`` bytes or not a regular file
-    (a pipe or a device has no size to check): the size is read on the open file before a
-    byte is, and the read stops one byte past the limit, so a file that grows meanwhile is
-    refused too. Nothing the scan or the workers make is sized by a count the file declares:
-    its images, annotations and polygon points are lists the parse builds, so the file's size
-    bounds them all."""
-    def refuse(size: str) -> SourceError:
-        return SourceError(f"{where}: {size}, over the {size_text(most)} limit; "
-                           "--max-annotations-size raises it")
-
+    (``read_bounded``). Nothing the scan or the workers make is sized by a count the file
+    declares: its images, annotations and polygon points are lists the parse builds, so the
+    file's size bounds them all."""
     try:
-        # non-blocking: the open of a pipe would itself wait for a writer
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
-            stats = os.fstat(f.fileno())
-            if not stat.S_ISREG(stats.st_mode):
-                raise SourceError(f"{where}: not a regular file")
-            size = stats.st_size
-            if size > most:
-                raise refuse(f"{size} bytes ({size_text(size)})")
-            raw = f.read(most + 1)
+        return read_bounded(path, most)
+    except TooLarge as e:
+        size = "grew while read" if e.size is None else f"{e.size} bytes ({size_text(e.size)})"
+        raise SourceError(f"{where}: {size}, over the {size_text(most)} limit; "
+                          "--max-annotations-size raises it") from None
     except OSError as e:
+        if e.errno == errno.EINVAL:
+            raise SourceError(f"{where}: not a regular file") from None
         raise SourceError(f"{where}: cannot read: {e.strerror or e}") from None
-    if len(raw) > most:
-        raise refuse("grew while read")
-    return raw
 
 
 def _whole(value: Any) -> bool:
