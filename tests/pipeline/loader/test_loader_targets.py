@@ -356,6 +356,34 @@ def test_targets_on_a_gpu_are_the_cpus(coco_store: tuple[Path, ...], policy: str
     assert all(same_target(a, b) for a, b in zip(padded["cpu"], padded["cuda"], strict=True))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("crop", ["lsj", "zoom_iou"])
+def test_windows_past_the_picture_on_a_gpu_are_the_cpus(coco_store: tuple[Path, ...], crop: str) -> None:
+    """The device graph's paste (``fn.slice`` padding with the fill, the part inside resized on
+    the device) against the CPU path's (PIL resize, then a paste): the targets bit for bit, the
+    pixels past the picture exactly the fill on both, the rest within the two resizes' gap."""
+    store, fill = coco_store[0], (123, 117, 104)
+    options = dict(OPTS, dtype=torch.uint8, layout="NHWC")
+    seen: dict[str, dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {}
+    for device in ("cpu", "cuda"):
+        with Loader(store, 4, targets=("boxes", "masks"), recipe=Recipe(crop=crop, fill=fill), device=device,
+                    **options) as loader:
+            seen[device] = {int(i): (images[k].cpu(), {n: v.cpu() for n, v in targets[k].items()})
+                            for images, targets, indices in loader for k, i in enumerate(indices.tolist())}
+    assert seen["cpu"].keys() == seen["cuda"].keys()
+    filled = 0
+    for i, (pixels, target) in seen["cpu"].items():
+        device_pixels, device_target = seen["cuda"][i]
+        assert same_target(target, device_target)
+        at_fill = (pixels == torch.tensor(fill, dtype=torch.uint8)).all(-1)
+        filled += int(at_fill.sum())
+        # a picture pixel may equal the fill by chance; the CPU's fill area is the device's too
+        assert (device_pixels[at_fill] == torch.tensor(fill, dtype=torch.uint8)).float().mean() > 0.99
+        assert (device_pixels.float() - pixels.float()).abs().mean() < 3.0
+    assert filled > 0
+
+
 def test_no_crop_trains_on_the_whole_letterbox_with_the_flips(coco_store: tuple[Path, ...]) -> None:
     """``Recipe(crop="none")``, detection's hflip preset: each sample's window is its whole tile,
     so its boxes are the stored ones scaled to the output side and mirrored where it is flipped,
