@@ -190,6 +190,10 @@ def _scan_coco(src: Path, annotations: Path, masks: MaskKind | None, sink: Sourc
     return Scan(classes=[IMAGE_CLASS]), TargetSource(job, categories, identity, folder)
 
 
+class NotAFile(OSError):
+    """``read_bounded`` was given a pipe, a device or a folder: nothing with a size to check."""
+
+
 class TooLarge(Exception):
     """A file over the limit ``read_bounded`` was given: ``size`` bytes by its ``fstat``, or None
     when it grew past the limit while it was read."""
@@ -223,13 +227,13 @@ def read_bounded(path: str | os.PathLike[str], most: int) -> bytes:
     TooLarge
         Over ``most`` bytes, by its size or as read.
     OSError
-        Unreadable, or not a regular file (a pipe, a device: ``errno.EINVAL``); FileNotFoundError
-        when absent.
+        Unreadable (FileNotFoundError when absent; ``NotAFile`` for a pipe, a device or a
+        folder).
     """
     with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
         stats = os.fstat(f.fileno())
         if not stat.S_ISREG(stats.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+            raise NotAFile(errno.EINVAL, "not a regular file")
         if stats.st_size > most:
             raise TooLarge(stats.st_size)
         raw = f.read(most + 1)
@@ -249,9 +253,9 @@ def _read_annotations(path: Path, where: str, most: int) -> bytes:
         size = "grew while read" if e.size is None else f"{e.size} bytes ({size_text(e.size)})"
         raise SourceError(f"{where}: {size}, over the {size_text(most)} limit; "
                           "--max-annotations-size raises it") from None
+    except NotAFile:
+        raise SourceError(f"{where}: not a regular file") from None
     except OSError as e:
-        if e.errno == errno.EINVAL:
-            raise SourceError(f"{where}: not a regular file") from None
         raise SourceError(f"{where}: cannot read: {e.strerror or e}") from None
 
 
