@@ -241,6 +241,23 @@ def _gpus(report: Report, torch: Any) -> None:
         return
     report.add("GPU", gpus > 0, f"{gpus} visible: {names}" if gpus else "none visible (CPU only)",
                required=False)
+    _graph_shape(report, gpus)
+
+
+def _graph_shape(report: Report, gpus: int) -> None:
+    """Which graph CPU Loaders build: ``TILEFEED_DEVICE_GRAPH=1`` gives them the GPU's (slower
+    than the reader threads' resize: a way to test, not to train), said whenever it is set."""
+    from tilefeed.pipeline.device import DEVICE_GRAPH_ENV, device_graph
+
+    try:
+        on = device_graph()
+    except Exception as e:  # noqa: BLE001 - a bad value: said, never a traceback
+        report.add("graph", False, str(e), fix=f"unset {DEVICE_GRAPH_ENV} or set it to 1 or 0")
+        return
+    if on:
+        where = "CPU Loaders" if gpus else "every Loader here (no GPU)"
+        report.add("graph", True, f"{DEVICE_GRAPH_ENV}=1: {where} build the GPU's graph on DALI's CPU backend "
+                   "(for testing it; slower than the default)", required=False)
 
 
 def _torch_cuda_major() -> int | None:

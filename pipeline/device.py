@@ -1,4 +1,5 @@
-"""The default training device, one rule for the Loader and the bench alike."""
+"""The default training device, one rule for the Loader and the bench alike; and the switch
+that builds the GPU's graph on a CPU machine."""
 
 from __future__ import annotations
 
@@ -6,13 +7,45 @@ import os
 
 import torch
 
+from tilefeed.store.errors import ConfigError
+
+# Set to 1, a CPU Loader builds the graph a GPU Loader builds (decode, cut, resize, recipe and
+# paste in DALI, on its CPU backend) rather than cutting and resizing in its reader threads:
+# the way to run and test the device's graph without a GPU (docs/development.md).
+DEVICE_GRAPH_ENV = "TILEFEED_DEVICE_GRAPH"
+
+
+def device_graph() -> bool:
+    """Whether ``TILEFEED_DEVICE_GRAPH`` asks CPU Loaders for the device's graph shape (read
+    when a Loader is built)."""
+    value = os.environ.get(DEVICE_GRAPH_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{DEVICE_GRAPH_ENV}={value!r}: expected 1 (the device's graph on the CPU) or 0")
+
 
 def default_device() -> torch.device:
-    """``cuda:LOCAL_RANK`` (or the current CUDA device) when there is a GPU, else ``cpu``."""
+    """``cuda:LOCAL_RANK`` (or the current CUDA device) when there is a GPU, else ``cpu``.
+
+    A launcher that gives each process one GPU of its own (``CUDA_VISIBLE_DEVICES`` set per
+    process, so every process sees a single device) leaves ``LOCAL_RANK`` past the visible
+    count: the process's one GPU, ``cuda:0``, is then its device, as torchrun users expect.
+    A ``LOCAL_RANK`` past several visible GPUs is refused.
+    """
     if not torch.cuda.is_available():
         return torch.device("cpu")
     local = os.environ.get("LOCAL_RANK")
-    return torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
+    if local is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    index, count = int(local), torch.cuda.device_count()
+    if index < count:
+        return torch.device("cuda", index)
+    if count == 1:
+        return torch.device("cuda", 0)
+    raise ConfigError(f"LOCAL_RANK={index} but this process sees {count} GPUs (cuda:0..{count - 1}): "
+                      "give each process one GPU (CUDA_VISIBLE_DEVICES) or all of them, or pass device=")
 
 
 def dali_device_id(device: torch.device) -> int | None:

@@ -50,6 +50,17 @@ def fresh_forkserver_per_module() -> Iterator[None]:
         stop()
 
 
+@pytest.fixture(params=["host", "device"])
+def shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The graph shape of the CPU Loaders a test builds, each test run in both: ``"host"`` (the
+    reader threads cut, resize and apply the recipe with PIL) and ``"device"`` (the GPU's graph
+    on DALI's CPU backend, ``TILEFEED_DEVICE_GRAPH=1``)."""
+    from tilefeed.pipeline.device import DEVICE_GRAPH_ENV
+
+    monkeypatch.setenv(DEVICE_GRAPH_ENV, "1" if request.param == "device" else "0")
+    return str(request.param)
+
+
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Path:
     return write_folder(tmp_path / "src")

@@ -109,6 +109,24 @@ def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: 
     return out
 
 
+@contextmanager
+def device_graph(on: bool = True) -> Iterator[None]:
+    """CPU Loaders built inside the block take the GPU's graph shape (``TILEFEED_DEVICE_GRAPH``:
+    decode, cut, resize and the recipe in DALI, on its CPU backend), or with ``on`` False the
+    host shape (the reader threads cut and resize)."""
+    from tilefeed.pipeline.device import DEVICE_GRAPH_ENV
+
+    saved = os.environ.get(DEVICE_GRAPH_ENV)
+    os.environ[DEVICE_GRAPH_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(DEVICE_GRAPH_ENV, None)
+        else:
+            os.environ[DEVICE_GRAPH_ENV] = saved
+
+
 class DelayedLoader:
     """Yields a batch every ``delay_ms``; ``leak_mb`` keeps that much new memory per batch."""
 

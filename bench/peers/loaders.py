@@ -16,6 +16,7 @@ from tilefeed.bench.peers.baseline import (MEAN, STD, JpegFolder, jpeg_dataloade
                                            seed_worker)
 from tilefeed.pipeline import Loader, TileDataset
 from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.pipeline.device import dali_device_id
 from tilefeed.store.errors import ConfigError
 
 LOADERS = ("baseline", "dali-files", "tiles-dataloader", "tilefeed")
@@ -112,7 +113,7 @@ class DaliFiles:
 
         files = JpegFolder(images)  # the same file list and labels as the baseline
         gpu = s.device.type == "cuda"
-        device_id = (s.device.index or 0) if gpu else None
+        device_id = dali_device_id(s.device)
 
         @pipeline_def(batch_size=s.batch_size, num_threads=s.workers, device_id=device_id,
                       prefetch_queue_depth=2, seed=0)

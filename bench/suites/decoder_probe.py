@@ -39,6 +39,15 @@ class EngineUse:
     samples: int = 0
 
 
+def nvml_uuid(device_index: int) -> str:
+    """NVML's name for CUDA device ``device_index`` as this process sees it: its UUID, in the
+    ``GPU-...`` form NVML takes (torch gives it bare, and MIG slices with their own prefix)."""
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
 class JpegEngineSampler:
     """``with JpegEngineSampler(index) as s: ...``: NVML's JPEG-engine utilisation sampled every
     ``period`` seconds on a thread; ``s.use`` after the block. Where NVML, its Python binding or its
@@ -59,7 +68,9 @@ class JpegEngineSampler:
             import pynvml
 
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            # by the device's UUID: NVML numbers every GPU of the machine and ignores
+            # CUDA_VISIBLE_DEVICES, which renumbers the ones CUDA (and DALI's device_id) see
+            handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(self.index))
             query = getattr(pynvml, "nvmlDeviceGetJpgUtilization", None)
             if query is None:
                 self.use = EngineUse(available=False, note="this NVML binding has no JPEG counter")

@@ -78,10 +78,15 @@ def _forever(loader: Iterable[Any]) -> Iterable[Any]:
 
 
 def _guarded(entries: dict[str, Any], name: str, run: Callable[[], dict[str, Any]]) -> None:
+    from tilefeed.pipeline.engine import graph_pool
+
     try:
         entries[name] = run()
     except Exception as e:  # noqa: BLE001 - one failing loader must not stop the report
         entries[name] = {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        # idle pooled graphs keep their device memory: the next row must not be charged for it
+        graph_pool.clear()
 
 
 class TorchvisionGpuDecode:
@@ -94,6 +99,7 @@ class TorchvisionGpuDecode:
         from torch.utils.data import DataLoader
 
         self.decode, self.size, self.device = tvio.decode_jpeg, size, device
+        self.rgb = tvio.ImageReadMode.RGB
         files = sorted(p for p in images.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
         self.loader: DataLoader[Path] = DataLoader(
             files, batch_size=batch_size, shuffle=True, num_workers=workers,  # type: ignore[arg-type]
@@ -102,7 +108,7 @@ class TorchvisionGpuDecode:
     def __iter__(self) -> Any:
         for files in self.loader:
             raw = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in files]
-            decoded = self.decode(raw, device=self.device)
+            decoded = self.decode(raw, mode=self.rgb, device=self.device)  # grayscale and CMYK JPEGs too
             batch = torch.stack([
                 torch.nn.functional.interpolate(im[None].float(), size=(self.size, self.size),
                                                 mode="bilinear", antialias=True)[0]

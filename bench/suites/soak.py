@@ -180,7 +180,7 @@ def soak(store: str | Path, *, seconds: float = 60.0, batch_size: int = 16, work
             work(state)
             gc.collect()
             samples.append((proc.memory_info().rss / 1024, _threads(proc), proc.num_fds(),
-                            _shm_segments(proc), torch.cuda.memory_reserved() / 1024 if gpu else 0.0))
+                            _shm_segments(proc), _device_used_kib() if gpu else 0.0))
         if "loader" in state:
             state["loader"].close()
         steady = samples[int(len(samples) * warmup):]
@@ -253,3 +253,10 @@ def header(gpu: bool) -> str:
              "---"]
     return "| " + " | ".join(cols) + " |\n| " + " | ".join(align) + " |"
 
+
+
+def _device_used_kib() -> float:
+    """Device memory in use, in KiB, by every allocator on the device (DALI's as well as
+    torch's: torch's ``memory_reserved`` sees only its own)."""
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 1024

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tilefeed.pipeline.engine.crops import PASTE_NAMES
+from tilefeed.pipeline.engine.cuda import host_buffer
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS
@@ -47,6 +48,23 @@ HOST_CUT = ("start", "end", "size", "interp", *PASTE_NAMES)
 # all the extras that stay here on the host-resize path: the cut's, then the recipe's pixel
 # operations' (``recipe.host_ops``); the graph declares the rest (the horizontal flip)
 HOST_USED = HOST_CUT + host_ops.INPUTS
+# what a crop that pads sends beside its part inside the picture: the whole window, which the
+# host resize does not read either (the boxes and masks take it from the same draws)
+WINDOW = ("start", "end")
+
+
+def graph_names(names: Sequence[str], host_resize: bool) -> tuple[str, ...]:
+    """Of the per-sample extras ``names`` (``crops.sent_names``, in order), those the graph
+    reads: on the host-resize path what the batch source did not use itself (``HOST_USED``);
+    on the graph's own path all but what only the host kernels read
+    (``policies.HOST_ONLY_INPUTS``) and, for a crop that pads, the whole window (the graph
+    cuts its part inside the picture, ``PASTE_NAMES``). DALI is fed only what it reads."""
+    if host_resize:
+        return tuple(n for n in names if n not in HOST_USED and n not in HOST_ONLY_INPUTS)
+    pads = "cut_start" in names
+    return tuple(n for n in names if n not in HOST_ONLY_INPUTS and not (pads and n in WINDOW))
+
+
 # DALI's interp codes (``recipe.INTERP_CODES``) as PIL's filters: torchvision's PIL path
 PIL_FILTERS = {0: 0, 1: 2, 2: 3, 3: 1}  # NEAREST, BILINEAR, BICUBIC, LANCZOS in PIL's numbering
 
@@ -127,8 +145,9 @@ class BatchSource:
                  dali_depth: int, handed_out: bool = False, host_resize: bool = False,
                  fast_idct: bool = False, scaled_decode: bool = True,
                  names: tuple[str, ...] = ("start", "end", "flip", "size"),
-                 recipe: Recipe | None = None) -> None:
+                 recipe: Recipe | None = None, pinned: bool = False) -> None:
         self.reader = reader
+        self.pinned = pinned  # the ring in page-locked memory: the graph copies it to a GPU
         self.names = names
         # a training recipe whose pixel operations the host-resize path applies (None: none)
         self.recipe = recipe if host_ops.applies(recipe) else None
@@ -142,6 +161,8 @@ class BatchSource:
         self.threads = max(1, threads)
         self.handed_out = handed_out
         self.host_resize = host_resize
+        # the extras the graph is fed, in order (``graph_names``)
+        self.graph_names = graph_names(names, host_resize)
         self.timed = True  # each batch carries a Timing (Loader(stats=False) turns it off)
         self.callback_seconds = 0.0  # spent in __call__, DALI's callback (the feeding thread's)
         self.lock = threading.Condition()  # guards everything below; tells waiters of new work
@@ -257,14 +278,14 @@ class BatchSource:
         largest = max(side, self.reserve) if self.host_resize else side
         need = self.batch_size * (largest * largest * 3 if self.host_resize else int(np.prod(shape)))
         if not self._ring:
-            self._ring = [np.empty(need, dtype=np.uint8) for _ in range(self._ring_size)]
+            self._ring = [host_buffer(need, self.pinned) for _ in range(self._ring_size)]
             self._free = list(range(self._ring_size))
         if not self._free:  # not while the ring holds all a graph can have in flight; but safe
-            self._ring.append(np.empty(need, dtype=np.uint8))
+            self._ring.append(host_buffer(need, self.pinned))
             self._free.append(len(self._ring) - 1)
         slot = self._free.pop()
         if self._ring[slot].nbytes < need:  # free, so DALI no longer reads it: safe to replace
-            self._ring[slot] = np.empty(need, dtype=np.uint8)
+            self._ring[slot] = host_buffer(need, self.pinned)
         count = n * int(np.prod(shape))
         return slot, self._ring[slot][:count].reshape(n, *shape)
 
@@ -321,15 +342,14 @@ class BatchSource:
                                      named.get("interp"), named)
                 # the horizontal flip's input: the graph has no window left to cut, nor pixel
                 # operations left to apply
-                extras = tuple(v for n, v in named.items() if n not in HOST_USED)
+                extras = tuple(named[n] for n in self.graph_names)
             else:
                 reader.read_batch_into(indices.tolist(), images, self.fast_idct)
                 if timing is not None:  # one pass reads, checks and decodes each tile
                     timing.decode += time.perf_counter() - began - timing.download
                     timing.stored = indices
-            if not self.host_resize and any(n in HOST_ONLY_INPUTS for n in self.names):
-                # the graph applies the ops itself and does not read these (graph.input_names)
-                extras = tuple(v for n, v in zip(self.names, extras, strict=True) if n not in HOST_ONLY_INPUTS)
+            if not (self.host_resize or self.handed_out):  # the graph is fed only what it reads
+                extras = tuple(v for n, v in zip(self.names, extras, strict=True) if n in self.graph_names)
         return (images, labels, indices, *extras)
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,

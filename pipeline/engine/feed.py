@@ -3,7 +3,8 @@
 A DALI pipeline runs on a thread of its own (``Feed``): it turns each output into torch tensors
 the caller owns and queues them. On the CPU those are DALI's output buffers themselves, which
 DALI's executor never writes again while a reference to them lives (a pass-through check makes
-sure none is a ring slot the batch source reuses); on a GPU, a copy on a side stream. The
+sure none is a ring slot the batch source reuses); on a GPU, DALI's device buffers the same way,
+with the per-batch work on a side stream (``cuda.SideStream``). The
 consumer's ``next()`` takes the batch waiting there. The stream of batches does not stop at the end of an
 epoch: the epochs expected next follow in the same stream (``BatchSource``), so the first batch
 of an epoch is as ready as any other. Arming an epoch the stream does not continue into (another
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch, Tag
+from tilefeed.pipeline.engine.cuda import SideStream
 
 Outputs = dict[str, Any]  # images, labels and indices as tensors; a batch's targets
 # Woken by a hand-over, the feeding thread waits this long before it runs the graph: DALI's
@@ -69,7 +71,7 @@ class Feed:
         self._handed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closing = False
-        self._side: Any = None  # a GPU's side stream for the copies out of DALI
+        self._side: SideStream | None = None  # a GPU's, made on the feeding thread
 
     def arm(self, epoch: Epoch, first_batch: int, following: Following,
             cast: torch.dtype | None = None, timed: bool = True) -> int:
@@ -126,12 +128,9 @@ class Feed:
                 work(out, tag.batch)
         else:
             tag, out, ready = self._take()
-            if ready is not None:  # a GPU batch: the consumer's stream starts after its copy
-                stream = torch.cuda.current_stream(self.device)
-                stream.wait_event(ready)
-                for tensor in _tensors(out):  # images, labels, and the targets' device tensors
-                    if tensor.is_cuda:
-                        tensor.record_stream(stream)
+            if ready is not None:  # a GPU batch: the consumer's stream starts after its work
+                assert self._side is not None
+                self._side.handed(out, ready, _tensors)  # images, labels, the targets' tensors
         self._position = (tag.epoch + 1, 0) if tag.last else (tag.epoch, tag.batch + 1)
         return tag, out
 
@@ -165,8 +164,7 @@ class Feed:
         pipe, source = self.pipe, self.source
         try:
             if self.device is not None:
-                torch.cuda.set_device(self.device)
-                self._side = torch.cuda.Stream(self.device)
+                self._side = SideStream(self.device)
             elif _threads_are_per_thread():
                 # the per-batch work here (casts, erasing, mixing) runs while the reader threads
                 # hold the cores: fanned out over torch's intra-op threads it contends with them
@@ -192,7 +190,7 @@ class Feed:
                     continue
                 called, began = source.callback_seconds, time.perf_counter()
                 try:
-                    outputs = pipe.run(self._side) if self._side is not None else pipe.run()
+                    outputs = self._side.run(pipe) if self._side is not None else pipe.run()
                 except StopIteration:  # the stream ran out: ready for the next one
                     pipe.reset()
                     continue
@@ -236,28 +234,18 @@ class Feed:
     def _hand_over(self, outputs: Sequence[Any], tag: Tag) -> tuple[Outputs, Any]:
         """The batch out of DALI as torch tensors, cast, with its epoch's per-batch operations
         applied (here, so that they overlap the consumer's step rather than add to its wait)."""
-        if self._side is None:
-            out = {name: self._host_tensor(tl) for name, tl in zip(NAMES, outputs, strict=True)}
-            if self.cast is not None:
-                out["images"] = out["images"].to(self.cast)
-            for work in tag.per_batch:
-                work(out, tag.batch)
-            return out, None
-        from nvidia.dali.plugin.pytorch.torch_utils import feed_ndarray, to_torch_type
 
-        with torch.cuda.stream(self._side):
-            out = {}
-            for name, tl in zip(NAMES, outputs, strict=True):
-                dense = tl.as_tensor()
-                tensor = torch.empty(dense.shape(), dtype=to_torch_type[tl.dtype], device=self.device)
-                out[name] = feed_ndarray(dense, tensor, cuda_stream=self._side)
+        def finish(out: Outputs) -> None:
             if self.cast is not None:
                 out["images"] = out["images"].to(self.cast)
             for work in tag.per_batch:
                 work(out, tag.batch)
-            ready = self._side.record_event()
-        ready.synchronize()  # DALI may reuse its buffers once they are dropped, here
-        return out, ready
+
+        if self._side is not None:
+            return self._side.hand_over(outputs, self._host_tensor, finish)
+        out = {name: self._host_tensor(tl) for name, tl in zip(NAMES, outputs, strict=True)}
+        finish(out)
+        return out, None
 
     def _host_tensor(self, tl: Any) -> torch.Tensor:
         if tl.is_dense_tensor():

@@ -1,4 +1,10 @@
-"""The DALI graph: batch source -> (nvJPEG) decode -> augment -> normalise, on the device."""
+"""The DALI graph: batch source -> (nvJPEG) decode -> augment -> normalise, on the device.
+
+One graph for both devices: with a GPU it decodes with nvJPEG and works on the device; in the
+device shape on a CPU machine (``TILEFEED_DEVICE_GRAPH=1``) the very same operators run on
+DALI's CPU backend. Only the decoder's device and the lossless tiles' upload differ
+(``engine.cuda``); labels and indices stay on the host, where the hand-over reads them.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +12,18 @@ from typing import Any
 
 from nvidia.dali import fn, pipeline_def, types
 
+from tilefeed.pipeline.engine import cuda
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.batch_source import HOST_USED, BatchSource
+from tilefeed.pipeline.engine.batch_source import BatchSource
 from tilefeed.pipeline.recipe import ops
-from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS
-from tilefeed.pipeline.engine.crops import PASTE_NAMES, sent_names
-
-
-def input_names(augment: Augment, host_resize: bool) -> tuple[str, ...]:
-    """The per-sample inputs after the pixels, labels and indices, in the order the batch source
-    sends them (``crops.graph_inputs``, less what the source used itself to cut, resize and
-    apply a recipe's pixel operations: ``HOST_USED``, and what only the host kernels read:
-    ``policies.HOST_ONLY_INPUTS``)."""
-    names = tuple(n for n in sent_names(augment) if n not in HOST_ONLY_INPUTS)
-    if host_resize and augment.windows:
-        return tuple(n for n in names if n not in HOST_USED)
-    return names
+from tilefeed.pipeline.engine.crops import PASTE_NAMES
 
 
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
                    device_id: int | None, prefetch: int, jpeg: bool) -> Any:
     """The graph, for every output size: sizes arrive per sample with the windows and flips."""
     gpu = device_id is not None
-    names = input_names(augment, source.host_resize)
+    names = source.graph_names
     kinds = {"start": types.FLOAT, "end": types.FLOAT, "flip": types.INT32, "size": types.FLOAT,
              "resize": types.FLOAT, "crop": types.FLOAT, "interp": types.INT32, "vflip": types.INT32,
              "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
@@ -62,10 +57,7 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
             raw = ops.apply(raw, inputs, recipe)
         if "paste_anchor" in inputs:  # a window past the picture: its part inside, pasted on the fill
             raw = paste(raw, inputs, augment.recipe.fill if augment.recipe is not None else (0, 0, 0))
-        images = _finish(raw, inputs, augment)
-        if gpu:
-            labels, indices = labels.gpu(), indices.gpu()
-        return images, labels, indices
+        return _finish(raw, inputs, augment), labels, indices
 
     return tiles()
 
@@ -88,29 +80,28 @@ def _finish(images: Any, inputs: dict[str, Any], a: Augment) -> Any:
 
 
 def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
+    """Each tile decoded whole (nvJPEG with a GPU; chroma upsampled as libjpeg-turbo and PIL do
+    it, where nvJPEG's default differs) or uploaded, then its window resized to its output size.
+
+    The window is cut by the resize (``roi_start``/``roi_end``, fractional) on JPEG tiles as on
+    lossless ones: the decoder's own window (``image_slice``) rounds a fractional window to
+    whole pixels and, at whole pixels too, decodes its edges apart from a whole decode (0.55
+    levels from the host shape on training crops, against 0.2), so pixels would sit off the
+    boxes and masks placed on the same window."""
     # a recipe's filter per sample (DALI's interp codes, sent as int32); else DALI's default, linear
     filters = ({"interp_type": fn.reinterpret(inputs["interp"], dtype=types.INTERP_TYPE)}
                if "interp" in inputs else {})
-    if a.windows:
-        start, end, size = inputs["start"], inputs["end"], inputs["size"]
-        if "cut_start" in inputs:  # a window past the picture: only its part inside it, at its share
-            start, end, size = inputs["cut_start"], inputs["cut_end"], inputs["cut_size"]
-        if jpeg:  # decode only the window (nvJPEG when there is a GPU)
-            images = fn.decoders.image_slice(
-                raw, start, end - start, axis_names="HW", normalized_anchor=False,
-                normalized_shape=False, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                use_fast_idct=a.fast_idct)
-            return fn.resize(images, size=size, antialias=True, **filters)
-        images = raw.gpu() if gpu else raw  # lossless tiles: one host-to-device copy per batch
-        return fn.resize(images, size=size, roi_start=start, roi_end=end, roi_relative=False,
-                         antialias=True, **filters)
-    if jpeg:
-        images = fn.decoders.image(raw, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                                   use_fast_idct=a.fast_idct)
+    images = (fn.decoders.image(raw, device=cuda.decoder(gpu), output_type=types.RGB, use_fast_idct=a.fast_idct,
+                                jpeg_fancy_upsampling=True)
+              if jpeg else cuda.upload(raw, gpu))
+    if not a.windows:  # at the tile's own size this is the identity, pixel for pixel (so is the centre crop)
+        return fn.resize(images, size=inputs["resize"], antialias=True, **filters)
+    if "cut_start" in inputs:  # a window past the picture: only its part inside it, at its share
+        start, end, size = inputs["cut_start"], inputs["cut_end"], inputs["cut_size"]
     else:
-        images = raw.gpu() if gpu else raw
-    # at the tile's own size this is the identity, pixel for pixel (so is the centre crop)
-    return fn.resize(images, size=inputs["resize"], antialias=True, **filters)
+        start, end, size = inputs["start"], inputs["end"], inputs["size"]
+    return fn.resize(images, size=size, roi_start=start, roi_end=end, roi_relative=False, antialias=True,
+                     **filters)
 
 
 def paste(images: Any, inputs: dict[str, Any], fill: tuple[int, int, int]) -> Any:

@@ -12,11 +12,12 @@ threads and memory the pool holds.
 
 Where the output is the stored tiles on the CPU (uint8 NHWC at the tile's size, a size that
 cannot change), a graph is the batch source alone, with no DALI pipeline: DALI would only copy
-each batch.
+each batch. The device's graph shape (``GraphSettings.device_graph``) never takes that road.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import deque
 from collections.abc import Hashable
@@ -94,6 +95,15 @@ class GraphSettings:
     threads: int  # the Loader's num_workers: DALI's CPU threads, and the reader threads' share
     prefetch: int
     device_id: int | None
+    # the graph a GPU builds, on DALI's CPU backend (``pipeline.device.device_graph``): the
+    # reader threads only read, the graph decodes, cuts, resizes and applies the recipe
+    device_graph: bool = False
+
+    @property
+    def host_resize(self) -> bool:
+        """The reader threads cut and resize training windows (pillow-simd: several times DALI's
+        CPU resize, `tilefeed bench parts`): on the CPU, unless the device's graph is asked."""
+        return self.device_id is None and not self.device_graph
 
 
 def key(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Hashable:
@@ -126,7 +136,7 @@ def take(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: b
             if graph.alive:
                 return graph
     s = settings
-    if s.device_id is None and direct:
+    if s.host_resize and direct:
         # the output is the stored tiles: a DALI graph would only copy each batch into memory
         # of its own; the reader threads decompress or decode straight into arrays handed to
         # the caller
@@ -136,9 +146,9 @@ def take(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: b
                      pipe=None)
     from tilefeed.pipeline.engine.graph import build_pipeline  # DALI: imported when a graph is first needed
 
-    # on the CPU, tiles are decoded, cut and resized by the reader threads (pillow-simd: several
-    # times DALI's CPU resize, `tilefeed bench parts`); on a GPU the graph does it on the device
-    host_resize = s.device_id is None and augment.windows
+    # on the CPU, tiles are decoded, cut and resized by the reader threads; on a GPU (or in the
+    # device's shape) the graph does it
+    host_resize = s.host_resize and augment.windows
     # one reader thread beside DALI's for lossless tiles (more only contend for the cores;
     # `tilefeed bench sweep --over workers`), one per worker where the readers decode JPEG or
     # apply a recipe's pixel operations (recipe.host_ops: the graph then only normalises;
@@ -149,7 +159,7 @@ def take(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: b
     source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
                          host_resize=host_resize, fast_idct=augment.fast_idct,
                          scaled_decode=augment.scaled_decode, names=sent_names(augment),
-                         recipe=recipe)
+                         recipe=recipe, pinned=s.device_id is not None)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
                           device_id=s.device_id, prefetch=s.prefetch,
                           jpeg=reader.is_image_coded and not source.decodes)
@@ -182,3 +192,8 @@ def clear() -> None:
         _idle.clear()
     for g in graphs:
         g.close()
+
+
+# Idle graphs are closed before the interpreter tears down: a pipeline left to DALI's own
+# shutdown can abort there on a GPU (DALI#6166).
+atexit.register(clear)

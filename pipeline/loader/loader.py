@@ -40,7 +40,7 @@ from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
 from tilefeed.pipeline.planning.sizes import Schedule
 from tilefeed.pipeline.engine.batch_source import Epoch
-from tilefeed.pipeline.device import dali_device_id
+from tilefeed.pipeline.device import dali_device_id, device_graph
 from tilefeed.pipeline.stats import LoaderStats, Recorder
 from tilefeed.store.errors import ConfigError
 
@@ -292,7 +292,8 @@ class Loader:
             check_store_targets(self.reader, s.targets)
         _ = self._store_objects  # a crop="iou" without boxes fails here, not at the first batch
         # the stored tiles, handed out with no graph, while nothing can ask for another size
-        self._direct = (not callable(schedule) and self.device.type == "cpu"
+        self._device_graph = self.device.type == "cpu" and device_graph()
+        self._direct = (not callable(schedule) and self.device.type == "cpu" and not self._device_graph
                         and self.augment.stored_tiles(schedule))
         self.timed = s.stats
         self._stats: Recorder | None = None  # made with the graph: it knows the reader threads
@@ -487,7 +488,7 @@ class Loader:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is
         made, so a bad configuration fails here and the first step does not pay for it."""
         settings = pool.GraphSettings(self.batch_size, self.workers, self.prefetch,
-                                     dali_device_id(self.device))
+                                      dali_device_id(self.device), self._device_graph)
         self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
         self._graph = pool.take(self.reader, self.augment, settings, self._direct)
         self._graph.source.reserve = self.epochs.largest

@@ -3,8 +3,8 @@
 The Loader applies them on a GPU; on the CPU its batch source applies the same draws with PIL
 instead (``host_ops``), and the graph only flips and normalises. They run on the CPU and on the
 GPU backend alike; their parameters are the per-sample inputs
-``pipeline.recipe.draws`` computes on the host (CPU nodes, moved next to the images where
-arithmetic needs them). Each follows torchvision v2's kernel for uint8 images operation by
+``pipeline.recipe.draws`` computes on the host (CPU nodes: DALI's arithmetic moves them next
+to GPU images itself). Each follows torchvision v2's kernel for uint8 images operation by
 operation, float32 arithmetic and truncation back to uint8 included:
 
 - brightness ``b``: ``clamp(x * b, 0, 255)``;
@@ -100,11 +100,6 @@ def permute_channels(images: Node, matrix: Node) -> Node:
     return fn.reshape(fn.coord_transform(images, M=matrix, dtype=types.UINT8), layout="HWC")
 
 
-def _near(param: Node, images: Node) -> Node:
-    """A per-sample CPU parameter on the images' device, where arithmetic takes it."""
-    return param.gpu() if images.device == "gpu" else param
-
-
 def _float(images: Node) -> Node:
     return fn.cast(images, dtype=types.FLOAT)
 
@@ -127,7 +122,7 @@ def luma(x: Node) -> Node:
 
 def brightness(images: Node, factor: Node) -> Node:
     """``adjust_brightness``: ``x * factor``, clamped, truncated."""
-    return _uint8(_float(images) * _near(factor, images))
+    return _uint8(_float(images) * factor)
 
 
 def _blend(x: Node, other: Node, factor: Node) -> Node:
@@ -138,13 +133,13 @@ def _blend(x: Node, other: Node, factor: Node) -> Node:
 def contrast(images: Node, factor: Node) -> Node:
     """``adjust_contrast``: a blend with the mean of the floored luma."""
     x = _float(images)
-    return _blend(x, fn.reductions.mean(luma(x)), _near(factor, images))
+    return _blend(x, fn.reductions.mean(luma(x)), factor)
 
 
 def saturation(images: Node, factor: Node) -> Node:
     """``adjust_saturation``: a blend with the floored luma, pixel by pixel."""
     x = _float(images)
-    return _blend(x, luma(x), _near(factor, images))
+    return _blend(x, luma(x), factor)
 
 
 def random_grayscale(images: Node, bit: Node) -> Node:
@@ -152,7 +147,7 @@ def random_grayscale(images: Node, bit: Node) -> Node:
     (the images as they are where it is 0; both exact in float)."""
     x = _float(images)
     gray = dmath.floor(fn.coord_transform(x, M=list(LUMA) * 3, dtype=types.FLOAT))
-    g = fn.cast(_near(bit, images), dtype=types.FLOAT)
+    g = fn.cast(bit, dtype=types.FLOAT)
     return _hwc(gray * g + x * (1.0 - g))
 
 
@@ -176,7 +171,7 @@ def hue(images: Node, shift: Node) -> Node:
     h = hr + hg + hb
     h = h * (1.0 / 6.0) + 1.0
     h = h - dmath.floor(h)  # fmod(h, 1) of a positive h
-    h = h + _near(shift, images)
+    h = h + shift
     h = h - dmath.floor(h)  # remainder(h, 1)
     # _hsv_to_rgb
     h6 = h * 6.0

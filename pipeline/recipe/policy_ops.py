@@ -4,8 +4,8 @@ Per op slot the batch is split by op index with DALI conditionals (a binary tree
 ``nvidia.dali.auto_aug.core.select`` does), so each op runs only on its own samples; the graph
 must be built with ``enable_conditionals=True``. The ops take their parameters as per-sample
 inputs (``policies.AutoAugment.draw``): nothing here draws. All work on uint8 HWC images, on
-the CPU or the GPU backend alike (per-sample parameters are host tensors; the few that enter
-pixel arithmetic on the GPU are moved there).
+the CPU or the GPU backend alike (per-sample parameters are host tensors; DALI's arithmetic
+moves those that meet GPU pixels to the GPU itself).
 """
 
 from __future__ import annotations
@@ -74,26 +74,25 @@ def _select(images: Any, ops: list[int], lo: int, hi: int, index: Any, param: An
 
 def _apply(op: Op, images: Any, param: Any, matrix: Any, policy: AutoAugment) -> Any:
     """One op on the samples that drew it."""
-    gpu = images.device == "gpu"
     if op is Op.IDENTITY:
         return images
     if op in (Op.SHEAR_X, Op.SHEAR_Y, Op.TRANSLATE_X, Op.TRANSLATE_Y, Op.ROTATE):
         return _warp(images, matrix, policy)
     if op is Op.BRIGHTNESS:  # blend with black
-        return _blend(images, 0.0, _on(param, gpu))
+        return _blend(images, 0.0, param)
     if op is Op.COLOR:  # blend with the pixel's luma
-        return _blend(images, _luma(images), _on(param, gpu))
+        return _blend(images, _luma(images), param)
     if op is Op.CONTRAST:  # blend with the image's mean luma
         return _blend(images, fn.reductions.mean(_luma(images), axis_names="HWC", keep_dims=True),
-                      _on(param, gpu))
+                      param)
     if op is Op.SHARPNESS:
-        return _sharpness(images, param, gpu)
+        return _sharpness(images, param)
     if op is Op.POSTERIZE:  # keep the high bits: AND with the drawn mask
-        return images & _on(fn.cast(param, dtype=types.UINT8), gpu)
+        return images & fn.cast(param, dtype=types.UINT8)
     if op is Op.SOLARIZE:  # invert pixels at or above the threshold
-        return dali_aug.solarize.op(images, _on(param, gpu))
+        return dali_aug.solarize.op(images, param)
     if op is Op.SOLARIZE_ADD:  # add below 128 (at most 110, so no uint8 wrap)
-        return dali_aug.solarize_add.op(images, _on(fn.cast(param, dtype=types.UINT8), gpu))
+        return dali_aug.solarize_add.op(images, fn.cast(param, dtype=types.UINT8))
     if op is Op.AUTO_CONTRAST:
         return dali_aug.auto_contrast.op(images, None)
     if op is Op.EQUALIZE:
@@ -110,11 +109,6 @@ def _blend(images: Any, other: Any, factor: Any) -> Any:
     """``factor * images + (1 - factor) * other``, clamped and truncated to uint8 as torchvision's
     ``_blend`` and PIL's ``Image.blend`` both truncate (DALI's own ops round)."""
     return fn.cast(dmath.floor(images * factor + other * (1.0 - factor)), dtype=types.UINT8)
-
-
-def _on(node: Any, gpu: bool) -> Any:
-    """A per-sample parameter on the device of the pixels it meets."""
-    return node.gpu() if gpu else node
 
 
 def _warp(images: Any, matrix: Any, policy: AutoAugment) -> Any:
@@ -136,15 +130,15 @@ def _warp(images: Any, matrix: Any, policy: AutoAugment) -> Any:
     return fn.cast_like(warped + rgb * ((255 - cover) * (1.0 / 255)), images)
 
 
-def _sharpness(images: Any, factor: Any, gpu: bool) -> Any:
+def _sharpness(images: Any, factor: Any) -> Any:
     """Blend with PIL's smoothing filter (the blurred image rounded to uint8 first, as
     torchvision does); the one-pixel frame keeps its input values, as torchvision and PIL
     leave it."""
-    blurred = fn.filter(images, types.Constant(_BLUR, device="gpu" if gpu else "cpu"), mode="valid")
+    blurred = fn.filter(images, _BLUR, mode="valid")  # the kernel lands on the filter's device
     hw = images.shape(dtype=types.INT32)[0:2]
     at, back = types.Constant(np.array([1, 1], np.int32)), types.Constant(np.array([-1, -1], np.int32))
     core = fn.slice(images, at, hw - 2, axis_names="HW")
-    inner = _blend(core, blurred, _on(factor, gpu))
+    inner = _blend(core, blurred, factor)
     # back to full size with a zero frame, then the input's frame added (its interior zeroed)
     inner = fn.slice(inner, back, hw, axis_names="HW", out_of_bounds_policy="pad", fill_values=0)
     frame = images - fn.slice(core, back, hw, axis_names="HW", out_of_bounds_policy="pad", fill_values=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,9 +28,10 @@ sys.exit(main(["doctor", "--json"]))
 """
 
 
-def doctor_without(blocked: list[str], pip: bool = True) -> tuple[int, dict[str, dict[str, object]], str]:
+def doctor_without(blocked: list[str], pip: bool = True,
+                   env: dict[str, str] | None = None) -> tuple[int, dict[str, dict[str, object]], str]:
     done = subprocess.run([sys.executable, "-c", BLOCKED_RUN.format(blocked=blocked, pip=pip)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]} if done.stdout.strip() else {}
     return done.returncode, checks, done.stderr
 
@@ -53,3 +55,18 @@ def test_nothing_missing_is_no_problem_and_the_fixes_name_the_checkout() -> None
     assert checks["PIL"]["ok"] and not checks["GPU"]["required"]  # no GPU: information
     simd = checks.get("pillow-simd")
     assert simd is None or (not simd["required"] and "make setup" in str(simd["fix"]))
+
+
+@pytest.mark.parametrize("value", ["1", "0", "maybe"])
+def test_the_device_graph_switch_is_said_when_set(value: str) -> None:
+    """``TILEFEED_DEVICE_GRAPH=1`` is a line (information); unset or 0, no line; another value
+    a problem with its fix."""
+    code, checks, err = doctor_without([], pip=False, env={"TILEFEED_DEVICE_GRAPH": value})
+    assert "Traceback" not in err, err
+    if value == "0":
+        assert "graph" not in checks and code == 0
+    elif value == "1":
+        assert code == 0 and "GPU's graph on DALI's CPU backend" in str(checks["graph"]["detail"])
+    else:
+        graph = checks["graph"]
+        assert code == 1 and not graph["ok"] and "TILEFEED_DEVICE_GRAPH" in str(graph["fix"])

@@ -85,7 +85,8 @@ def torchvision_eval(image: Image.Image, size: int = 224, resize: int = 256) -> 
     return np.asarray(resized.crop((left, top, left + size, top + size)))
 
 
-def test_evaluation_framing_matches_torchvision_on_the_original(pad_store: tuple[Path, Path]) -> None:
+def test_evaluation_framing_matches_torchvision_on_the_original(pad_store: tuple[Path, Path],
+                                                                shape: str) -> None:
     src, store = pad_store
     with Loader(store, 4, shuffle=False, size=224, dtype=torch.uint8, layout="NHWC",
                 with_index=True) as loader:

@@ -37,7 +37,7 @@ from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.engine.batch_source import HOST_USED
 from tilefeed.pipeline.engine.crops import sent_names
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.graph import input_names as graph_input_names
+from tilefeed.pipeline.engine.batch_source import graph_names
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
 from tilefeed.pipeline.recipe.policies import AutoAugment
@@ -401,9 +401,9 @@ def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
                     photometric=PhotometricDistort())
     augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
                       recipe=recipe)
-    assert graph_input_names(augment, host_resize=True) == ("flip",)
+    assert graph_names(sent_names(augment), True) == ("flip",)
     assert set(sent_names(augment)) - set(HOST_USED) == {"flip"}
-    assert "aa_op" in graph_input_names(augment, host_resize=False)  # a GPU graph applies them
+    assert "aa_op" in graph_names(sent_names(augment), False)  # a GPU graph applies them
 
 
 def test_a_random_filter_reaches_the_host_kernels_only() -> None:
@@ -414,8 +414,8 @@ def test_a_random_filter_reaches_the_host_kernels_only() -> None:
     augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
                       recipe=Recipe(auto_augment=policy))
     assert "aa_filter" in sent_names(augment) and "aa_filter" in HOST_USED
-    assert graph_input_names(augment, host_resize=True) == ("flip",)
-    device = graph_input_names(augment, host_resize=False)
+    assert graph_names(sent_names(augment), True) == ("flip",)
+    device = graph_names(sent_names(augment), False)
     assert "aa_op" in device and "aa_filter" not in device
     fixed = replace(augment, recipe=Recipe(auto_augment=replace(policy, interpolation=Interpolation.BILINEAR)))
     assert "aa_filter" not in sent_names(fixed)

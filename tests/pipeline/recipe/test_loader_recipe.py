@@ -24,11 +24,12 @@ RECIPE = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2,
 UINT8 = dict(dtype=torch.uint8, layout="NHWC", with_index=True, num_workers=1, train=True, seed=3)
 
 
-def test_the_cpu_path_gives_torchvisions_pil_kernels_on_the_same_draws(store: Path) -> None:
+def test_the_cpu_path_gives_torchvisions_pil_kernels_on_the_same_draws(store: Path, shape: str) -> None:
     """Each delivered image against: its window resized by PIL with its drawn filter, then
     torchvision v2's functional ops on the PIL picture with its drawn parameters, then its
-    horizontal flip: bit for bit (on the CPU the batch source applies them with the same PIL
-    calls, ``recipe.host_ops``)."""
+    horizontal flip: bit for bit in the host shape (the batch source applies them with the same
+    PIL calls, ``recipe.host_ops``); in the device shape (DALI's resize, the graph's tensor-style
+    ops) within 2 levels on average a sample, the resizes' gap carried through the ops."""
     with Loader(store, 10, size=40, recipe=RECIPE, **UINT8) as loader:
         batches = list(loader)
         samples = np.concatenate([b[2].numpy() for b in batches])
@@ -38,13 +39,16 @@ def test_the_cpu_path_gives_torchvisions_pil_kernels_on_the_same_draws(store: Pa
     drawn = draw(RECIPE, 3, 0, samples)
     filters = {1: Image.Resampling.BILINEAR, 2: Image.Resampling.BICUBIC}
     ours = np.concatenate([b[0].numpy() for b in batches])
+    gaps = []
     for k in range(len(samples)):
         (y0, x0), (y1, x1) = windows[0][k].tolist(), windows[1][k].tolist()
         cut = Image.fromarray(pixels[k]).resize((40, 40), filters[int(drawn.interp[k])], box=(x0, y0, x1, y1))
         ref = torchvision_pil(cut, RECIPE, drawn, k)
         if windows[2][k]:
             ref = ref[:, ::-1]
-        assert np.array_equal(ours[k], ref), k
+        assert shape == "device" or np.array_equal(ours[k], ref), k
+        gaps.append(np.abs(ours[k].astype(np.int16) - ref.astype(np.int16)).mean())
+    assert np.mean(gaps) < 2.0, gaps
     assert drawn.hflip is not None and np.array_equal(windows[2], drawn.hflip)
     assert drawn.jitter.sum() > len(samples) // 2 and drawn.grayscale.sum() > 0  # the ops did act
 
@@ -54,8 +58,8 @@ TIMM_POLICY = Recipe(auto_augment=AutoAugment.parse("rand-m9-mstd0.5-inc1"))
 
 
 @pytest.mark.parametrize("recipe", [RECIPE, TIMM_POLICY], ids=["jitter", "timm_policy"])
-def test_a_resumed_epoch_with_a_recipe_delivers_the_same_samples_bit_for_bit(store: Path,
-                                                                              recipe: Recipe) -> None:
+def test_a_resumed_epoch_with_a_recipe_delivers_the_same_samples_bit_for_bit(store: Path, recipe: Recipe,
+                                                                              shape: str) -> None:
     opts = dict(UINT8, size=24, recipe=recipe, shuffle=True)
     with Loader(store, 8, **opts) as loader:
         whole = [(b[0].clone(), b[2].clone()) for b in loader]
@@ -116,9 +120,10 @@ def by_sample(batches: list[tuple[torch.Tensor, ...]]) -> dict[int, torch.Tensor
     return {int(i): img for imgs, _, idx in batches for img, i in zip(imgs, idx, strict=True)}
 
 
-def test_an_elastic_resume_with_every_per_sample_operation_is_bit_identical(store: Path) -> None:
+def test_an_elastic_resume_with_every_per_sample_operation_is_bit_identical(store: Path, shape: str) -> None:
     """Two ranks hand over part of the epoch; three ranks, at another batch size, finish it: every
-    sample comes out as the uninterrupted run gave it, policy, jitter and erasing noise included."""
+    sample comes out as the uninterrupted run gave it, policy, jitter and erasing noise included,
+    in both graph shapes."""
     whole: dict[int, torch.Tensor] = {}
     for rank in range(2):
         with Loader(store, 4, rank=rank, world_size=2, recipe=FULL, **FLOAT) as loader:
