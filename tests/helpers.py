@@ -127,6 +127,30 @@ def device_graph(on: bool = True) -> Iterator[None]:
             os.environ[DEVICE_GRAPH_ENV] = saved
 
 
+# The device side of a test that holds the device's graph to the host path: the GPU's graph on
+# DALI's CPU backend in every run ("device-shape"), and on CUDA itself where there is one.
+DEVICE_SIDES = ["device-shape", "cuda"]
+
+
+def device_sides() -> list[Any]:
+    """``DEVICE_SIDES`` as pytest parameters, the CUDA one marked ``gpu``."""
+    import pytest
+
+    cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+    return [pytest.param("device-shape"), pytest.param("cuda", marks=cuda)]
+
+
+@contextmanager
+def on_side(side: str) -> Iterator[str]:
+    """The ``device=`` for Loaders built inside the block on ``side``: ``"host"`` (a CPU Loader
+    in the host shape), ``"device-shape"`` (a CPU Loader in the device shape) or ``"cuda"``."""
+    if side == "cuda":
+        yield "cuda"
+        return
+    with device_graph(side == "device-shape"):
+        yield "cpu"
+
+
 class DelayedLoader:
     """Yields a batch every ``delay_ms``; ``leak_mb`` keeps that much new memory per batch."""
 

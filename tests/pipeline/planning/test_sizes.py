@@ -230,32 +230,20 @@ def test_a_resumed_run_gives_the_batches_crops_and_sizes_of_an_uninterrupted_one
 def test_the_graphs_own_resize_takes_the_size_per_sample_as_on_a_gpu(
         request: pytest.FixtureRequest, codec: str) -> None:
     """The GPU's graph (windows and sizes as inputs, DALI cutting and resizing), built on the
-    CPU: one graph, the epochs at two sizes, close to the reader threads' own cut and resize."""
-    from functools import partial
-
-    from tilefeed.pipeline.engine.crops import graph_inputs
-    from tilefeed.pipeline.engine.feed import Feed
-    from tilefeed.pipeline.engine.graph import build_pipeline
-    from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch
+    CPU: one graph for the epochs at two sizes, close to the reader threads' own cut and resize."""
+    from tests.helpers import device_graph
 
     store = request.getfixturevalue("store" if codec == "lz4" else "jpeg_store")
-    with Loader(store, 8, shuffle=False, train=True, dtype=torch.uint8, layout="NHWC",
-                with_index=True) as loader:
-        reader, augment = loader.reader, loader.augment
-        source = BatchSource(reader, 8, 1, ahead=2, dali_depth=1)  # no host resize: DALI's
-        pipe = build_pipeline(source, augment, batch_size=8, threads=1, device_id=None, prefetch=1,
-                              jpeg=reader.is_image_coded)
-        pipe.build()
-        feed = Feed(source, pipe, None)
-        indices = np.arange(16)
-        epochs = [Epoch(e, indices, partial(graph_inputs, reader.boxes, augment, 0, e, size), size)
-                  for e, size in enumerate((16, 24))]
-        generation = feed.arm(epochs[0], 0, epochs[1:])
-        got = [feed.next(generation)[1]["images"].numpy() for _ in range(4)]
-        feed.park()
-        source.close()
-        for size, first in ((16, got[0]), (24, got[2])):
-            loader.set_size(size)
-            want = next(iter(loader))[0].numpy()  # the same samples and windows, cut on the host
-            assert first.shape == want.shape == (8, size, size, 3)
-            assert psnr(first, want) > 30
+    got, want = {}, {}
+    for on, out in ((True, got), (False, want)):
+        with device_graph(on), Loader(store, 8, shuffle=False, train=True, dtype=torch.uint8, layout="NHWC",
+                                      with_index=True) as loader:
+            graph = loader._graph
+            for epoch, size in enumerate((16, 24)):
+                loader.set_epoch(epoch)
+                loader.set_size(size)
+                out[size] = next(iter(loader))[0].numpy()  # the same samples and windows
+            assert loader._graph is graph  # one graph served both sizes
+    for size in (16, 24):
+        assert got[size].shape == want[size].shape == (8, size, size, 3)
+        assert psnr(got[size], want[size]) > 30

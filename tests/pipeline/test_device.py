@@ -1,4 +1,5 @@
-"""GPU paths: run by `make gpu-check` where CUDA is present, skipped cleanly elsewhere."""
+"""The device paths: on DALI's CPU backend in the device shape in every run, on CUDA where it is
+present (`make gpu-check`), skipped cleanly elsewhere."""
 
 from __future__ import annotations
 
@@ -9,37 +10,40 @@ import pytest
 import torch
 
 from tilefeed.pipeline import Loader, StoreReader
-from tests.helpers import psnr
+from tests.helpers import device_sides, on_side, psnr
 
-pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("codec_store", ["store", "jpeg_store"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.uint8])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("side", device_sides())
 def test_outputs_live_on_the_device(request: pytest.FixtureRequest, codec_store: str,
-                                    dtype: torch.dtype, layout: str, train: bool) -> None:
+                                    dtype: torch.dtype, layout: str, train: bool, side: str) -> None:
     store: Path = request.getfixturevalue(codec_store)
-    with Loader(store, 8, dtype=dtype, layout=layout, size=24, train=train, with_index=True) as loader:
-        assert loader.device.type == "cuda"
+    with on_side(side) as device, Loader(store, 8, dtype=dtype, layout=layout, size=24, train=train,
+                                         with_index=True, device=device) as loader:
+        assert loader.device.type == device
         seen = []
         for images, labels, idx in loader:
-            assert images.device.type == "cuda" and labels.device.type == "cuda"
+            assert images.device.type == labels.device.type == idx.device.type == device
             assert images.dtype == dtype
             assert images.shape[1:] == ((3, 24, 24) if layout == "NCHW" else (24, 24, 3))
             seen += idx.tolist()
     assert sorted(seen) == list(range(50))
 
 
-def test_eval_tiles_on_the_device_match_the_store(store: Path, jpeg_store: Path) -> None:
-    """Lossless tiles exactly; JPEG tiles through nvJPEG (mixed) within a PSNR bound."""
+@pytest.mark.parametrize("side", device_sides())
+def test_eval_tiles_on_the_device_match_the_store(store: Path, jpeg_store: Path, side: str) -> None:
+    """Lossless tiles exactly; JPEG tiles through the graph's decoder (nvJPEG on a GPU) within a
+    PSNR bound."""
     for path in (store, jpeg_store):
         reader = StoreReader(path)
-        with Loader(path, 8, shuffle="none", train=False, size=32, dtype=torch.uint8,
-                    layout="NHWC", with_index=True) as loader:
+        with on_side(side) as device, Loader(path, 8, shuffle="none", train=False, size=32, dtype=torch.uint8,
+                                             layout="NHWC", with_index=True, device=device) as loader:
             for images, _, idx in loader:
-                assert images.device.type == "cuda"
+                assert images.device.type == device
                 for image, i in zip(images.cpu(), idx.cpu().tolist(), strict=True):
                     if reader.is_image_coded:
                         assert psnr(image.numpy(), reader.read(i)) > 35
@@ -48,6 +52,8 @@ def test_eval_tiles_on_the_device_match_the_store(store: Path, jpeg_store: Path)
 
 
 @pytest.mark.parametrize("train", [False, True])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fast_idct_is_accepted_on_the_device(jpeg_store: Path, train: bool) -> None:
     """nvJPEG decodes whole tiles (eval) and crop windows (train) with the setting in the graph;
     it only reaches libjpeg-turbo's fallback, so the images are exactly the accurate IDCT's."""
@@ -64,21 +70,23 @@ def test_fast_idct_is_accepted_on_the_device(jpeg_store: Path, train: bool) -> N
 
 
 @pytest.mark.parametrize("train", [False, True])
-def test_a_mixture_runs_one_graph_on_the_device(jpeg_store: Path, train: bool) -> None:
-    """Two JPEG stores through nvJPEG in one graph: every position once, each tile its store's."""
+@pytest.mark.parametrize("side", device_sides())
+def test_a_mixture_runs_one_graph_on_the_device(jpeg_store: Path, train: bool, side: str) -> None:
+    """Two JPEG stores through the graph's decoder (nvJPEG on a GPU) in one graph: every position
+    once, each tile its store's."""
     from collections import Counter
 
     from tilefeed.pipeline import Mix
 
     mix = Mix({"a": jpeg_store, "b": jpeg_store}, weights={"a": 1, "b": 1}, labels="offset")
     reader = StoreReader(jpeg_store)
-    with Loader(mix, 8, shuffle=True, train=train, size=32, dtype=torch.uint8, layout="NHWC",
-                with_index=True) as loader:
+    with on_side(side) as device, Loader(mix, 8, shuffle=True, train=train, size=32, dtype=torch.uint8,
+                                         layout="NHWC", with_index=True, device=device) as loader:
         for epoch in range(2):
             loader.set_epoch(epoch)
             graph, counts = loader._graph, Counter[str]()
             for images, labels, idx in loader:
-                assert images.device.type == "cuda" and labels.device.type == "cuda"
+                assert images.device.type == labels.device.type == device
                 names, samples = loader.source_of(idx.cpu())
                 counts.update(names)
                 for image, name, sample, label in zip(images.cpu().numpy(), names, samples.tolist(),
