@@ -18,7 +18,7 @@ from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.sheet import source_paths
 from tilefeed.bench.fixtures.generated import make_image_folder
-from tilefeed.preprocess import TileSettings, preprocess
+from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess.settings import TargetOptions
 from tilefeed.store.errors import ConfigError
 from tests.helpers import device_sides, on_side
@@ -36,6 +36,15 @@ def coco_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pa
     preprocess(coco.src, store, TileSettings(tile=T, fit="pad"), workers=1,
                targets=TargetOptions(annotations=str(coco.annotations), instance_masks=True))
     return store, coco.src, coco.annotations
+
+
+@pytest.fixture(scope="module")
+def coco_jpeg_store(coco_store: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``coco_store``'s pictures and annotations as JPEG tiles (quality 95)."""
+    store = tmp_path_factory.mktemp("coco-jpeg") / "store"
+    preprocess(coco_store[1], store, TileSettings(tile=T, fit="pad"), StoreSettings(codec="jpeg", quality=95),
+               workers=1, targets=TargetOptions(annotations=str(coco_store[2]), instance_masks=True))
+    return store
 
 
 def torchvision_targets(reader: StoreReader, sample: int, start: np.ndarray, end: np.ndarray, flip: int,
@@ -360,13 +369,18 @@ def test_targets_from_the_device_graph_are_the_host_paths(coco_store: tuple[Path
 
 
 @pytest.mark.parametrize("side", device_sides())
+@pytest.mark.parametrize("codec", ["lz4", "jpeg"])
 @pytest.mark.parametrize("crop", ["lsj", "zoom_iou"])
-def test_windows_past_the_picture_in_the_device_graph_are_the_host_paths(coco_store: tuple[Path, ...],
-                                                                         crop: str, side: str) -> None:
+def test_windows_past_the_picture_in_the_device_graph_are_the_host_paths(
+        request: pytest.FixtureRequest, crop: str, codec: str, side: str) -> None:
     """The device graph's paste (``fn.slice`` padding with the fill, the part inside resized by
     DALI) against the host path's (PIL resize, then a paste): the targets bit for bit, the
-    pixels past the picture exactly the fill on both, the rest within the two resizes' gap."""
-    store, fill = coco_store[0], (123, 117, 104)
+    pixels past the picture exactly the fill on both, the rest within the two resizes' gap, on
+    JPEG tiles (fractional cuts of a whole decode) as on lz4."""
+    store = request.getfixturevalue("coco_store")[0]
+    if codec == "jpeg":
+        store = request.getfixturevalue("coco_jpeg_store")
+    fill = (123, 117, 104)
     options = dict(OPTS, dtype=torch.uint8, layout="NHWC")
     seen: dict[str, dict[int, tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {}
     for which in ("host", side):
