@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test test-fast check docs demo bench gpu-check wheelhouse install-offline clean
+.PHONY: setup test test-fast check docs demo bench device-graph-check gpu-check wheelhouse install-offline clean
 
 setup: $(STAMP)
 
@@ -72,6 +72,11 @@ bench: setup
 	$(VENV)/bin/tilefeed bench --loaders baseline,dali-files,tiles-dataloader,tilefeed \
 		--batch-size 64 --steps 40 --step-ms 40 --workers 2 --out bench-out/bench.json --plots bench-out
 
+# The GPU's graph on DALI's CPU backend against the CPU path, over codecs x fits x recipes x
+# outputs, with boxes and masks: a minute, no GPU (docs/development.md#the-devices-graph-without-a-gpu).
+device-graph-check: setup
+	$(VENV)/bin/tilefeed bench device-graph --out bench-out/device-graph.json
+
 # Offline GPU nodes: on a machine with the package index, download every wheel a node needs
 # (default: CPython 3.12, CUDA 13; WH_PY=3.11 WH_CUDA=12 for others), torch excepted.
 WH_PY   ?= 3.12
@@ -99,5 +104,6 @@ gpu-check:
 	@mkdir -p bench-out
 	-$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --junitxml bench-out/gpu-tests.xml
 	$(TF) bench gpu-report --tests-xml bench-out/gpu-tests.xml --out bench-out/gpu-report.json
+	-$(TF) bench device-graph --cuda --out bench-out/device-graph.json
 	$(TF) bench recipe --count 4800 --out bench-out/recipe.json
 	-$(TF) bench detection --count 512 --out bench-out/detection.json

@@ -503,6 +503,34 @@ DETECTION = Form(
     _detection_options, _detection)
 
 
+def _device_graph_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--count", type=positive, default=24, help="generated pictures (with boxes and masks)")
+    p.add_argument("--tile", type=positive, default=64, help="the stores' tile side, in pixels")
+    p.add_argument("--size", type=positive, default=48, help="the output side, in pixels")
+    p.add_argument("--cuda", action="store_true",
+                   help="also run the graph on the current CUDA device, a column of its own")
+    out_arg(p)
+
+
+def _device_graph(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.device_graph import bench_device_graph
+
+    return bench_device_graph(cache_dir() / "device-graph", count=args.count, tile=args.tile, size=args.size,
+                              cuda=args.cuda, progress=lambda cell: print(cell, file=sys.stderr, flush=True))
+
+
+DEVICE_GRAPH = Form(
+    "device-graph", "the GPU's graph on DALI's CPU backend against the host path, cell by cell",
+    "The graph a GPU Loader builds, run on DALI's CPU backend (TILEFEED_DEVICE_GRAPH=1) against a "
+    "CPU Loader's own path (cut, resize and recipe in its reader threads), over store codecs (lz4, "
+    "none, jpeg) x tile fits (pad, crop) x recipes (evaluation, crop, colour jitter, "
+    "TrivialAugmentWide, RandAugment, the photometric distortion, large-scale jitter, zoom-out + IoU "
+    "crop, erasing, mixup/cutmix) x outputs (float32 NCHW, channels_last, uint8), with boxes and "
+    "instance masks: each cell's mean and largest difference in levels, whether the targets are "
+    "equal, and for plain crops and framing the host path against torchvision's own calls. Exit "
+    "status 1 when a cell is over its recipe's stated tolerance.", _device_graph_options, _device_graph)
+
+
 def _sides(text: str) -> list[int]:
     """A comma list of tile sides, each a positive integer."""
     from tilefeed.store.errors import ConfigError

@@ -247,6 +247,12 @@ def detection_table(files: list[Json]) -> str:
     return markdown(DetectionResult.from_dict(_fields(files[0])).table())
 
 
+def device_graph_table(files: list[Json]) -> str:
+    from tilefeed.bench.suites.device_graph import DeviceGraphResult
+
+    return markdown(DeviceGraphResult.from_dict(files[0]).table())
+
+
 def _fields(data: Json) -> Json:
     """A bench's JSON without what the record added."""
     return {k: v for k, v in data.items() if k != "provenance"}
@@ -277,6 +283,7 @@ TABLES: dict[str, Table] = {
     "soak": Table(("docs/data/soak.json",), soak_table),
     "recipe": Table(("docs/data/recipe.json",), recipe_table),
     "detection": Table(("docs/data/detection.json",), detection_table),
+    "device-graph": Table(("docs/data/device-graph.json",), device_graph_table),
 }
 
 
