@@ -64,8 +64,8 @@ TOLERANCE: dict[str, tuple[float, str]] = {
     "photometric": (2.0, "the resize's gap, and PIL's uint8 hue against the graph's float hue"),
     "lsj": (3.0, "the resize's gap on the cut; the fill exact"),
     "zoom_iou": (3.0, "the resize's gap on the cut; the fill exact"),
-    "erasing": (0.5, "the resize's gap (the erased noise is the same draw)"),
-    "mixup_cutmix": (0.5, "the resize's gap (the mix is the same draw)"),
+    "erasing": (0.5, "the resize's gap; the erased noise is the same draw"),
+    "mixup_cutmix": (0.5, "the resize's gap; the mix is the same draw"),
 }
 OUTPUTS: dict[str, dict[str, Any]] = {
     "float32 NCHW": dict(dtype=torch.float32, layout="NCHW"),
@@ -171,8 +171,9 @@ class DeviceGraphResult:
                                             f"{TOLERANCE[recipe][0]:g}"]) + " |")
         refused = sorted({c.refused for c in self.cells if c.refused})
         lines.append("")
-        lines += [f"refused: {reason}" for reason in refused]
-        lines += [f"{name}: mean within {bound:g} ({why})" for name, (bound, why) in TOLERANCE.items()
+        lines += [f"Refused: {reason}" for reason in refused]
+        lines.append("Tolerances, on the mean, and what binds each:")
+        lines += [f"- {name}: {bound:g}, {why}" for name, (bound, why) in TOLERANCE.items()
                   if name in {c.recipe for c in self.cells}]
         over = [c for c in self.cells if not c.ok]
         lines.append(f"{len(self.cells)} cells, {sum(bool(c.refused) for c in self.cells)} refused, "
