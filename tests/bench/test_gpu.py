@@ -76,3 +76,19 @@ def test_the_decoder_probe_times_every_load_on_the_device(tmp_path_factory: pyte
     assert all(r.images_per_s > 0 or r.error for r in probe.runs)  # a window: measured or its error said
     assert probe.backend in ("hardware", "cuda") and probe.verdict.startswith("whole tiles: ")
     assert all(r.engine.available or r.engine.note for r in probe.runs)  # NVML read, or why not
+
+
+def test_nvml_finds_the_device_cuda_calls_zero_and_the_soak_sees_every_allocator() -> None:
+    """NVML by the device's UUID (NVML numbers the machine's GPUs, CUDA the visible ones); the
+    device's used memory counts what torch's allocator does not reserve itself."""
+    pynvml = pytest.importorskip("pynvml")
+    from tilefeed.bench.suites.decoder_probe import nvml_uuid
+    from tilefeed.bench.suites.soak import _device_used_kib
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(0))
+    assert pynvml.nvmlDeviceGetName(handle)
+    before = _device_used_kib()
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    assert _device_used_kib() - before >= 200 * 1024
+    del block

@@ -122,3 +122,36 @@ def test_a_padded_crop_feeds_the_graph_only_what_it_reads(pad_stores: dict[str, 
                               num_workers=1) as loader:
             assert len(list(loader)) == 2
     assert not [w for w in caught if "not used" in str(w.message)], [str(w.message) for w in caught]
+
+
+AT_EXIT = """
+import sys
+from tilefeed.pipeline import Loader
+from tilefeed.pipeline.engine import graph_pool
+
+close = graph_pool.Graph.close
+
+
+def said(graph):
+    print("closed", flush=True)
+    close(graph)
+
+
+graph_pool.Graph.close = said
+with Loader(sys.argv[1], 8, train=True, num_workers=1) as loader:
+    assert len(list(loader)) == 7
+print("exiting", flush=True)
+"""
+
+
+def test_pooled_graphs_are_closed_before_the_interpreter_exits(store: Path) -> None:
+    """A Loader's graph goes back to the pool when the Loader closes and waits there, idle, for
+    the next Loader; at exit the pool closes it, before the interpreter's own teardown (where a
+    GPU pipeline left to DALI can abort)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", AT_EXIT, str(store)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["exiting", "closed"], done.stdout
