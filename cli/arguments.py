@@ -141,6 +141,7 @@ VOCABULARY: dict[str, Term] = {
     "--seed": Term("seed", "the Loader's seed", "integer"),
     "--samples": Term("chosen samples", "these samples, in this order", "indices, comma list"),
     "--device": Term("device", "where batches and the step live", "cuda[:N] or cpu"),
+    "--cuda": Term("CUDA as well", "also run on the current CUDA device, beside what runs on the CPU", "-"),
     # what is measured, and how
     "--loaders": Term("loaders compared", "the loaders run side by side", "names, comma list"),
     "--peer": Term("peer loader", "a loader of another project added to the comparison", "choice"),

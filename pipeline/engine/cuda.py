@@ -51,10 +51,13 @@ class SideStream:
     """The feeding thread's CUDA stream: DALI runs on it and the hand-over's work runs on it,
     off the consumer's stream, which waits only for the event each batch carries."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, pipe: Any) -> None:
         torch.cuda.set_device(device)
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        # only DALI's dynamic executor (its default since 2.0) keeps an output buffer for as long
+        # as a tensor refers to it; under the older one the batch is copied out, as its iterator does
+        self.copy = not getattr(pipe, "exec_dynamic", False)
 
     def run(self, pipe: Any) -> Any:
         """One run of the graph, its GPU work ordered on the side stream."""
@@ -70,7 +73,8 @@ class SideStream:
         images, labels, indices = outputs
         with torch.cuda.stream(self.stream):
             # DALI orders its work before the current (side) stream through the DLPack protocol
-            out = {"images": torch.from_dlpack(images.as_tensor()),
+            pixels = torch.from_dlpack(images.as_tensor())
+            out = {"images": pixels.clone() if self.copy else pixels,
                    "labels": host(labels).to(self.device, non_blocking=True),
                    "indices": host(indices)}
             finish(out)

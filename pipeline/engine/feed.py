@@ -164,7 +164,7 @@ class Feed:
         pipe, source = self.pipe, self.source
         try:
             if self.device is not None:
-                self._side = SideStream(self.device)
+                self._side = SideStream(self.device, pipe)
             elif _threads_are_per_thread():
                 # the per-batch work here (casts, erasing, mixing) runs while the reader threads
                 # hold the cores: fanned out over torch's intra-op threads it contends with them

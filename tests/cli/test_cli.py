@@ -85,7 +85,7 @@ def test_every_bench_form_has_a_summary_and_every_option_help() -> None:
     from tilefeed.cli.bench import FORMS, main_parser
 
     assert {"preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "schedule", "recipe", "detection",
-            "gpu-report", "cloud", "clients", "parts", "stats", "scale"} == set(FORMS)
+            "device-graph", "gpu-report", "cloud", "clients", "parts", "stats", "scale"} == set(FORMS)
     parsers = {"": main_parser()}
     for name, form in FORMS.items():
         assert form.name == name and form.summary.strip() and "\n" not in form.summary, name
@@ -96,7 +96,8 @@ def test_every_bench_form_has_a_summary_and_every_option_help() -> None:
             if not isinstance(action, argparse._HelpAction) and not old & set(action.option_strings):
                 assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
     listing = main_parser().format_help()
-    assert all(f"  {name:<10}  {form.summary}" in listing for name, form in FORMS.items()), listing
+    wide = max(map(len, FORMS))
+    assert all(f"  {name:<{wide}}  {form.summary}" in listing for name, form in FORMS.items()), listing
 
 
 def test_bench_names_an_unknown_form_and_lists_the_forms() -> None:
@@ -104,7 +105,7 @@ def test_bench_names_an_unknown_form_and_lists_the_forms() -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == ("tilefeed: error: unknown bench form 'nonsense'; the forms: preprocess, "
                                 "loader, sweep, diagnose, soak, aspect, schedule, recipe, detection, "
-                                "gpu-report, cloud, clients, parts, stats, scale")
+                                "device-graph, gpu-report, cloud, clients, parts, stats, scale")
 
 
 def test_bench_rejects_unknown_loader(data: tuple[Path, Path]) -> None:
