@@ -34,7 +34,7 @@ from tilefeed.pipeline.device import DEVICE_GRAPH_ENV
 from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
-from tilefeed.pipeline.recipe.recipe import ColorJitter, PhotometricDistort, Recipe
+from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, PhotometricDistort, Recipe
 from tilefeed.store.errors import ConfigError
 
 CODECS = ("lz4", "none", "jpeg")
@@ -45,11 +45,11 @@ RECIPES: dict[str, Callable[[int], Recipe | None]] = {
     "evaluation": lambda classes: None,
     "crop": lambda classes: Recipe(),
     "jitter": lambda classes: Recipe(vflip=0.2, grayscale=0.2, color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1)),
-    "trivial_wide": lambda classes: Recipe(auto_augment="ta_wide"),
+    "trivial_wide": lambda classes: Recipe(auto_augment=AutoAugment.parse("ta_wide")),
     "randaugment": lambda classes: Recipe(auto_augment=AutoAugment.parse("rand-m9-mstd0.5-inc1")),
     "photometric": lambda classes: Recipe(photometric=PhotometricDistort()),
-    "lsj": lambda classes: Recipe(crop="lsj", fill=FILL),
-    "zoom_iou": lambda classes: Recipe(crop="zoom_iou", fill=FILL),
+    "lsj": lambda classes: Recipe(crop=Crop.LSJ, fill=FILL),
+    "zoom_iou": lambda classes: Recipe(crop=Crop.ZOOM_IOU, fill=FILL),
     "erasing": lambda classes: Recipe(erasing=RandomErasing(p=0.5, value="random")),
     "mixup_cutmix": lambda classes: Recipe(mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0,
                                                                   num_classes=classes)),
@@ -153,16 +153,16 @@ class DeviceGraphResult:
         for (codec, fit, recipe), by_output in rows.items():
             shown = []
             for o in outputs:
-                c = by_output.get(o)
-                if c is None:
+                cell = by_output.get(o)
+                if cell is None:
                     shown.append("")
-                elif c.refused:
+                elif cell.refused:
                     shown.append("refused")
                 else:
-                    text = c.device.text() if c.device is not None else "-"
+                    text = cell.device.text() if cell.device is not None else "-"
                     if cuda:
-                        text += " / " + (c.cuda.text() if c.cuda is not None else "-")
-                    shown.append(text + ("" if c.ok else " **over**"))
+                        text += " / " + (cell.cuda.text() if cell.cuda is not None else "-")
+                    shown.append(text + ("" if cell.ok else " **over**"))
             ran = [c for c in by_output.values() if not c.refused]
             reference = next((c.reference.text() for c in ran if c.reference is not None), "-")
             told = {c.targets for c in ran} - {None}
@@ -213,10 +213,11 @@ def _run(store: Path, options: dict[str, Any], device: str,
     targets: dict[int, Any] = {}
     with _shape(device_graph), Loader(store, 8, device=device, **options) as loader:
         for images, labels, idx in loader:
+            batch_targets: Any = labels  # with targets asked, a dict of tensors a sample
             for k, (image, i) in enumerate(zip(_levels(images, loader), idx.cpu().tolist(), strict=True)):
                 pixels[i] = image
                 if options.get("targets"):
-                    targets[i] = {n: v.cpu() for n, v in labels[k].items()}
+                    targets[i] = {n: v.cpu() for n, v in batch_targets[k].items()}
         samples = np.array(sorted(pixels))
         windows = loader.windows(0, samples)
         resize_to = loader.augment.resize_to(loader.size_of(0))

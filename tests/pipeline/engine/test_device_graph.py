@@ -100,6 +100,7 @@ def test_handed_over_batches_keep_their_values_while_the_graph_runs_on(pad_store
     keeps its values while the graph runs many batches more, in both shapes."""
     with shaped(on), Loader(pad_stores["jpeg"], 2, size=24, train=True, seed=1, num_workers=1,
                             prefetch_factor=4) as loader:
+        assert loader._graph is not None and loader._graph.pipe.exec_dynamic  # what the lifetime rests on
         kept, copies = [], []
         for epoch in range(3):
             loader.set_epoch(epoch)
