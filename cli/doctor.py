@@ -17,8 +17,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -53,7 +56,9 @@ def _version(dist: str) -> str | None:
 
 
 def _round_trip(fmt: str, **options: Any) -> Callable[[], str]:
-    """Write a small picture in ``fmt`` and read it back: proof the codec is really there."""
+    """Write a small picture in ``fmt`` and read it back: proof the codec is really there. What
+    the image libraries print to the process's stderr meanwhile (libtiff's ": WEBP compression
+    support is not configured.") is kept off the screen and becomes the failure's words."""
 
     def check() -> str:
         import numpy as np
@@ -61,13 +66,40 @@ def _round_trip(fmt: str, **options: Any) -> Callable[[], str]:
 
         pixels = np.linspace(0, 255, 24 * 24 * 3).astype(np.uint8).reshape(24, 24, 3)
         buf = io.BytesIO()
-        Image.fromarray(pixels, "RGB").save(buf, fmt, **options)
-        buf.seek(0)
-        with Image.open(buf) as im:
-            im.load()
-            return f"reads and writes {im.format}"
+        with _stderr_caught() as said:
+            try:
+                Image.fromarray(pixels, "RGB").save(buf, fmt, **options)
+                buf.seek(0)
+                with Image.open(buf) as im:
+                    im.load()
+                    return f"reads and writes {im.format}"
+            except KeyError:  # PIL names no such format: nothing registered it
+                raise LookupError(f"no reader or writer for {fmt} is installed") from None
+            except Exception as e:
+                words = said().strip(" :\n")
+                raise type(e)(f"{e} ({words})" if words else str(e)) from None
 
     return check
+
+
+@contextmanager
+def _stderr_caught() -> Iterator[Callable[[], str]]:
+    """File descriptor 2 sent to a temporary file for the block (C libraries write there, past
+    Python's ``sys.stderr``); the function yielded reads what was written."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+
+        def said() -> str:
+            caught.seek(0)
+            return caught.read().decode(errors="replace")
+
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 # name -> (how to prove it, what it is for)
@@ -81,8 +113,8 @@ PIL_CODECS: dict[str, tuple[Callable[[], str], str]] = {
     "webp": (_round_trip("WEBP", lossless=True), "WebP"),
     "webp-animated": (_round_trip("WEBP", save_all=True), "animated WebP"),
     "jpeg2000": (_round_trip("JPEG2000"), "JPEG 2000 (openjpeg)"),
-    "avif": (_round_trip("AVIF"), "AVIF (pillow-avif-plugin)"),
-    "heif": (_round_trip("HEIF"), "HEIC/HEIF (pillow-heif)"),
+    "avif": (_round_trip("AVIF"), "AVIF"),
+    "heif": (_round_trip("HEIF"), "HEIC/HEIF"),
 }
 PLUGIN_CODECS = ("avif", "heif")  # read through plugins (tilefeed[formats]): optional
 # what pillow-simd built here has and Pillow's own wheels leave out (libimagequant for its
@@ -150,14 +182,18 @@ def _pil(report: Report, offline: bool, fixes: Fixes) -> None:
     avx2 = _cpu_has("avx2")
     report.add("AVX2", avx2, "the CPU has AVX2" if avx2 else "this CPU has no AVX2 (slower resize)",
                required=False)
+    plugins: dict[str, bool] = {}  # codec -> a plugin registered it
+    modules: dict[str, str] = {}  # codec -> the plugin's module
     try:
-        from tilefeed.preprocess.plugins import register_plugins
+        from tilefeed.preprocess.plugins import PLUGINS, register_plugins
 
-        register_plugins()
+        plugins, modules = register_plugins(), dict(PLUGINS)
     except Exception as e:  # noqa: BLE001 - the plugins' own lines below say what is missing
         report.add("plugins", False, f"cannot register: {type(e).__name__}: {e}", required=False)
     for name, (prove, what) in PIL_CODECS.items():
         optional = name in PLUGIN_CODECS or (name in SIMD_ONLY and not simd)
+        if name in PLUGIN_CODECS:  # credited to whoever reads it: the plugin, or PIL itself
+            what += f" ({modules.get(name, name).replace('_', '-')} plugin)" if plugins.get(name) else " (PIL)"
         try:
             report.add(f"codec {name}", True, f"{what}: {prove()}")
         except Exception as e:  # noqa: BLE001 - any failure means the codec is not usable
@@ -195,7 +231,9 @@ def _stack(report: Report, fixes: Fixes) -> None:
         import torch
 
         cuda = torch.version.cuda
-        report.add("torch", True, f"{torch.__version__}, " + (f"CUDA {cuda}" if cuda else "CPU build"))
+        extra = f"cuda{cuda.split('.')[0]}" if cuda else "cuda12 or cuda13"
+        report.add("torch", True, f"{torch.__version__}, " + (f"CUDA {cuda}" if cuda else "CPU build")
+                   + f": DALI's extra is tilefeed[{extra}]")
     except Exception as e:  # noqa: BLE001
         report.add("torch", False, f"cannot import: {type(e).__name__}: {e}",
                    "pip install torch (the build for your CUDA: see pytorch.org's selector)")
@@ -208,10 +246,11 @@ def _stack(report: Report, fixes: Fixes) -> None:
         report.add("CUDA match", dali_cuda == torch_cuda,
                    f"torch CUDA {torch_cuda}, DALI built for CUDA {dali_cuda}",
                    f"pip uninstall {dali[0]} && pip install 'tilefeed[cuda{torch_cuda}]'")
+    extra = f"cuda{torch_cuda or 13}"  # the one rule: torch's CUDA major; a CPU build takes either
     if dali is None:
         report.add("DALI", False, "not installed (the Loader needs it; TileDataset and preprocess do not)",
-                   "make setup (CUDA=13 for a CUDA 13 torch)" if fixes.from_checkout else
-                   "pip install 'tilefeed[cuda12]' (or [cuda13], as your torch's CUDA)")
+                   f"make setup CUDA={extra.removeprefix('cuda')}" if fixes.from_checkout else
+                   f"pip install 'tilefeed[{extra}]' (the extra of your torch's CUDA)")
     else:
         try:
             import nvidia.dali  # noqa: F401

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -99,6 +100,27 @@ def _targets_with(recipe: Recipe) -> None:
     if recipe.mix is not None:
         raise ConfigError("targets: mixup/cutmix mix image labels into soft targets, which boxes and "
                           "masks have no meaning of; train with targets without mix")
+
+
+def process_group_world() -> int:
+    """The world size this process runs in: its process group's, else its launcher's
+    (``WORLD_SIZE``, set by torchrun and accelerate before any group exists), else 1."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_world_size())
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def check_alone(rank: int, world_size: int) -> None:
+    """A Loader whose rank and world size defaulted to 0 of 1 (no process group when it was
+    built) refuses to run in a job of several processes: each would read every sample."""
+    world = process_group_world()
+    if world > 1:
+        raise ConfigError(f"this Loader took rank {rank} of {world_size} (no process group when it was built), "
+                          f"but the job runs {world} processes, so every one would read every sample: "
+                          "build it after init_process_group() or Accelerator(), or pass rank= and world_size=")
 
 
 def _ranks(rank: Any, world_size: Any) -> tuple[int, int]:

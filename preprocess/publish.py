@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from tilefeed.preprocess.task_scheduler import Scheduler
 
 
+SHOWN = 5  # rejected inputs named in the error of a run that stored none
+
+
 @dataclass(frozen=True)
 class Published:
     """What the store holds: its inputs, the rejected ones as (path, reason) in the order the
@@ -51,10 +54,15 @@ def publish(build: Scheduler, fingerprint: str) -> Published:
     if samples == 0:
         for _ in parts:  # only their rejects, for the message
             pass
-        reasons = reason_counts(r for _, r in rejects + listing.skipped)
+        rejected = rejects + listing.skipped
+        reasons = reason_counts(r for _, r in rejected)
+        named = "; ".join(f"{path}: {reason}" for path, reason in rejected[:SHOWN])
+        more = f"; and {len(rejected) - SHOWN} more" if len(rejected) > SHOWN else ""
+        # nothing to resume: the work folder goes, so no later command offers to finish this run
+        out.remove(build.work)
         raise SourceError(
             f"no usable image among {inputs} inputs "
-            f"({', '.join(f'{n} {k}' for k, n in reasons.items())})"
+            f"({', '.join(f'{n} {k}' for k, n in reasons.items())}): {named}{more}"
         )
     shards = fmt.shard_count(samples, build.per_shard)
     shard_bytes = build.shard_sizes(shards)

@@ -101,7 +101,8 @@ def open_store(root: str | Path) -> tuple[dict[str, Any], StoreAttrs]:
     """``load_attrs`` and the typed record it checked them into."""
     root = Path(root)
     if not root.is_dir():
-        raise StoreFormatError(f"store {str(root)!r} does not exist or is not a folder")
+        raise StoreFormatError(f"store {str(root)!r} does not exist or is not a folder: make one with "
+                               f"`tilefeed preprocess IMAGES {root}`")
     path = root / "zarr.json"
     if path.exists() and not inside(root, path):
         raise StoreFormatError(f"{path}: lies outside the store (a link)")
@@ -115,7 +116,8 @@ def open_store(root: str | Path) -> tuple[dict[str, Any], StoreAttrs]:
     if attrs is None:
         if (root / WORK_DIR).exists():
             raise unfinished_store(str(root))
-        raise StoreFormatError(f"{str(root)!r} is not a tilefeed store (no tilefeed group metadata)")
+        raise StoreFormatError(f"{str(root)!r} is not a tilefeed store (no tilefeed group metadata): make one "
+                               f"with `tilefeed preprocess IMAGES {root}`")
     version = attrs.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
         raise StoreFormatError(

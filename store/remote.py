@@ -80,7 +80,8 @@ class RemoteStore:
         if "zarr.json" not in listing:
             if any(k.startswith(fmt.WORK_DIR + "/") for k in listing):
                 raise unfinished_store(url)
-            raise StoreFormatError(f"{url!r} is not a tilefeed store (no tilefeed group metadata)")
+            raise StoreFormatError(f"{url!r} is not a tilefeed store (no tilefeed group metadata): make one "
+                                   f"with `tilefeed preprocess IMAGES {url}`")
         if listing["zarr.json"] > GROUP_BYTES:
             raise CorruptChunkError(self.storage.where("zarr.json"), None,
                                     f"{listing['zarr.json']} bytes, more than the {GROUP_BYTES} a store's "

@@ -80,6 +80,16 @@ class RunResult:
     timeline: dict[str, list[float]] = field(default_factory=dict)  # per step: wait, step, memory
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def note(self) -> str:
+        """A word on what the stall means, or ``""``: a step too short to overlap the loading
+        with (an empty loop, say) makes the stall the loader's own pace, not training's."""
+        if not self.steps or self.step_median_ms >= SHORT_STEP_MS:
+            return ""
+        return (f"the step took a median {self.step_median_ms:.3f} ms, too short for the stall to mean "
+                f"anything (the {self.stall_fraction:.0%} is the loader's own pace, with no work to overlap "
+                "it with): time a real training step, a model's forward and backward")
+
     def as_dict(self) -> dict[str, Any]:
         """Every figure as JSON-ready data (what ``tilefeed bench --json`` writes per run).
 
@@ -89,6 +99,10 @@ class RunResult:
             Field name -> value.
         """
         return asdict(self)
+
+
+# A step shorter than this overlaps nothing: the stall then measures the loader alone.
+SHORT_STEP_MS = 1.0
 
 
 def _p95(values: list[float]) -> float:
@@ -119,6 +133,7 @@ class Watch:
         self.rss: list[float] = []
         self.batch_sizes: list[int] = []
         self.output: dict[str, Any] = {}
+        self._warned = False  # a too-short step said once (``RunResult.note``)
         self._events: list[tuple[Any, Any]] = []
         self._sampler: MemorySampler | None = None
         self._t_begin = self._t_first = self._t_end = 0.0
@@ -154,7 +169,10 @@ class Watch:
                 yield batch
             self._t_end = self.clock()
         if self.report:
-            print(format_table([self.result()]))
+            result = self.result()
+            print(format_table([result]))
+            if result.note:
+                print(f"note: {result.note}")
             stages = loader_stats(self.iterable)
             if stages is not None:
                 print(stages)
@@ -192,7 +210,15 @@ class Watch:
 
     def result(self) -> RunResult:
         """The figures over the steps measured so far (warm-up excluded); a loop left with
-        ``break`` counts its last step as ending now."""
+        ``break`` counts its last step as ending now. A step too short for the stall to mean
+        anything is said once, as a warning (``RunResult.note``)."""
+        result = self._result()
+        if result.note and not self._warned:
+            self._warned = True
+            warnings.warn(result.note, stacklevel=2)
+        return result
+
+    def _result(self) -> RunResult:
         self._end_step(self.clock())
         w = self.warmup
         n = len(self.steps)

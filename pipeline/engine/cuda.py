@@ -25,13 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-# the decoder's device, by whether the graph has a GPU: nvJPEG's mixed operator, or the CPU's
-DECODER = {True: "mixed", False: "cpu"}
-
-
 def decoder(gpu: bool) -> str:
     """DALI's device for the graph's JPEG decoder: ``mixed`` (nvJPEG) with a GPU, else ``cpu``."""
-    return DECODER[gpu]
+    return "mixed" if gpu else "cpu"
 
 
 def upload(node: Any, gpu: bool) -> Any:

@@ -11,8 +11,10 @@ and ``loader.mixup_enabled`` (only with mixup under its prefetcher). Lightning's
 distinct object), read ``len()``, ``loader.dataset`` (is it an ``IterableDataset``?) and, in
 validation, ``loader.sampler`` (is it shuffled?). accelerate's ``prepare`` hands back any object
 that is not a ``DataLoader`` unchanged; its ``register_for_checkpointing`` needs
-``state_dict``/``load_state_dict``; its ``skip_first_batches`` would build a plain DataLoader over
-``loader.dataset`` with ``loader.batch_sampler`` (resume with ``load_state_dict`` instead).
+``state_dict``/``load_state_dict``; its ``skip_first_batches`` builds a plain DataLoader over
+``loader.dataset`` with ``loader.batch_sampler``, whose items would be raw stored tiles: the
+dataset's items are refused (``LoaderDataset``), and the Loader resumes itself
+(``register_for_checkpointing``, ``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -21,18 +23,20 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from tilefeed.pipeline.planning.order import samples_per_rank
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.reading.reader import StoreReader
-from tilefeed.store.errors import ConfigAttributeError
+from tilefeed.store.errors import ConfigAttributeError, ConfigError
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.loader.loader import Loader
 
 
-def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> Any:
-    """A store's samples as a map-style Dataset (``TileDataset``, or its ``Subset``)."""
+def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> LoaderDataset:
+    """A store's samples as a map-style Dataset (``TileDataset``, or its ``Subset``), its items
+    refused (``LoaderDataset``)."""
     from torch.utils.data import Subset
 
     from tilefeed.pipeline.reading.dataset import TileDataset
@@ -41,7 +45,44 @@ def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> Any:
         raise ConfigAttributeError("a Loader over a Mix has no single Dataset: len(loader) and loader.samples "
                           "count its epoch, loader.source_of names a sample's store")
     full = TileDataset(reader)
-    return full if subset is None else Subset(full, subset.tolist())
+    return LoaderDataset(full if subset is None else Subset(full, subset.tolist()))
+
+
+ITEMS_REFUSED = ("loader.dataset's items would be raw stored tiles, not what the Loader yields, and a DataLoader "
+                 "built over it (accelerate's skip_first_batches) would train on them: the Loader resumes "
+                 "itself mid-epoch (accelerator.register_for_checkpointing(loader) with save_state/load_state, "
+                 "or loader.load_state_dict), so iterate it without skipping; raw tiles: TileDataset(store)")
+
+
+class LoaderDataset(Dataset[Any]):
+    """What ``loader.dataset`` is: the samples an epoch covers, for what training scripts ask of
+    a DataLoader's dataset (``len()``, whether it is an ``IterableDataset``, a ``set_epoch`` to
+    look for, the store's ``classes``), with its items refused in one line (``ITEMS_REFUSED``):
+    a stored tile is not what the Loader yields, and a DataLoader built over this dataset
+    (accelerate's ``skip_first_batches``) would otherwise train on raw tiles without a word.
+
+    Parameters
+    ----------
+    samples : Dataset
+        The store's ``TileDataset``, or its ``Subset`` (the Loader's ``indices``).
+    """
+
+    def __init__(self, samples: Dataset[Any]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        raise ConfigError(ITEMS_REFUSED)
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        raise ConfigError(ITEMS_REFUSED)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "samples":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.samples, name)
 
 
 # DataLoader attributes a Loader does not have, and why: read, they fail with this one line

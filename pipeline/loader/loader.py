@@ -34,7 +34,7 @@ from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
-from tilefeed.pipeline.settings import Layout, LoaderSettings, check_int, require_dali
+from tilefeed.pipeline.settings import Layout, LoaderSettings, check_alone, check_int, require_dali
 from tilefeed.pipeline.planning.order import Shuffle, batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
@@ -98,7 +98,10 @@ class Loader:
         As DataLoader and DistributedSampler: drop the incomplete tail (``True``) or pad the order
         with its own first samples so every rank gets the same number of batches (``False``).
     rank, world_size : int, optional
-        Default: from ``torch.distributed`` when initialised, else 0 and 1.
+        Default: from ``torch.distributed`` when initialised, else 0 and 1. A Loader built with
+        neither and no process group refuses to be iterated once a group of several processes
+        exists (or a launcher's ``WORLD_SIZE`` says several): build it after
+        ``init_process_group()``/``Accelerator()``, or pass both.
     device : str or torch.device, optional
         Default ``cuda:LOCAL_RANK`` when there is a GPU, else ``cpu``.
     train : bool, default False
@@ -262,6 +265,10 @@ class Loader:
     ) -> None:
         require_dali()
         self._mixing_off = False  # mixup_enabled = False: timm's --mixup-off-epoch
+        # rank 0 of 1 by default, with no process group yet: checked again as each epoch begins
+        # (``check_alone``), since a group (or a launcher's WORLD_SIZE) may say otherwise by then
+        self._alone = rank is None and world_size is None and not (
+            torch.distributed.is_available() and torch.distributed.is_initialized())
         s = self.settings = LoaderSettings.check(
             batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
             world_size=world_size, device=device, train=train, size=size, crop_pct=crop_pct,
@@ -348,8 +355,9 @@ class Loader:
     # -- the DataLoader contract --------------------------------------------------------------
     @cached_property
     def dataset(self) -> Any:
-        """The samples as a map-style Dataset (``TileDataset``, or its ``Subset``): ``len()`` is
-        the number of samples an epoch covers, as scripts that count processed samples expect."""
+        """The samples as a map-style Dataset: ``len()`` is the number of samples an epoch
+        covers, as scripts that count processed samples expect; its items are refused in one
+        line (they would be raw stored tiles: ``dataloader_face.LoaderDataset``)."""
         return dataset_of(self.reader, self.subset)
 
     @cached_property
@@ -428,6 +436,8 @@ class Loader:
         return torch.from_numpy(self.epochs.next_indices().copy())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        if self._alone:
+            check_alone(self.rank, self.world_size)
         plan = self.epochs.begin()
         if plan.batches * self.batch_size < len(plan.indices):
             feed, generation = self._arm(plan, plan.epoch)

@@ -70,3 +70,30 @@ def test_the_device_graph_switch_is_said_when_set(value: str) -> None:
     else:
         graph = checks["graph"]
         assert code == 1 and not graph["ok"] and "TILEFEED_DEVICE_GRAPH" in str(graph["fix"])
+
+
+def test_a_missing_plugin_is_a_plain_line_and_nothing_strays_onto_stderr() -> None:
+    """Without pillow-heif (and pillow-avif-plugin) the codec lines say what is missing (not a
+    KeyError), AVIF is credited to whoever reads it, and doctor prints nothing on stderr."""
+    code, checks, err = doctor_without(["pillow_heif", "pillow_avif"], pip=False)
+    assert err == "", err
+    heif = checks["codec heif"]
+    assert not heif["ok"] and not heif["required"] and "KeyError" not in str(heif["detail"])
+    assert "no reader or writer for HEIF is installed" in str(heif["detail"]), heif
+    avif = checks["codec avif"]
+    assert "pillow-avif plugin" not in str(avif["detail"]), avif  # not installed: no credit
+    assert code == 0 or [c for c in checks.values() if c["required"] and not c["ok"]], checks
+
+
+def test_what_a_codec_library_prints_is_caught_into_its_line(capfd: pytest.CaptureFixture[str]) -> None:
+    """A C library's own words on file descriptor 2 (libtiff's ": WEBP compression support is not
+    configured.") stay off the screen and become the failing check's detail."""
+    import os
+
+    from tilefeed.cli.doctor import _stderr_caught
+
+    with _stderr_caught() as said:
+        os.write(2, b": WEBP compression support is not configured.\n")
+        words = said()
+    assert words == ": WEBP compression support is not configured.\n"
+    assert capfd.readouterr().err == ""

@@ -177,10 +177,18 @@ def test_empty_or_missing_sources(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="holds no images"):
         preprocess(tmp_path / "empty", tmp_path / "o", SMALL)
     (tmp_path / "empty" / "a" / "x.jpg").write_bytes(b"")
+    with pytest.raises(SourceError, match="no usable image among 1 inputs") as caught:
+        preprocess(tmp_path / "empty", tmp_path / "o", SMALL, workers=1)
+    assert "x.jpg" in str(caught.value) and "\n" not in str(caught.value)  # the rejected input, named
+    # nothing left that offers to resume a run that stored nothing; the same run again says the same
+    with pytest.raises(StoreFormatError, match="not a tilefeed store"):
+        load_attrs(tmp_path / "o")
     with pytest.raises(SourceError, match="no usable image among 1 inputs"):
         preprocess(tmp_path / "empty", tmp_path / "o", SMALL, workers=1)
-    with pytest.raises(StoreFormatError, match="incomplete"):
-        load_attrs(tmp_path / "o")
+    # once a good image joins, the same command makes the store
+    write_folder(tmp_path / "empty", classes=1, per_class=2)
+    preprocess(tmp_path / "empty", tmp_path / "o", SMALL, workers=1)
+    assert load_attrs(tmp_path / "o")["samples"] == 2
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, image_folder: Path) -> None:

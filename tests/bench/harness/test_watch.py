@@ -158,3 +158,20 @@ def test_tile_transform_gives_each_dataloader_worker_its_own_random_stream() -> 
     items = [batch[0] for batch in loader]  # batches alternate between the two workers
     first_of_worker = items[0], items[1]
     assert not torch.equal(*first_of_worker), "both workers drew the same crop and flip"
+
+
+@pytest.mark.parametrize("step_ms,said", [(0.0, True), (0.5, True), (5.0, False)])
+def test_a_step_too_short_for_the_stall_to_mean_anything_is_said(step_ms: float, said: bool) -> None:
+    """An empty loop body makes the stall the loader's own pace: ``result()`` warns once and the
+    result's note says why; a real step's result has no note."""
+    clock = FakeClock()
+    w = watch(ClockedLoader(clock, 10, batches=12), device=CPU, clock=clock)
+    for _ in w:
+        clock.advance(step_ms)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, again = w.result(), w.result()
+    assert bool(first.note) is said and again.note == first.note
+    assert len([c for c in caught if "too short for the stall" in str(c.message)]) == (1 if said else 0)
+    if said:
+        assert f"{first.stall_fraction:.0%}" in first.note and "forward and backward" in first.note

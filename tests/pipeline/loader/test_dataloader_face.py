@@ -90,6 +90,29 @@ def test_dataset_is_map_style_with_the_epoch_samples(store: Path) -> None:
         assert len(loader.dataset) == loader.samples and not isinstance(loader.dataset, IterableDataset)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_accelerates_skip_first_batches_is_refused_not_served_raw_tiles(store: Path, workers: int) -> None:
+    """accelerate's ``skip_first_batches`` builds a plain DataLoader over ``loader.dataset`` and
+    ``loader.batch_sampler`` (with the Loader's ``num_workers``): its first batch fails with the
+    one line naming the Loader's own resume, rather than train on raw stored tiles; the dataset
+    and batch sampler still give what scripts read of them."""
+    from accelerate.data_loader import skip_first_batches
+
+    from tilefeed.pipeline.loader.dataloader_face import ITEMS_REFUSED
+
+    with Loader(store, 8, train=True, num_workers=max(workers, 1)) as loader:
+        skipped = skip_first_batches(loader, 2)
+        if workers == 0:
+            skipped.num_workers = 0  # torch's own process, and the error raised as it is
+        with pytest.raises(ConfigError) as caught:
+            next(iter(skipped))
+        assert str(caught.value).splitlines()[-1].endswith(ITEMS_REFUSED)
+        assert "register_for_checkpointing" in ITEMS_REFUSED and "\n" not in ITEMS_REFUSED
+        assert len(loader.dataset) == 50 and loader.dataset.classes == loader.reader.classes
+        assert [len(b) for b in loader.batch_sampler] == [8] * 6 + [2]
+        assert len(list(loader)) == 7  # the Loader itself unharmed
+
+
 def test_dataloader_numbers_read_back(store: Path) -> None:
     with Loader(store, 8, train=False, dtype=torch.uint8, num_workers=1, prefetch_factor=3) as loader:
         numbers = (loader.batch_size, loader.drop_last, loader.num_workers, loader.prefetch_factor)

@@ -389,8 +389,12 @@ def test_options_are_validated_up_front(store: Path) -> None:
         batch_size = kwargs.pop("batch_size", 4)
         with pytest.raises(ValueError):
             Loader(store, batch_size, **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(StoreFormatError, match="not a tilefeed store"):
+    with pytest.raises(StoreFormatError, match="not a tilefeed store") as caught:
         Loader(store.parent, 4)
+    assert "`tilefeed preprocess IMAGES " in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(StoreFormatError, match="does not exist") as caught:
+        Loader(store.parent / "not-a-store", 4)
+    assert f"`tilefeed preprocess IMAGES {store.parent / 'not-a-store'}`" in str(caught.value)
 
 
 @pytest.mark.parametrize("device", ["tpu", "gpu:0", "meta", "xla"])
