@@ -76,7 +76,8 @@ def _early_main(rank: int, world: int, port: int, store: str, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_loader_built_before_the_process_group_refuses_to_read_everything(store: Path, tmp_path: Path) -> None:
+def test_a_loader_built_before_the_process_group_refuses_to_read_everything(store: Path,
+                                                                            tmp_path: Path) -> None:
     out = tmp_path / "early.pt"
     mp.start_processes(_early_main, args=(2, free_port(), str(store), str(out)), nprocs=2, join=True,
                        start_method="spawn")
