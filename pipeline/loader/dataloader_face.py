@@ -49,9 +49,10 @@ def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> LoaderDataset:
 
 
 ITEMS_REFUSED = ("loader.dataset's items would be raw stored tiles, not what the Loader yields, and a "
-                 "DataLoader built over it (accelerate's skip_first_batches) would train on them: the Loader resumes "
-                 "itself mid-epoch (accelerator.register_for_checkpointing(loader) with save_state/load_state, "
-                 "or loader.load_state_dict), so iterate it without skipping; raw tiles: TileDataset(store)")
+                 "DataLoader built over it (accelerate's skip_first_batches) would train on them: the "
+                 "Loader resumes itself mid-epoch (accelerator.register_for_checkpointing(loader) with "
+                 "save_state/load_state, or loader.load_state_dict), so iterate it without skipping; "
+                 "raw tiles: TileDataset(store)")
 
 
 class LoaderDataset(Dataset[Any]):
