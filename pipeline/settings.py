@@ -60,9 +60,11 @@ def require_dali() -> None:
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
+        cuda = torch.version.cuda
+        extra = f"cuda{cuda.split('.')[0]}" if cuda else "cuda13"  # the extra of torch's CUDA
         raise DaliMissingError(
-            "the Loader runs on NVIDIA DALI, which is not installed: pip install 'tilefeed[cuda12]' "
-            "(CUDA 12 drivers, or CPU only) or 'tilefeed[cuda13]' (CUDA 13)") from None
+            f"the Loader runs on NVIDIA DALI, which is not installed: install tilefeed's [{extra}] extra, "
+            f"the one of this torch's CUDA ({cuda or 'a CPU build: either runs without a GPU'})") from None
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:

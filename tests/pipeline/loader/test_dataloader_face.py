@@ -133,16 +133,6 @@ def test_absent_dataloader_attributes_fail_in_one_line(store: Path, name: str) -
             loader.batch_sizes  # noqa: B018
 
 
-def test_accelerate_prepare_would_hand_the_loader_back_unchanged(store: Path) -> None:
-    """accelerate's ``_prepare_one`` prepares only ``torch.utils.data.DataLoader`` instances and
-    hands any other object back; ``register_for_checkpointing`` needs state_dict/load_state_dict
-    (accelerate is not installed: its tests, written out)."""
-    with small(store) as loader:
-        assert not isinstance(loader, torch.utils.data.DataLoader)
-        assert callable(loader.state_dict) and callable(loader.load_state_dict)
-        loader.load_state_dict(loader.state_dict())
-
-
 # -- mean and std units ------------------------------------------------------------------------
 
 def test_timm_and_torchvision_units_give_the_same_normalisation(store: Path) -> None:
