@@ -231,7 +231,7 @@ def _stack(report: Report, fixes: Fixes) -> None:
         import torch
 
         cuda = torch.version.cuda
-        extra = f"cuda{cuda.split('.')[0]}" if cuda else "cuda12 or cuda13"
+        extra = f"cuda{cuda.split('.')[0]}" if cuda else "cuda13"  # a CPU torch: either runs; one rule
         report.add("torch", True, f"{torch.__version__}, " + (f"CUDA {cuda}" if cuda else "CPU build")
                    + f": DALI's extra is tilefeed[{extra}]")
     except Exception as e:  # noqa: BLE001

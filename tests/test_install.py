@@ -119,8 +119,10 @@ def _quickstart(readme: str) -> list[tuple[str, str]]:
 
 
 def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_as_written_without_root(tmp_path: Path) -> None:
-    """``pip install <wheel>[cuda12]`` with plain Pillow from the index (no pillow-simd, no make),
-    then the README's quickstart, step by step, as an unprivileged user."""
+    """The README's install words with plain Pillow from the index (no pillow-simd, no make): the
+    extra picked by the installed torch's CUDA, the rule the README states, then the README's
+    quickstart, step by step, as an unprivileged user, and ``tilefeed doctor`` exiting 0 with
+    nothing on stderr."""
     import shutil
     import tempfile
 
@@ -144,7 +146,12 @@ def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_as_written_without_root(t
         pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         # the checkout's own path, if the caller's environment names it, must not count as installed
         subprocess.run([*pip, "torch==2.13.0"], check=True, timeout=1200, env=clean)
-        subprocess.run([*pip, f"tilefeed[cuda12] @ {wheel.as_uri()}"], check=True, timeout=1200, env=clean)
+        readme = (ROOT / "README.md").read_text()
+        assert "13.x: cuda13, 12.x: cuda12, None: cuda13" in readme  # the rule, as the README words it
+        cuda = subprocess.run([str(py), "-c", "import torch; print(torch.version.cuda)"], capture_output=True,
+                              text=True, check=True, env=clean).stdout.strip()
+        extra = "cuda13" if cuda == "None" else f"cuda{cuda.split('.')[0]}"
+        subprocess.run([*pip, f"tilefeed[{extra}] @ {wheel.as_uri()}"], check=True, timeout=1200, env=clean)
         work = home / "work"
         sys.path.insert(0, str(ROOT))
         try:
@@ -170,5 +177,27 @@ def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_as_written_without_root(t
                                 text=True, timeout=300)
         assert "Traceback" not in doctor.stdout + doctor.stderr and "make setup" not in doctor.stdout
         assert doctor.returncode == 0, doctor.stdout  # plain Pillow, no GPU: nothing wrong
+        assert doctor.stderr == "", doctor.stderr  # no library's own words past the report
+        assert f"DALI's extra is tilefeed[{extra}]" in doctor.stdout, doctor.stdout
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_the_docs_build_from_their_requirements_without_torch(tmp_path: Path) -> None:
+    """``pip install -r docs/requirements.txt`` in a fresh venv pulls no torch (nor DALI), and
+    ``mkdocs build --strict`` builds the site from it: mkdocstrings reads the source unimported."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r",
+                    str(ROOT / "docs" / "requirements.txt")], check=True, timeout=1200, env=clean)
+    probe = "import importlib.util as u; print([m for m in ('torch', 'nvidia', 'tilefeed') if u.find_spec(m)])"
+    found = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, check=True,
+                           env=clean).stdout.strip()
+    assert found == "[]", found
+    built = subprocess.run([str(venv / "bin" / "mkdocs"), "build", "--strict", "--quiet", "-d",
+                            str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env={**clean, "NO_MKDOCS_2_WARNING": "1"})
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "site" / "api" / "index.html").is_file()
