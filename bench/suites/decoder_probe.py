@@ -6,8 +6,8 @@ kernels. Inside a container the engine needs the driver's ``video`` capability
 (``NVIDIA_DRIVER_CAPABILITIES``); without it DALI falls back to CUDA decode without a word, and
 region-of-interest decoding (``decoders.image_slice``; the Loader's graph decodes whole tiles)
 may not use the engine at all. So the probe decodes one batch of the store's own tiles, whole and
-as a window, at several loads, and reports for each the images/s and, where NVML can tell (``nvidia-ml-py``), how busy the
-JPEG engine was. The verdict says which decoder ran and how that was known.
+as a window, at several loads, and reports for each the images/s and, where NVML can tell
+(``nvidia-ml-py``), how busy the JPEG engine was. The verdict says which decoder ran and how that was known.
 """
 
 from __future__ import annotations
