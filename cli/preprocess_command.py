@@ -79,7 +79,7 @@ def _tile_args(p: argparse.ArgumentParser) -> None:
                    help="grid mode: pixels between tile origins (default: T, no overlap)")
     p.add_argument("--resample", choices=sorted(RESAMPLERS), default="bicubic",
                    help="antialiased resampling filter")
-    p.add_argument("--background", type=_colour, default=(255, 255, 255),
+    p.add_argument("--background", type=_colour, default="255,255,255",
                    help="R,G,B or #rrggbb under transparent pixels, pad borders and grid edges")
     p.add_argument("--icc", choices=ICC, default="ignore",
                    help="embedded ICC profiles (CMYK and colour-managed photos): ignore gives what "
