@@ -4,6 +4,8 @@ that builds the GPU's graph on a CPU machine."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -24,6 +26,21 @@ def device_graph() -> bool:
     if value in ("1", "true", "yes", "on"):
         return True
     raise ConfigError(f"{DEVICE_GRAPH_ENV}={value!r}: expected 1 (the device's graph on the CPU) or 0")
+
+
+@contextmanager
+def device_graph_set(on: bool = True) -> Iterator[None]:
+    """CPU Loaders built inside the block take the GPU's graph shape (``on``) or the host shape,
+    whatever ``TILEFEED_DEVICE_GRAPH`` said before it (restored after)."""
+    saved = os.environ.get(DEVICE_GRAPH_ENV)
+    os.environ[DEVICE_GRAPH_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(DEVICE_GRAPH_ENV, None)
+        else:
+            os.environ[DEVICE_GRAPH_ENV] = saved
 
 
 def default_device() -> torch.device:

@@ -109,22 +109,13 @@ def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: 
     return out
 
 
-@contextmanager
-def device_graph(on: bool = True) -> Iterator[None]:
+def device_graph(on: bool = True) -> Any:
     """CPU Loaders built inside the block take the GPU's graph shape (``TILEFEED_DEVICE_GRAPH``:
     decode, cut, resize and the recipe in DALI, on its CPU backend), or with ``on`` False the
     host shape (the reader threads cut and resize)."""
-    from tilefeed.pipeline.device import DEVICE_GRAPH_ENV
+    from tilefeed.pipeline.device import device_graph_set
 
-    saved = os.environ.get(DEVICE_GRAPH_ENV)
-    os.environ[DEVICE_GRAPH_ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(DEVICE_GRAPH_ENV, None)
-        else:
-            os.environ[DEVICE_GRAPH_ENV] = saved
+    return device_graph_set(on)
 
 
 # The device side of a test that holds the device's graph to the host path: the GPU's graph on

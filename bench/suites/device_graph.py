@@ -19,9 +19,7 @@ a cell over it fails the run (exit status 1).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline import Loader
-from tilefeed.pipeline.device import DEVICE_GRAPH_ENV
+from tilefeed.pipeline.device import device_graph_set
 from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
@@ -181,19 +179,6 @@ class DeviceGraphResult:
         return "\n".join(lines)
 
 
-@contextmanager
-def _shape(device_graph: bool) -> Iterator[None]:
-    saved = os.environ.get(DEVICE_GRAPH_ENV)
-    os.environ[DEVICE_GRAPH_ENV] = "1" if device_graph else "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(DEVICE_GRAPH_ENV, None)
-        else:
-            os.environ[DEVICE_GRAPH_ENV] = saved
-
-
 def _levels(images: torch.Tensor, loader: Loader) -> np.ndarray:
     """A batch as float HWC levels (0..255): normalised outputs taken back through mean and std."""
     x = images.detach().cpu()
@@ -211,7 +196,7 @@ def _run(store: Path, options: dict[str, Any], device: str,
     """Every sample's pixels (levels) and targets of epoch 0, and the windows the Loader drew."""
     pixels: dict[int, np.ndarray] = {}
     targets: dict[int, Any] = {}
-    with _shape(device_graph), Loader(store, 8, device=device, **options) as loader:
+    with device_graph_set(device_graph), Loader(store, 8, device=device, **options) as loader:
         for images, labels, idx in loader:
             batch_targets: Any = labels  # with targets asked, a dict of tensors a sample
             for k, (image, i) in enumerate(zip(_levels(images, loader), idx.cpu().tolist(), strict=True)):
