@@ -132,7 +132,7 @@ def _runs(data: Json) -> list[Json]:
 def stall_table(files: list[Json]) -> str:
     """The main form at two step lengths, several runs of each: every run's stall, hand-over wait
     and epoch-start waits, and the median stall."""
-    lines = ["| step | loader | stall, runs | median | hand-over med ms, runs | epoch start ms, runs |",
+    lines = ["| step | loader | stall, runs | median | mid-epoch wait med ms, runs | epoch start ms, runs |",
              "| --- | --- | --- | ---: | --- | --- |"]
     for data in files:
         repeats = data.get("repeats", [data])
@@ -153,7 +153,7 @@ def stall_table(files: list[Json]) -> str:
 
 def outputs_table(files: list[Json]) -> str:
     """The Loader alone at each output layout: stall, hand-over wait, each epoch start's wait."""
-    lines = ["| output | stall | hand-over med ms | images/s | epoch start ms (each start) |",
+    lines = ["| output | stall | mid-epoch wait med ms | images/s | epoch start ms (each start) |",
              "| --- | ---: | ---: | ---: | --- |"]
     for data in files:
         (run,) = data["runs"]

@@ -388,7 +388,7 @@ def _starts(waits_ms: list[float]) -> str:
 
 def format_table(runs: list[RunResult]) -> str:
     head = (f"| {'loader':<18} | {'stall':>6} | {'img/s':>7} | {'busy':>5} | {'wait med/p95 ms':>15} "
-            f"| {'hand-over med ms':>16} | {'epoch start ms':>14} "
+            f"| {'mid-epoch wait ms':>17} | {'epoch start ms':>14} "
             f"| {'step med/p95 ms':>15} | {'peak RSS MB':>11} | {'GPU alloc/res MB':>16} |")
     lines = [head, "|" + "|".join("-" * (len(c) + 0) for c in head.split("|")[1:-1]) + "|"]
     for r in runs:
@@ -397,6 +397,6 @@ def format_table(runs: list[RunResult]) -> str:
         lines.append(
             f"| {r.loader:<18} | {r.stall_fraction:>6.1%} | {r.samples_per_s:>7.0f} | "
             f"{r.busy_fraction:>5.0%} | {r.wait_median_ms:>7.1f}/{r.wait_p95_ms:<7.1f} | "
-            f"{r.handover_median_ms:>16.2f} | {_starts(r.epoch_start_wait_ms):>14} | "
+            f"{r.handover_median_ms:>17.2f} | {_starts(r.epoch_start_wait_ms):>14} | "
             f"{r.step_median_ms:>7.1f}/{r.step_p95_ms:<7.1f} | {r.peak_rss_mb:>11.0f} | {gpu:>16} |")
     return "\n".join(lines)

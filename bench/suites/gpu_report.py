@@ -358,7 +358,7 @@ def report_table(report: dict[str, Any]) -> str:
             lines.append(f"| {what} | {run['hw_decoder_load'] if run['hw_decoder_load'] is not None else '-'} "
                          f"| {figure} | {busy} |")
     lines += ["", f"stall at a {report['model'] or 'model'} step, batch {report['model_batch']}:",
-              "| feed | stall | img/s | step ms | wait ms | hand-over ms | first batch ms | build s "
+              "| feed | stall | img/s | step ms | wait ms | mid-epoch wait ms | first batch ms | build s "
               "| device used MB |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in report["stall"].items():
