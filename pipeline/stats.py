@@ -94,7 +94,8 @@ class LoaderStats:
                 f"| consumer waited | {self.last.wait:.1%} | {self.epoch.wait:.1%} |"]
         for stage in STAGES:
             rows.append(f"| {stage} busy | {self.last.busy[stage]:.0%} | {self.epoch.busy[stage]:.0%} |")
-        rows += [f"| batches prepared ahead (median) | {self.last.ready_ahead:g} | {self.epoch.ready_ahead:g} |",
+        ahead = f"| batches prepared ahead (median) | {self.last.ready_ahead:g} | {self.epoch.ready_ahead:g} |"
+        rows += [ahead,
                  f"| MB read | {self.last.bytes_read / 1e6:.1f} | {self.epoch.bytes_read / 1e6:.1f} |"]
         if self.cache is not None:
             c = self.cache
