@@ -77,9 +77,17 @@ def _round_trip(fmt: str, **options: Any) -> Callable[[], str]:
                 raise LookupError(f"no reader or writer for {fmt} is installed") from None
             except Exception as e:
                 words = said().strip(" :\n")
-                raise type(e)(f"{e} ({words})" if words else str(e)) from None
+                if words:
+                    e.add_note(words)  # shown after the error in its line (``_detail``)
+                raise
 
     return check
+
+
+def _detail(error: BaseException) -> str:
+    """An error in one line: its type, its words, then what the library printed (its notes)."""
+    notes = getattr(error, "__notes__", [])
+    return f"{type(error).__name__}: {error}" + "".join(f" ({note})" for note in notes)
 
 
 @contextmanager
@@ -87,8 +95,13 @@ def _stderr_caught() -> Iterator[Callable[[], str]]:
     """File descriptor 2 sent to a temporary file for the block (C libraries write there, past
     Python's ``sys.stderr``); the function yielded reads what was written."""
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
+    try:
+        caught = tempfile.TemporaryFile()
+        saved = os.dup(2)
+    except OSError:  # no temporary folder, or no fd 2 at all: nothing to keep off the screen
+        yield lambda: ""
+        return
+    with caught:
         os.dup2(caught.fileno(), 2)
 
         def said() -> str:
@@ -198,7 +211,7 @@ def _pil(report: Report, offline: bool, fixes: Fixes) -> None:
             report.add(f"codec {name}", True, f"{what}: {prove()}")
         except Exception as e:  # noqa: BLE001 - any failure means the codec is not usable
             fix = fixes.package("tilefeed[formats]") if optional else fixes.pil_codecs
-            report.add(f"codec {name}", False, f"{what}: {type(e).__name__}: {e}", fix,
+            report.add(f"codec {name}", False, f"{what}: {_detail(e)}", fix,
                        required=not offline and not optional)
     for feature in ("littlecms2", "libimagequant"):
         try:

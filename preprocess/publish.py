@@ -59,7 +59,11 @@ def publish(build: Scheduler, fingerprint: str) -> Published:
         named = "; ".join(f"{path}: {reason}" for path, reason in rejected[:SHOWN])
         more = f"; and {len(rejected) - SHOWN} more" if len(rejected) > SHOWN else ""
         # nothing to resume: the work folder goes, so no later command offers to finish this run
-        out.remove(build.work)
+        # (a folder or bucket that refuses the removal must not hide why nothing was stored)
+        try:
+            out.remove(build.work)
+        except OSError:
+            pass
         raise SourceError(
             f"no usable image among {inputs} inputs "
             f"({', '.join(f'{n} {k}' for k, n in reasons.items())}): {named}{more}"

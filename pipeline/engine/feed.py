@@ -3,8 +3,8 @@
 A DALI pipeline runs on a thread of its own (``Feed``): it turns each output into torch tensors
 the caller owns and queues them. On the CPU those are DALI's output buffers themselves, which
 DALI's executor never writes again while a reference to them lives (a pass-through check makes
-sure none is a ring slot the batch source reuses); on a GPU, DALI's device buffers the same way,
-with the per-batch work on a side stream (``cuda.SideStream``). The
+sure none is a ring slot the batch source reuses); on a GPU, one device copy into torch's memory
+on a side stream, with the per-batch work there too (``cuda.SideStream``). The
 consumer's ``next()`` takes the batch waiting there. The stream of batches does not stop at the end of an
 epoch: the epochs expected next follow in the same stream (``BatchSource``), so the first batch
 of an epoch is as ready as any other. Arming an epoch the stream does not continue into (another
@@ -164,7 +164,7 @@ class Feed:
         pipe, source = self.pipe, self.source
         try:
             if self.device is not None:
-                self._side = SideStream(self.device, pipe)
+                self._side = SideStream(self.device)
             elif _threads_are_per_thread():
                 # the per-batch work here (casts, erasing, mixing) runs while the reader threads
                 # hold the cores: fanned out over torch's intra-op threads it contends with them
@@ -242,7 +242,7 @@ class Feed:
                 work(out, tag.batch)
 
         if self._side is not None:
-            return self._side.hand_over(outputs, self._host_tensor, finish)
+            return self._side.hand_over(outputs, self._host_tensor, finish, cast=self.cast is not None)
         out = {name: self._host_tensor(tl) for name, tl in zip(NAMES, outputs, strict=True)}
         finish(out)
         return out, None

@@ -97,3 +97,17 @@ def test_what_a_codec_library_prints_is_caught_into_its_line(capfd: pytest.Captu
         words = said()
     assert words == ": WEBP compression support is not configured.\n"
     assert capfd.readouterr().err == ""
+
+
+def test_no_temporary_folder_leaves_the_checks_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where stderr cannot be caught (no temporary folder), the round trips run uncaught rather
+    than fail: a working codec stays ok."""
+    import tempfile
+
+    from tilefeed.cli import doctor
+
+    def refuse() -> None:
+        raise OSError("no usable temporary directory")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    assert doctor.PIL_CODECS["png"][0]() == "reads and writes PNG"

@@ -264,3 +264,20 @@ def test_out_inside_src_reached_through_a_link_is_not_a_class(tmp_path: Path) ->
     summary = preprocess(tmp_path / "link", out, TileSettings(tile=16), StoreSettings(shard_size=8), workers=1)
     assert summary.sources == 6
     assert StoreReader(out).classes == ["c0", "c1"]  # not "out": it is OUT, whatever path reaches it
+
+
+def test_a_refused_clean_up_does_not_hide_why_nothing_was_stored(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that stores nothing removes its work folder; where the removal fails, the error is
+    still the one that says what was rejected."""
+    from tilefeed.store.storage import LocalStorage
+
+    (tmp_path / "bad" / "a").mkdir(parents=True)
+    (tmp_path / "bad" / "a" / "x.jpg").write_bytes(b"")
+
+    def refuse(self: LocalStorage, name: str) -> None:
+        raise OSError(f"cannot remove {name}")
+
+    monkeypatch.setattr(LocalStorage, "remove", refuse)
+    with pytest.raises(SourceError, match="no usable image among 1 inputs.*x.jpg"):
+        preprocess(tmp_path / "bad", tmp_path / "o", SMALL, workers=1)
