@@ -240,13 +240,14 @@ def _dali_distribution() -> tuple[str, str] | None:
 
 
 def _stack(report: Report, fixes: Fixes) -> None:
+    from tilefeed.pipeline.device import dali_extra
+
     try:
         import torch
 
         cuda = torch.version.cuda
-        extra = f"cuda{cuda.split('.')[0]}" if cuda else "cuda13"  # a CPU torch: either runs; one rule
         report.add("torch", True, f"{torch.__version__}, " + (f"CUDA {cuda}" if cuda else "CPU build")
-                   + f": DALI's extra is tilefeed[{extra}]")
+                   + f": DALI's extra is tilefeed[{dali_extra(cuda)}]")
     except Exception as e:  # noqa: BLE001
         report.add("torch", False, f"cannot import: {type(e).__name__}: {e}",
                    "pip install torch (the build for your CUDA: see pytorch.org's selector)")
@@ -254,12 +255,12 @@ def _stack(report: Report, fixes: Fixes) -> None:
         _gpus(report, torch)
     dali = _dali_distribution()
     torch_cuda = _torch_cuda_major()
+    extra = dali_extra(None if torch_cuda is None else str(torch_cuda))
     if dali is not None and torch_cuda is not None:
         dali_cuda = int(dali[0].removeprefix("nvidia-dali-cuda")[:-1])
         report.add("CUDA match", dali_cuda == torch_cuda,
                    f"torch CUDA {torch_cuda}, DALI built for CUDA {dali_cuda}",
-                   f"pip uninstall {dali[0]} && pip install 'tilefeed[cuda{torch_cuda}]'")
-    extra = f"cuda{torch_cuda or 13}"  # the one rule: torch's CUDA major; a CPU build takes either
+                   f"pip uninstall {dali[0]} && pip install 'tilefeed[{extra}]'")
     if dali is None:
         report.add("DALI", False, "not installed (the Loader needs it; TileDataset and preprocess do not)",
                    f"make setup CUDA={extra.removeprefix('cuda')}" if fixes.from_checkout else

@@ -1,15 +1,18 @@
-"""The default training device, one rule for the Loader and the bench alike; and the switch
-that builds the GPU's graph on a CPU machine."""
+"""The default training device, one rule for the Loader and the bench alike; the switch that
+builds the GPU's graph on a CPU machine; and the DALI extra a torch build takes. torch loads
+inside the functions that need it, so ``tilefeed doctor`` reads the rules without it."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import torch
+from typing import TYPE_CHECKING
 
 from tilefeed.store.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 # Set to 1, a CPU Loader builds the graph a GPU Loader builds (decode, cut, resize, recipe and
 # paste in DALI, on its CPU backend) rather than cutting and resizing in its reader threads:
@@ -43,6 +46,13 @@ def device_graph_set(on: bool = True) -> Iterator[None]:
             os.environ[DEVICE_GRAPH_ENV] = saved
 
 
+def dali_extra(cuda: str | None) -> str:
+    """tilefeed's DALI extra for a torch built for CUDA ``cuda`` (``torch.version.cuda``): its
+    major version's (``cuda12``, ``cuda13``); ``cuda13`` for a CPU build, as both DALI builds run
+    without a GPU. The one rule the README, the install page, doctor and the Loader's error state."""
+    return f"cuda{cuda.split('.')[0]}" if cuda else "cuda13"
+
+
 def default_device() -> torch.device:
     """``cuda:LOCAL_RANK`` (or the current CUDA device) when there is a GPU, else ``cpu``.
 
@@ -51,6 +61,8 @@ def default_device() -> torch.device:
     count: the process's one GPU, ``cuda:0``, is then its device, as torchrun users expect.
     A ``LOCAL_RANK`` past several visible GPUs is refused.
     """
+    import torch
+
     if not torch.cuda.is_available():
         return torch.device("cpu")
     local = os.environ.get("LOCAL_RANK")
@@ -68,6 +80,8 @@ def default_device() -> torch.device:
 def dali_device_id(device: torch.device) -> int | None:
     """DALI's ``device_id`` for ``device``: None for the CPU (DALI's CPU-only graph), the CUDA
     index otherwise, the current device for a bare ``"cuda"`` (as torch reads it)."""
+    import torch
+
     if device.type != "cuda":
         return None
     return torch.cuda.current_device() if device.index is None else device.index

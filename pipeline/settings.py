@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.device import default_device
+from tilefeed.pipeline.device import dali_extra, default_device
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
 from tilefeed.pipeline.reading.reader import StoreReader
@@ -61,7 +61,7 @@ def require_dali() -> None:
         import nvidia.dali  # noqa: F401
     except ImportError:
         cuda = torch.version.cuda
-        extra = f"cuda{cuda.split('.')[0]}" if cuda else "cuda13"  # the extra of torch's CUDA
+        extra = dali_extra(cuda)
         raise DaliMissingError(
             f"the Loader runs on NVIDIA DALI, which is not installed: install tilefeed's [{extra}] extra, "
             f"the one of this torch's CUDA ({cuda or 'a CPU build: either runs without a GPU'})") from None
@@ -104,10 +104,15 @@ def _targets_with(recipe: Recipe) -> None:
                           "masks have no meaning of; train with targets without mix")
 
 
+def process_group() -> bool:
+    """A ``torch.distributed`` process group exists in this process."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def process_group_world() -> int:
     """The world size this process runs in: its process group's, else its launcher's
     (``WORLD_SIZE``, set by torchrun and accelerate before any group exists), else 1."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if process_group():
         return int(torch.distributed.get_world_size())
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
@@ -130,9 +135,8 @@ def _ranks(rank: Any, world_size: Any) -> tuple[int, int]:
     if (rank is None) != (world_size is None):
         raise ConfigError("give both rank and world_size, or neither (torch.distributed is used)")
     if rank is None or world_size is None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         rank, world_size = ((torch.distributed.get_rank(), torch.distributed.get_world_size())
-                            if distributed else (0, 1))
+                            if process_group() else (0, 1))
     rank, world_size = check_int("rank", rank, 0), check_int("world_size", world_size, 1)
     if rank >= world_size:
         raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")

@@ -51,14 +51,14 @@ def fresh_forkserver_per_module() -> Iterator[None]:
 
 
 @pytest.fixture(params=["host", "device"])
-def shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def shape(request: pytest.FixtureRequest) -> Iterator[str]:
     """The graph shape of the CPU Loaders a test builds, each test run in both: ``"host"`` (the
     reader threads cut, resize and apply the recipe with PIL) and ``"device"`` (the GPU's graph
     on DALI's CPU backend, ``TILEFEED_DEVICE_GRAPH=1``)."""
-    from tilefeed.pipeline.device import DEVICE_GRAPH_ENV
+    from tilefeed.pipeline.device import device_graph_set
 
-    monkeypatch.setenv(DEVICE_GRAPH_ENV, "1" if request.param == "device" else "0")
-    return str(request.param)
+    with device_graph_set(request.param == "device"):
+        yield str(request.param)
 
 
 @pytest.fixture

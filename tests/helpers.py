@@ -109,15 +109,6 @@ def make_store(root: Path, codec: str, samples_per_class: int = 10, shard_size: 
     return out
 
 
-def device_graph(on: bool = True) -> Any:
-    """CPU Loaders built inside the block take the GPU's graph shape (``TILEFEED_DEVICE_GRAPH``:
-    decode, cut, resize and the recipe in DALI, on its CPU backend), or with ``on`` False the
-    host shape (the reader threads cut and resize)."""
-    from tilefeed.pipeline.device import device_graph_set
-
-    return device_graph_set(on)
-
-
 # The device side of a test that holds the device's graph to the host path: the GPU's graph on
 # DALI's CPU backend in every run ("device-shape"), and on CUDA itself where there is one.
 DEVICE_SIDES = ["device-shape", "cuda"]
@@ -138,7 +129,9 @@ def on_side(side: str) -> Iterator[str]:
     if side == "cuda":
         yield "cuda"
         return
-    with device_graph(side == "device-shape"):
+    from tilefeed.pipeline.device import device_graph_set
+
+    with device_graph_set(side == "device-shape"):
         yield "cpu"
 
 

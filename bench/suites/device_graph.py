@@ -185,7 +185,7 @@ def _levels(images: torch.Tensor, loader: Loader) -> np.ndarray:
     if x.shape[-1] != 3:  # NCHW (channels_last is an NCHW view of HWC bytes)
         x = x.permute(0, 2, 3, 1)
     x = x.float()
-    if not images.dtype == torch.uint8:
+    if images.dtype != torch.uint8:
         a = loader.augment
         x = x * torch.tensor(a.std) + torch.tensor(a.mean)
     return x.numpy()

@@ -59,8 +59,8 @@ def graph_names(names: Sequence[str], host_resize: bool) -> tuple[str, ...]:
     on the graph's own path all but what only the host kernels read
     (``policies.HOST_ONLY_INPUTS``) and, for a crop that pads, the whole window (the graph
     cuts its part inside the picture, ``PASTE_NAMES``). DALI is fed only what it reads."""
-    if host_resize:
-        return tuple(n for n in names if n not in HOST_USED and n not in HOST_ONLY_INPUTS)
+    if host_resize:  # HOST_USED holds the host-only inputs too
+        return tuple(n for n in names if n not in HOST_USED)
     pads = "cut_start" in names
     return tuple(n for n in names if n not in HOST_ONLY_INPUTS and not (pads and n in WINDOW))
 
@@ -340,16 +340,14 @@ class BatchSource:
                 named = dict(zip(self.names, extras, strict=True))
                 self._cut_and_resize(indices, named["start"], named["end"], images, timing,
                                      named.get("interp"), named)
-                # the horizontal flip's input: the graph has no window left to cut, nor pixel
-                # operations left to apply
-                extras = tuple(named[n] for n in self.graph_names)
             else:
                 reader.read_batch_into(indices.tolist(), images, self.fast_idct)
                 if timing is not None:  # one pass reads, checks and decodes each tile
                     timing.decode += time.perf_counter() - began - timing.download
                     timing.stored = indices
-            if not (self.host_resize or self.handed_out):  # the graph is fed only what it reads
-                extras = tuple(v for n, v in zip(self.names, extras, strict=True) if n in self.graph_names)
+            if not self.handed_out:  # the graph is fed only what it reads (``graph_names``)
+                named = dict(zip(self.names, extras, strict=True))
+                extras = tuple(named[n] for n in self.graph_names)
         return (images, labels, indices, *extras)
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,

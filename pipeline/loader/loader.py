@@ -34,7 +34,8 @@ from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
-from tilefeed.pipeline.settings import Layout, LoaderSettings, check_alone, check_int, require_dali
+from tilefeed.pipeline.settings import (Layout, LoaderSettings, check_alone, check_int, process_group,
+                                       require_dali)
 from tilefeed.pipeline.planning.order import Shuffle, batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
@@ -267,8 +268,7 @@ class Loader:
         self._mixing_off = False  # mixup_enabled = False: timm's --mixup-off-epoch
         # rank 0 of 1 by default, with no process group yet: checked again as each epoch begins
         # (``check_alone``), since a group (or a launcher's WORLD_SIZE) may say otherwise by then
-        self._alone = rank is None and world_size is None and not (
-            torch.distributed.is_available() and torch.distributed.is_initialized())
+        self._alone = rank is None and world_size is None and not process_group()
         s = self.settings = LoaderSettings.check(
             batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
             world_size=world_size, device=device, train=train, size=size, crop_pct=crop_pct,

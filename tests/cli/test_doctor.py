@@ -97,6 +97,26 @@ def test_what_a_codec_library_prints_is_caught_into_its_line(capfd: pytest.Captu
         words = said()
     assert words == ": WEBP compression support is not configured.\n"
     assert capfd.readouterr().err == ""
+    from tilefeed.cli.doctor import _detail
+
+    error = OSError("encoder error -2 when writing image file")
+    error.add_note(words.strip(" :\n"))
+    assert _detail(error) == ("OSError: encoder error -2 when writing image file "
+                              "(WEBP compression support is not configured.)")
+
+
+@pytest.mark.parametrize("cuda,extra", [("13.0", "cuda13"), ("12.8", "cuda12"), (None, "cuda13")])
+def test_one_rule_picks_the_extra_and_every_page_states_it(cuda: str | None, extra: str) -> None:
+    """The extra is the installed torch's CUDA major, ``cuda13`` for a CPU build: the function
+    doctor and the Loader's error use, and the words of the README and the install page."""
+    from pathlib import Path
+
+    from tilefeed.pipeline.device import dali_extra
+
+    assert dali_extra(cuda) == extra
+    root = Path(__file__).resolve().parents[2]
+    assert "13.x: cuda13, 12.x: cuda12, None: cuda13" in (root / "README.md").read_text()
+    assert "a CPU build of torch: `cuda13`" in (root / "docs" / "install.md").read_text()
 
 
 def test_no_temporary_folder_leaves_the_checks_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:

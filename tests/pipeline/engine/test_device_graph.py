@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from tilefeed.pipeline import Loader
-from tilefeed.pipeline.device import DEVICE_GRAPH_ENV, device_graph
+from tilefeed.pipeline.device import DEVICE_GRAPH_ENV, device_graph, device_graph_set
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store.errors import ConfigError
-from tests.helpers import device_graph as shaped
 from tests.helpers import photo
 
 # pictures whose padded tiles frame them with fractional windows at every output size
@@ -39,7 +38,7 @@ def pad_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _samples(store: Path, on: bool, **options: object) -> dict[int, np.ndarray]:
-    with shaped(on), Loader(store, 3, **{**UINT8, **options}) as loader:  # type: ignore[arg-type]
+    with device_graph_set(on), Loader(store, 3, **{**UINT8, **options}) as loader:  # type: ignore[arg-type]
         return {int(i): image for images, _, idx in loader
                 for image, i in zip(images.numpy(), idx.tolist(), strict=True)}
 
@@ -98,7 +97,7 @@ def test_handed_over_batches_keep_their_values_while_the_graph_runs_on(pad_store
                                                                        on: bool) -> None:
     """The hand-over gives DALI's own output buffers, with no copy: a batch kept (not cloned)
     keeps its values while the graph runs many batches more, in both shapes."""
-    with shaped(on), Loader(pad_stores["jpeg"], 2, size=24, train=True, seed=1, num_workers=1,
+    with device_graph_set(on), Loader(pad_stores["jpeg"], 2, size=24, train=True, seed=1, num_workers=1,
                             prefetch_factor=4) as loader:
         assert loader._graph is not None and loader._graph.pipe.exec_dynamic  # what the lifetime rests on
         kept, copies = [], []
@@ -119,7 +118,7 @@ def test_a_padded_crop_feeds_the_graph_only_what_it_reads(pad_stores: dict[str, 
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with shaped(), Loader(pad_stores["jpeg"], 3, train=True, size=24, recipe=Recipe(crop="lsj"),
+        with device_graph_set(), Loader(pad_stores["jpeg"], 3, train=True, size=24, recipe=Recipe(crop="lsj"),
                               num_workers=1) as loader:
             assert len(list(loader)) == 2
     assert not [w for w in caught if "not used" in str(w.message)], [str(w.message) for w in caught]

@@ -231,12 +231,12 @@ def test_the_graphs_own_resize_takes_the_size_per_sample_as_on_a_gpu(
         request: pytest.FixtureRequest, codec: str) -> None:
     """The GPU's graph (windows and sizes as inputs, DALI cutting and resizing), built on the
     CPU: one graph for the epochs at two sizes, close to the reader threads' own cut and resize."""
-    from tests.helpers import device_graph
+    from tilefeed.pipeline.device import device_graph_set
 
     store = request.getfixturevalue("store" if codec == "lz4" else "jpeg_store")
     got, want = {}, {}
     for on, out in ((True, got), (False, want)):
-        with device_graph(on), Loader(store, 8, shuffle=False, train=True, dtype=torch.uint8, layout="NHWC",
+        with device_graph_set(on), Loader(store, 8, shuffle=False, train=True, dtype=torch.uint8, layout="NHWC",
                                       with_index=True) as loader:
             graph = loader._graph
             for epoch, size in enumerate((16, 24)):

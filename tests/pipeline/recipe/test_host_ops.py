@@ -429,12 +429,12 @@ def test_the_device_graph_takes_a_random_or_bicubic_policy_and_is_fed_only_what_
     warns of one); its samples against the host path's: tests/pipeline/recipe/test_recipe_device.py."""
     import warnings
 
-    from tests.helpers import device_graph
+    from tilefeed.pipeline.device import device_graph_set
 
     recipe = Recipe(auto_augment=AutoAugment.parse("rand-m9-mstd0.5", {"interpolation": interpolation}))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with device_graph(), Loader(store, 8, shuffle=False, size=32, recipe=recipe, **UINT8) as loader:
+        with device_graph_set(), Loader(store, 8, shuffle=False, size=32, recipe=recipe, **UINT8) as loader:
             assert len(list(loader)) == 7
     assert not [w for w in caught if "not used" in str(w.message)], [str(w.message) for w in caught]
 
