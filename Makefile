@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test test-fast check docs demo bench device-graph-check gpu-check wheelhouse install-offline clean
+.PHONY: setup test test-fast check docs demo bench device-graph-check ffcv-venv gpu-check wheelhouse install-offline clean
 
 setup: $(STAMP)
 
@@ -76,6 +76,16 @@ bench: setup
 # outputs, with boxes and masks: a minute, no GPU (docs/development.md#the-devices-graph-without-a-gpu).
 device-graph-check: setup
 	$(VENV)/bin/tilefeed bench device-graph --out bench-out/device-graph.json
+
+# FFCV 1.0.2, the peer of `tilefeed bench loader --peer ffcv --peer-python .ffcv-venv/bin/python`, in a
+# venv of its own (it pulls plain Pillow and OpenCV) that sees this venv's torch through a .pth file, so
+# both sides run the same torch. Its C extension needs OpenCV's and libjpeg-turbo's headers (apt-get).
+FFCV_VENV ?= .ffcv-venv
+ffcv-venv: setup
+	command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get install -y -q libopencv-dev libturbojpeg0-dev pkg-config || true
+	$(PYTHON) -m venv $(FFCV_VENV)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(FFCV_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/tilefeed-venv.pth"
+	$(FFCV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check ffcv==1.0.2 pillow
 
 # Offline GPU nodes: on a machine with the package index, download every wheel a node needs
 # (default: CPython 3.12, CUDA 13; WH_PY=3.11 WH_CUDA=12 for others), torch excepted.

@@ -314,8 +314,15 @@ SCALE = Form(
     "verify; then one rank's epoch order at --order-samples.", _scale_options, _scale)
 
 
+# small tiles and few samples: the soak's epochs are short, so the many-epoch patterns run many
+SOAK_IMAGES = 120
+SOAK_TILE = 64
+
+
 def _soak_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", type=Path, metavar="STORE", help="the store every pattern's loaders read")
+    p.add_argument("store", type=Path, metavar="STORE", nargs="?", default=None,
+                   help="the store every pattern's loaders read (default: a store of 120 generated "
+                        "images, 8 classes, 64 px tiles, made in the cache)")
     p.add_argument("--seconds", type=float, default=60.0, help="total run time, shared by the patterns")
     loop_args(p, batch_size=16)
     p.add_argument("--limit-kb", type=float, default=10.0,
@@ -330,7 +337,8 @@ def _soak(args: argparse.Namespace) -> BenchResult:
 
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     # each pattern's row as it ends, on stderr: the table on stdout comes whole at the end
-    patterns = soak(args.store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
+    store = args.store or demo_store(demo_images(SOAK_IMAGES), size=SOAK_TILE)
+    patterns = soak(store, seconds=args.seconds, batch_size=args.batch_size, workers=args.workers,
                     limit_kb=args.limit_kb, on_result=lambda r: print(format_row(r), file=sys.stderr,
                                                                       flush=True),
                     only=only)
