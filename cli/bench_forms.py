@@ -108,7 +108,8 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
                    "pipeline, in rounds interleaved with tilefeed's")
     p.add_argument("--peer-python", default=None,
                    help="the Python of the peer's own environment (FFCV pulls plain Pillow and "
-                   "OpenCV, so it usually lives apart): e.g. ~/ffcv-venv/bin/python")
+                   "OpenCV, so it usually lives apart): e.g. .ffcv-venv/bin/python, which "
+                   "make ffcv-venv builds")
     p.add_argument("--codec", default="lz4", choices=[c for c in CODECS if c != "jpeg"],
                    help="codec of the lossless store made without --store (none: raw pixels, "
                    "as FFCV's raw store)")
