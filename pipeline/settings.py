@@ -1,9 +1,12 @@
 """The Loader's options, checked and settled before any store is opened: ``LoaderSettings``.
 
-Aliases resolved, defaults filled in (threads, queue depth, ranks, device), every value checked
-with a ``ConfigError`` that names it, so a bad option fails at ``Loader(...)`` and never mid-run;
-a missing DALI fails before them all (``require_dali``). What each option does is in the
-``Loader`` docstring.
+One table: each field of ``LoaderSettings`` is an option, and its ``option(check)`` says how a
+caller's value becomes the field's (aliases resolved, defaults filled in, strings turned into
+enum members once); ``check`` runs them in the fields' order, so the first bad option is the one
+named, then the rules between options (``_together``). Everything here is a value: opening the
+store, building the graph and its advice happen in the rooms above (``loader.assembly``,
+``mixing.mix``). What each option does is in the ``Loader`` docstring; its defaults are in the
+Loader's signature, the one place a caller reads them.
 """
 
 from __future__ import annotations
@@ -12,46 +15,26 @@ import math
 import operator
 import os
 import warnings
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.device import dali_extra, default_device
-from tilefeed.pipeline.reading.mixed import AnyReader
-from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
-from tilefeed.pipeline.reading.reader import StoreReader
+from tilefeed.pipeline.options import DATALOADER_ONLY, Layout, Shuffle, Targets, TargetsLayout, parse_targets
 from tilefeed.pipeline.planning.sizes import Schedule, check_size
 from tilefeed.pipeline.recipe.recipe import Recipe
-from tilefeed.pipeline.targets.batches import Targets, TargetsLayout, parse_targets
-from tilefeed.pipeline.stats import Advice
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError, DaliMissingError
 from tilefeed.store.host import usable_cores
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
-
-
-class Layout(StrEnum):
-    """How a batch's images are laid out (the Loader's ``layout``); a member equals its string.
-
-    ``NCHW``: channels first, transposed in the graph. ``NHWC``: channels last, as decoded.
-    ``CHANNELS_LAST``: NCHW shape over NHWC memory (torch.channels_last), with no transpose.
-    """
-
-    NCHW = "NCHW"
-    NHWC = "NHWC"
-    CHANNELS_LAST = "channels_last"
-
-
-LAYOUTS = tuple(layout.value for layout in Layout)  # plain strings, for messages and choices
 DEVICE_KINDS = ("cpu", "cuda")
-# DataLoader options that mean nothing here: accepted so a swap runs, warned about once.
-NO_EFFECT = ("collate_fn", "sampler", "batch_sampler", "worker_init_fn", "generator", "timeout",
-             "multiprocessing_context")
+# DataLoader's names for two options, beside tilefeed's older ones: either may be given, not both
+ALIASES = {"workers": "num_workers", "prefetch": "prefetch_factor"}
 _warned: set[str] = set()
 
 
@@ -78,23 +61,17 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     return number
 
 
-def _alias(new: str, new_value: Any, old: str, old_value: Any) -> Any:
-    if new_value is not None and old_value is not None:
-        raise ConfigError(f"give {new} or {old}, not both (they are the same setting)")
-    return new_value if new_value is not None else old_value
-
-
-def _no_effect(dataloader_options: dict[str, Any]) -> None:
-    """DataLoader's options that mean nothing here pass with one warning each; others are typos."""
-    unknown = set(dataloader_options) - set(NO_EFFECT)
+def _dataloader_only(dataloader_options: dict[str, Any]) -> None:
+    """DataLoader's options that mean nothing here pass with one warning each, saying why; any
+    other unknown keyword is a typo."""
+    unknown = set(dataloader_options) - set(DATALOADER_ONLY)
     if unknown:
         raise TypeError(f"Loader() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
     for name, value in dataloader_options.items():
         if value not in (None, 0) and name not in _warned:
             _warned.add(name)
             # stacklevel 4: past this function, LoaderSettings.check and Loader.__init__ to the caller
-            warnings.warn(f"Loader ignores DataLoader's {name}=: order, batching and augmentation "
-                          "happen in its DALI graph (see the Loader docstring)", stacklevel=4)
+            warnings.warn(f"Loader ignores DataLoader's {name}=: {DATALOADER_ONLY[name]}", stacklevel=4)
 
 
 def _targets_with(recipe: Recipe) -> None:
@@ -222,142 +199,168 @@ def store_subset(indices: Any, samples: int, what: str = "indices") -> np.ndarra
     return np.sort(subset)
 
 
-@dataclass(frozen=True, eq=False)  # eq=False: an array and a dict are among the fields
+def option(check: Callable[[Any], Any]) -> Any:
+    """A ``LoaderSettings`` field that is a Loader option: ``check`` turns the caller's value
+    (the Loader's default where none was given) into the field's, or raises a ``ConfigError``
+    naming the option."""
+    return field(metadata={"check": check})
+
+
+def derived() -> Any:
+    """A ``LoaderSettings`` field no caller gives: ``_together`` settles it from the options."""
+    return field(metadata={"check": None})
+
+
+def _given(value: Any) -> Any:
+    """An option taken as it is given (what it means is checked where it is used, or with others)."""
+    return value
+
+
+def _shuffle(value: Any) -> Shuffle:
+    if isinstance(value, bool):
+        return Shuffle.GLOBAL if value else Shuffle.NONE
+    if value not in tuple(Shuffle):
+        raise ConfigError(f"shuffle must be True, False or one of {', '.join(Shuffle)}, got {value!r}")
+    return Shuffle(value)
+
+
+def _dtype(value: Any) -> torch.dtype:
+    if value not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(map(str, DTYPES))}, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _crop_pct(value: Any) -> float | None:
+    """None until ``_together`` knows whether targets are asked (the default differs)."""
+    if value is not None and not 0 < value <= 1:
+        raise ConfigError(f"crop_pct must be in (0, 1], got {value!r}")
+    return None if value is None else float(value)
+
+
+def _scale(value: Any) -> tuple[float, float]:
+    if not 0 < value[0] <= value[1] <= 1:
+        raise ConfigError(f"scale must satisfy 0 < min <= max <= 1, got {value!r}")
+    return (value[0], value[1])
+
+
+def _ratio(value: Any) -> tuple[float, float]:
+    if not 0 < value[0] <= value[1]:
+        raise ConfigError(f"ratio must satisfy 0 < min <= max, got {value!r}")
+    return (value[0], value[1])
+
+
+def _at_least(name: str, minimum: int, default: int | None = None) -> Callable[[Any], int | None]:
+    """An int option of at least ``minimum``; None stays None unless a ``default`` replaces it."""
+    def checked(value: Any) -> int | None:
+        if value is None:
+            return default
+        return check_int(name, value, minimum)
+    return checked
+
+
+def _recipe(value: Any) -> Recipe | None:
+    if value is not None and not isinstance(value, Recipe):
+        raise ConfigError(f"recipe must be a tilefeed Recipe or None, got {type(value).__name__}")
+    return value  # type: ignore[no-any-return]
+
+
+def _workers(value: Any) -> int:
+    return min(4, usable_cores()) if value is None else check_int("num_workers", value, 1)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)  # eq=False: an array and a dict are among the fields
 class LoaderSettings:
     """Every ``Loader`` option, checked, with its aliases resolved and its defaults filled in.
 
-    Made by ``check`` from the Loader's keyword arguments; the options that need the open store
-    (the tile side, the subset's range) are settled by ``subset`` and the Loader.
+    Made by ``check`` from the Loader's keyword arguments, one field per option in the order of
+    the Loader's signature; the options that need the open store (the tile side, the subset's
+    range) are settled by ``subset`` and the Loader.
     """
 
-    batch_size: int
-    shuffle: Shuffle
-    seed: int
-    drop_last: bool
-    rank: int
-    world_size: int
-    device: torch.device
-    train: bool
-    size: int | Schedule | None  # None: the tile side, known once the store is open
-    crop_pct: float
-    dtype: torch.dtype
-    layout: Layout
-    with_index: bool
-    workers: int
-    prefetch: int
-    pin_memory: bool
-    persistent_workers: bool
-    indices: np.ndarray | None  # unsorted, unchecked against the store: see subset()
-    ledger: str | Path | None
-    scale: tuple[float, float]
-    ratio: tuple[float, float]
-    mean: tuple[float, float, float]  # 0..255 units, whichever the caller gave (pixel_units)
-    std: tuple[float, float, float]
-    shuffle_window: int
-    storage_options: dict[str, Any] | None = field(repr=False)  # credentials: never printed
-    cache_dir: str | Path | None
-    cache_limit: int | None
-    fast_idct: bool
-    scaled_decode: bool
-    stats: bool
-    recipe: Recipe | None = None
-    targets: frozenset[Targets] = frozenset()  # what a batch holds besides its images
-    targets_layout: TargetsLayout = TargetsLayout.DICTS
-    max_objects: int | None = None
+    batch_size: int = option(_at_least("batch_size", 1))
+    shuffle: Shuffle = option(_shuffle)
+    seed: int = option(_at_least("seed", 0))
+    drop_last: bool = option(bool)
+    rank: int = option(_given)  # both or neither, with world_size: see _together
+    world_size: int = option(_given)
+    device: torch.device = option(parse_device)
+    train: bool = option(bool)
+    size: int | Schedule | None = option(_schedule)  # None: the tile side, known once the store is open
+    crop_pct: float = option(_crop_pct)
+    dtype: torch.dtype = option(_dtype)
+    layout: Layout = option(lambda value: choice(Layout, value, "layout"))
+    with_index: bool = option(bool)
+    workers: int = option(_workers)  # DALI's CPU threads: DataLoader's num_workers
+    prefetch: int = option(_at_least("prefetch_factor", 1, default=2))  # DataLoader's prefetch_factor
+    pin_memory: bool = option(bool)
+    persistent_workers: bool = option(bool)
+    indices: np.ndarray | None = option(_indices)  # unsorted, unchecked against the store: see subset()
+    ledger: str | Path | None = option(_given)
+    scale: tuple[float, float] = option(_scale)
+    ratio: tuple[float, float] = option(_ratio)
+    mean: tuple[float, float, float] = option(_given)  # 0..255 units, from either unit: see _together
+    std: tuple[float, float, float] = option(_given)
+    shuffle_window: int = option(_at_least("shuffle_window", 1))
+    # credentials: never printed
+    storage_options: dict[str, Any] | None = field(repr=False, metadata={"check": _given})
+    cache_dir: str | Path | None = option(_given)
+    cache_limit: int | None = option(_at_least("cache_limit", 1))
+    fast_idct: bool = option(bool)
+    scaled_decode: bool = option(bool)
+    stats: bool = option(bool)
+    recipe: Recipe | None = option(_recipe)
+    targets: frozenset[Targets] = option(parse_targets)  # what a batch holds besides its images
+    targets_layout: TargetsLayout = option(lambda value: choice(TargetsLayout, value, "targets_layout"))
+    max_objects: int | None = option(_at_least("max_objects", 1))
+    # rank and world size defaulted to 0 of 1 with no process group yet: checked again as each
+    # epoch begins (``check_alone``), since a group (or a launcher's WORLD_SIZE) may say otherwise
+    alone: bool = derived()
 
     @classmethod
-    def check(
-        cls, batch_size: Any, *, shuffle: bool | str, seed: int, drop_last: bool, rank: int | None,
-        world_size: int | None, device: str | torch.device | None, train: bool,
-        size: int | Schedule | None, crop_pct: float | None, dtype: torch.dtype, layout: str,
-        with_index: bool, num_workers: int | None, workers: int | None, prefetch_factor: int | None,
-        prefetch: int | None, pin_memory: bool, persistent_workers: bool, indices: Any,
-        ledger: str | Path | None, scale: tuple[float, float], ratio: tuple[float, float],
-        mean: tuple[float, float, float], std: tuple[float, float, float], shuffle_window: int,
-        storage_options: dict[str, Any] | None, cache_dir: str | Path | None,
-        cache_limit: int | None, fast_idct: bool, scaled_decode: bool, stats: bool,
-        recipe: Recipe | None = None, targets: Any = None, targets_layout: str = "dicts",
-        max_objects: int | None = None, **dataloader_options: Any,
-    ) -> LoaderSettings:
-        """The Loader's keyword arguments (its signature holds the defaults), checked one after
-        another: the first bad one is the one named. Strings become enum members here, once."""
-        _no_effect(dataloader_options)
-        batch_size = check_int("batch_size", batch_size, 1)
-        if isinstance(shuffle, bool):
-            shuffle = Shuffle.GLOBAL if shuffle else Shuffle.NONE
-        if shuffle not in SHUFFLES:
-            raise ConfigError(f"shuffle must be True, False or one of {', '.join(SHUFFLES)}, got {shuffle!r}")
-        order = Shuffle(shuffle)
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(map(str, DTYPES))}, got {dtype!r}")
-        if layout not in LAYOUTS:
-            raise ConfigError(f"layout must be 'NCHW', 'NHWC' or 'channels_last', got {layout!r}")
-        arrangement = Layout(layout)
-        threads = _alias("num_workers", num_workers, "workers", workers)
-        threads = min(4, usable_cores()) if threads is None else check_int("num_workers", threads, 1)
-        depth = _alias("prefetch_factor", prefetch_factor, "prefetch", prefetch)
-        depth = check_int("prefetch_factor", 2 if depth is None else depth, 1)
-        asked = parse_targets(targets)
-        if crop_pct is None:  # detection evaluates whole pictures; classification, torchvision's 224 of 256
-            crop_pct = 1.0 if asked else 0.875
-        if not 0 < crop_pct <= 1:
-            raise ConfigError(f"crop_pct must be in (0, 1], got {crop_pct!r}")
-        if not 0 < scale[0] <= scale[1] <= 1:
-            raise ConfigError(f"scale must satisfy 0 < min <= max <= 1, got {scale!r}")
-        if not 0 < ratio[0] <= ratio[1]:
-            raise ConfigError(f"ratio must satisfy 0 < min <= max, got {ratio!r}")
-        shuffle_window = check_int("shuffle_window", shuffle_window, 1)
-        rank, world_size = _ranks(rank, world_size)
-        chosen = parse_device(device)
-        limit = None if cache_limit is None else check_int("cache_limit", cache_limit, 1)
-        schedule, subset = _schedule(size), _indices(indices)
-        mean, std = pixel_units(mean, std)  # kept in 0..255 units, whichever were given
-        if recipe is not None and not isinstance(recipe, Recipe):
-            raise ConfigError(f"recipe must be a tilefeed Recipe or None, got {type(recipe).__name__}")
-        if recipe is not None and recipe.per_batch and dtype == torch.uint8 and train:  # eval: the filter alone
-            raise ConfigError("random erasing and mixup/cutmix act on the normalised batch: give a float "
-                              "dtype (float32, float16 or bfloat16), not uint8")
-        if targets_layout not in tuple(TargetsLayout):
-            raise ConfigError(f"targets_layout must be one of {', '.join(TargetsLayout)}, "
-                              f"got {targets_layout!r}")
-        most = None if max_objects is None else check_int("max_objects", max_objects, 1)
-        if asked and recipe is not None and train:
-            _targets_with(recipe)
-        return cls(
-            batch_size, order, check_int("seed", seed, 0), bool(drop_last), rank, world_size,
-            chosen, bool(train), schedule, float(crop_pct), dtype, arrangement, with_index, threads,
-            depth, pin_memory, persistent_workers, subset, ledger,
-            tuple(scale), tuple(ratio), mean, std,  # type: ignore[arg-type]
-            shuffle_window, storage_options, cache_dir, limit, bool(fast_idct), bool(scaled_decode),
-            bool(stats), recipe, asked, TargetsLayout(targets_layout), most)
+    def check(cls, given: dict[str, Any], dataloader_options: dict[str, Any] | None = None) -> LoaderSettings:
+        """The Loader's keyword arguments, every option present (its signature holds the
+        defaults), checked one after another in the fields' order: the first bad one is the one
+        named. ``dataloader_options`` are DataLoader's that mean nothing here (warned about once).
+        """
+        _dataloader_only(dataloader_options or {})
+        given = dict(given)
+        for name, dataloader_name in ALIASES.items():
+            given[name] = _alias(dataloader_name, given.pop(dataloader_name, None), name, given.get(name))
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            check = f.metadata["check"]
+            if check is not None:
+                values[f.name] = check(given.pop(f.name))
+        if given:
+            raise TypeError(f"Loader() got unexpected keyword arguments: {', '.join(sorted(given))}")
+        _together(values)
+        return cls(**values)
 
     def subset(self, samples: int) -> np.ndarray | None:
         """``indices`` checked against a store of ``samples`` samples, in store order."""
         return None if self.indices is None else store_subset(self.indices, samples)
 
-    def augment(self, tile: int, padded: bool) -> Augment:
-        """What the graph does to each tile of a store of ``tile``-sided tiles (``padded``: some
-        tile holds padding around its picture, so even evaluation cuts per-sample windows)."""
-        return Augment(
-            train=self.train, tile=tile, normalize=self.dtype != torch.uint8,
-            half=self.dtype == torch.float16, channels_first=self.layout is Layout.NCHW,
-            crop_pct=self.crop_pct, scale=self.scale, ratio=self.ratio, mean=self.mean,
-            # with targets, evaluation frames whole tiles, padding included: the letterbox as stored
-            std=self.std, windows=self.train or (padded and not self.targets), fast_idct=self.fast_idct,
-            scaled_decode=self.scaled_decode, recipe=self.recipe)
 
-    def open_store(self, store: str | Path | StoreReader) -> StoreReader:
-        """``store`` opened (a ``StoreReader`` given is taken as it is), set to stream in the
-        order these settings read it: shards in random order under a global shuffle, windows of
-        ``shuffle_window`` shards under a shard shuffle."""
-        reader = store if isinstance(store, StoreReader) else StoreReader(
-            store, storage_options=self.storage_options, cache_dir=self.cache_dir, cache_limit=self.cache_limit)
-        reader.stream(random_order=self.shuffle is Shuffle.GLOBAL,
-                      window=self.shuffle_window if self.shuffle is Shuffle.SHARD else 1)
-        return reader
+def _alias(new: str, new_value: Any, old: str, old_value: Any) -> Any:
+    if new_value is not None and old_value is not None:
+        raise ConfigError(f"give {new} or {old}, not both (they are the same setting)")
+    return new_value if new_value is not None else old_value
 
-    def advice(self, reader: AnyReader) -> Advice:
-        """What ``stats()`` weighs its advice against: threads and cores, the store, these settings."""
-        return Advice(workers=self.workers, cores=usable_cores(), jpeg=reader.is_image_coded,
-                      bucket=reader.remote is not None, global_shuffle=self.shuffle is Shuffle.GLOBAL,
-                      transposes=self.layout is Layout.NCHW, gpu=self.device.type == "cuda")
+
+def _together(values: dict[str, Any]) -> None:
+    """The rules between options, once each is checked on its own; settles the fields that
+    depend on several (``rank`` and ``world_size``, ``crop_pct``'s default, ``mean`` and ``std``'s
+    units, ``alone``)."""
+    alone = values["rank"] is None and values["world_size"] is None and not process_group()
+    values["rank"], values["world_size"] = _ranks(values["rank"], values["world_size"])
+    values["alone"] = alone
+    # detection evaluates whole pictures; classification, torchvision's 224 of 256
+    if values["crop_pct"] is None:
+        values["crop_pct"] = 1.0 if values["targets"] else 0.875
+    values["mean"], values["std"] = pixel_units(values["mean"], values["std"])  # kept in 0..255 units
+    recipe: Recipe | None = values["recipe"]
+    if recipe is not None and recipe.per_batch and values["dtype"] == torch.uint8 and values["train"]:
+        raise ConfigError("random erasing and mixup/cutmix act on the normalised batch: give a float "
+                          "dtype (float32, float16 or bfloat16), not uint8")  # evaluation: the filter alone
+    if values["targets"] and recipe is not None and values["train"]:
+        _targets_with(recipe)

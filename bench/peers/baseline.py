@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.pipeline.options import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.preprocess.sources.finding import find_sources
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)

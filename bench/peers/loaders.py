@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from tilefeed.bench.peers.baseline import (MEAN, STD, JpegFolder, jpeg_dataloader, random_resized_box,
                                            seed_worker)
 from tilefeed.pipeline import Loader, TileDataset
-from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.pipeline.options import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline.device import dali_device_id
 from tilefeed.store.errors import ConfigError
 

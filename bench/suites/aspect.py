@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 
 from tilefeed.bench.peers.baseline import torchvision_get_params
-from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.pipeline.options import IMAGENET_MEAN, IMAGENET_STD
 
 WIDTH, HEIGHT, MARK = 128, 96, 10
 SIDE = 64  # network input

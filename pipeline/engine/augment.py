@@ -7,11 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tilefeed.pipeline.options import IMAGENET_MEAN, IMAGENET_STD
+
 if TYPE_CHECKING:
     from tilefeed.pipeline.recipe.recipe import Recipe
 
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 @dataclass(frozen=True)

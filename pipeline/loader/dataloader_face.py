@@ -86,23 +86,6 @@ class LoaderDataset(Dataset[Any]):
         return getattr(self.samples, name)
 
 
-# DataLoader attributes a Loader does not have, and why: read, they fail with this one line
-# (an AttributeError, so ``hasattr`` and ``getattr(loader, name, default)`` answer as for any
-# object without them)
-ABSENT = {
-    "collate_fn": "batches are assembled in the Loader's DALI graph, not collated",
-    "worker_init_fn": "the Loader's workers are threads it starts itself",
-    "generator": "order and augmentation come from (seed, epoch, sample), not a torch Generator",
-    "timeout": "the Loader has no worker processes to time out",
-    "multiprocessing_context": "the Loader's workers are threads, not processes",
-}
-
-
-def absent(name: str) -> AttributeError:
-    """The one-line error for a DataLoader attribute the Loader lacks (``ABSENT``)."""
-    return AttributeError(f"'Loader' has no {name}: {ABSENT[name]}")
-
-
 class EpochSampler:
     """What ``loader.sampler`` is: scripts call ``sampler.set_epoch(epoch)`` on it each epoch.
 

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.engine import graph_pool as pool
-from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
-from tilefeed.pipeline.loader.dataloader_face import ABSENT, EpochBatchSampler, EpochSampler, absent, dataset_of
+from tilefeed.pipeline.loader.assembly import advice, augment
+from tilefeed.pipeline.loader.dataloader_face import EpochBatchSampler, EpochSampler, dataset_of
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.batch_ops import BatchOps
@@ -33,10 +33,10 @@ from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
-from tilefeed.pipeline.mixing.mix import Mix, open_mix, source_of
-from tilefeed.pipeline.settings import (Layout, LoaderSettings, check_alone, check_int, process_group,
-                                       require_dali)
-from tilefeed.pipeline.planning.order import Shuffle, batches_per_rank
+from tilefeed.pipeline.mixing.mix import Mix, open_mix, open_reader, source_of
+from tilefeed.pipeline.options import DATALOADER_ONLY, IMAGENET_MEAN, IMAGENET_STD, Layout, Shuffle
+from tilefeed.pipeline.settings import LoaderSettings, check_alone, check_int, require_dali
+from tilefeed.pipeline.planning.order import batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
 from tilefeed.pipeline.planning.sizes import Schedule
@@ -264,25 +264,15 @@ class Loader:
         max_objects: int | None = None,
         **dataloader_options: Any,
     ) -> None:
+        # every option as given, by name: the settings check them (their one table)
+        given = {name: value for name, value in locals().items()
+                 if name not in ("self", "store", "dataloader_options")}
         require_dali()
         self._mixing_off = False  # mixup_enabled = False: timm's --mixup-off-epoch
-        # rank 0 of 1 by default, with no process group yet: checked again as each epoch begins
-        # (``check_alone``), since a group (or a launcher's WORLD_SIZE) may say otherwise by then
-        self._alone = rank is None and world_size is None and not process_group()
-        s = self.settings = LoaderSettings.check(
-            batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
-            world_size=world_size, device=device, train=train, size=size, crop_pct=crop_pct,
-            dtype=dtype, layout=layout, with_index=with_index, num_workers=num_workers,
-            workers=workers, prefetch_factor=prefetch_factor, prefetch=prefetch,
-            pin_memory=pin_memory, persistent_workers=persistent_workers, indices=indices,
-            ledger=ledger, scale=scale, ratio=ratio, mean=mean, std=std,
-            shuffle_window=shuffle_window, storage_options=storage_options, cache_dir=cache_dir,
-            cache_limit=cache_limit, fast_idct=fast_idct, scaled_decode=scaled_decode, stats=stats,
-            recipe=recipe, targets=targets, targets_layout=targets_layout, max_objects=max_objects,
-            **dataloader_options)
+        s = self.settings = LoaderSettings.check(given, dataloader_options)
         self._owns_reader = not isinstance(store, StoreReader)
         self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
-        self.reader = self.mixture.reader if self.mixture else s.open_store(store)  # type: ignore[arg-type]
+        self.reader = self.mixture.reader if self.mixture else open_reader(store, s)  # type: ignore[arg-type]
         try:
             self._assemble(s)
         except BaseException:
@@ -294,7 +284,7 @@ class Loader:
         """Everything on the open store: order, crops, ledger, the first reads, the graph."""
         schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
         self.subset = s.subset(len(self.reader))
-        self.augment = s.augment(self.reader.tile, self.reader.padded)
+        self.augment = augment(s, self.reader.tile, self.reader.padded)
         if s.targets:
             check_store_targets(self.reader, s.targets)
         _ = self._store_objects  # a crop="iou" without boxes fails here, not at the first batch
@@ -401,14 +391,14 @@ class Loader:
     def __getattr__(self, name: str) -> Any:
         # only names found nowhere else arrive here: DataLoader's that mean nothing to a Loader
         # fail in one line saying why, the rest as Python's own AttributeError
-        if name in ABSENT:
-            raise absent(name)
         face = getattr(type(self), name, None)
         if isinstance(face, (property, cached_property)):
             # a property of ours raised an AttributeError (a ConfigAttributeError: ``dataset``
             # over a Mix) and Python came here instead, dropping its message: asked again, it
             # raises that error itself, so the caller reads why
             return face.__get__(self, type(self))
+        if name in DATALOADER_ONLY:  # sampler and batch_sampler are faces: they never come here
+            raise AttributeError(f"'Loader' has no {name}: {DATALOADER_ONLY[name]}")
         raise AttributeError(f"'Loader' object has no attribute {name!r}")
 
     def __len__(self) -> int:
@@ -436,7 +426,7 @@ class Loader:
         return torch.from_numpy(self.epochs.next_indices().copy())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        if self._alone:
+        if self.settings.alone:
             check_alone(self.rank, self.world_size)
         plan = self.epochs.begin()
         if plan.batches * self.batch_size < len(plan.indices):
@@ -532,7 +522,7 @@ class Loader:
             raise ConfigError("no figures yet: stats() needs Loader(stats=True) and a batch handed over")
         window = check_int("last", last, 1)
         remote = self.reader.remote
-        return self._stats.report(self.settings.advice(self.reader), window,
+        return self._stats.report(advice(self.settings, self.reader), window,
                                   remote.cache.counts if remote is not None else None)
 
     def _following(self, epoch: int, lookahead: int) -> list[Epoch]:
@@ -586,7 +576,7 @@ class Loader:
             return None
         return BatchOps(erasing, mix, self.seed, plan.epoch, self.batch_size, self.rank, self.world_size,
                         before=sum(s.world_size * s.batches for s in plan.prior),
-                        layout="NCHW" if self.layout is Layout.NCHW else "NHWC", keys=plan.keys)
+                        layout=self.layout.memory, keys=plan.keys)
 
     def _convert(self, out: dict[str, Any]) -> tuple[Any, ...]:
         images = out["images"]  # cast, erased and mixed by the feed, off this thread

@@ -12,7 +12,8 @@ import numpy as np
 
 from tilefeed.pipeline.mixing.mix import Mixture
 from tilefeed.pipeline.settings import LoaderSettings, check_int
-from tilefeed.pipeline.planning.order import Segment, Shuffle
+from tilefeed.pipeline.options import Shuffle
+from tilefeed.pipeline.planning.order import Segment
 from tilefeed.pipeline.planning.sizes import check_size
 from tilefeed.store.errors import ConfigError
 

@@ -38,8 +38,8 @@ from tilefeed.pipeline.recipe.recipe import Crop, Recipe
 from tilefeed.pipeline.reading.mixed import AnyReader
 from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.targets.affine import Affines
-from tilefeed.pipeline.targets.batches import (FramedTargets, Targets, TargetsLayout, check_targets,
-                                               frame_targets)
+from tilefeed.pipeline.options import Targets, TargetsLayout
+from tilefeed.pipeline.targets.batches import FramedTargets, check_targets, frame_targets
 from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.mapping import boxes_to_source
 from tilefeed.pipeline.targets.objects import Objects

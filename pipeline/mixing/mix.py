@@ -29,6 +29,7 @@ import numpy as np
 
 from tilefeed.pipeline.reading.mixed import LabelRule, label_rule
 from tilefeed.pipeline.mixing.plan import MixturePlan, finite_weight, is_weight
+from tilefeed.pipeline.options import Shuffle
 from tilefeed.pipeline.settings import LoaderSettings, store_subset
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.storage import is_url
@@ -156,9 +157,23 @@ class Mixture:
                 "quotas": list(self.plan.quotas)}
 
 
+def open_reader(store: str | Path | StoreReader, settings: LoaderSettings) -> StoreReader:
+    """``store`` opened (a ``StoreReader`` given is taken as it is), set to stream in the order
+    ``settings`` read it: shards in random order under a global shuffle, windows of
+    ``shuffle_window`` shards under a shard shuffle."""
+    from tilefeed.pipeline.reading.reader import StoreReader
+
+    reader = store if isinstance(store, StoreReader) else StoreReader(
+        store, storage_options=settings.storage_options, cache_dir=settings.cache_dir,
+        cache_limit=settings.cache_limit)
+    reader.stream(random_order=settings.shuffle is Shuffle.GLOBAL,
+                  window=settings.shuffle_window if settings.shuffle is Shuffle.SHARD else 1)
+    return reader
+
+
 def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
-    """Each source opened (as ``settings.open_store`` opens one store) and checked against the
-    others by ``MixedReader``; the plan keyed on the Loader's seed."""
+    """Each source opened (as ``open_reader`` opens one store) and checked against the others by
+    ``MixedReader``; the plan keyed on the Loader's seed."""
     from tilefeed.pipeline.reading.mixed import MixedReader
     from tilefeed.pipeline.reading.reader import StoreReader
 
@@ -168,7 +183,7 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
     opened: list[StoreReader] = []
     try:
         for store in mix.stores.values():  # the bucket options are for the stores in buckets
-            opened.append(settings.open_store(store if is_url(store) else StoreReader(store)))
+            opened.append(open_reader(store if is_url(store) else StoreReader(store), settings))
         reader = MixedReader(opened, list(mix.names), mix.labels, mix.background)
         given = mix.indices or {}
         subsets = tuple(None if n not in given else store_subset(given[n], len(r), f"Mix indices of {n!r}")

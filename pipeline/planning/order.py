@@ -23,25 +23,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 import numpy as np
 
+from tilefeed.pipeline.options import Shuffle
+from tilefeed.store.choices import choice
 from tilefeed.store.format import ceil_div
 
 
 
-class Shuffle(StrEnum):
-    """How an epoch orders its samples (``EpochOrder``); a member equals its string, so
-    ``Shuffle.SHARD == "shard"``, and ``.value`` is the plain string a saved state holds."""
-
-    GLOBAL = "global"
-    SHARD = "shard"
-    NONE = "none"
-
-
-SHUFFLES: Final = tuple(s.value for s in Shuffle)  # plain strings, for messages and choices
 # Rounds of add, multiply, xorshift: six bring even a ten-sample epoch close to uniform over keys
 # (where a sample lands, across seeds), where four left a measurable bias
 # (tests/pipeline/planning/test_order.py).
@@ -156,11 +147,9 @@ class EpochOrder:
 
     def __init__(self, samples: int, *, shuffle: Shuffle | str, seed: int, epoch: int, shard_size: int,
                  window: int = 4, subset: np.ndarray | None = None) -> None:
-        if shuffle not in SHUFFLES:
-            raise ValueError(f"shuffle must be one of {', '.join(SHUFFLES)}, got {shuffle!r}")
         if shard_size < 1 or window < 1:
             raise ValueError(f"shard_size and window must be >= 1, got {shard_size} and {window}")
-        self.shuffle, self.seed, self.epoch = Shuffle(shuffle), seed, epoch
+        self.shuffle, self.seed, self.epoch = choice(Shuffle, shuffle, "shuffle"), seed, epoch
         self.shard_size, self.window = shard_size, window
         self.subset = None if subset is None else np.asarray(subset, dtype=np.int64)
         self.length = samples if self.subset is None else len(self.subset)

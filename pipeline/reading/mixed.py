@@ -29,6 +29,7 @@ import numpy as np
 from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.store.codec import TileCodec
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.shard import read_tiles_into
 from tilefeed.store.remote import RemoteStore
@@ -50,9 +51,7 @@ SHOWN: Final = 8  # classes of a list an error message shows
 
 def label_rule(rule: LabelRule | str, what: str = "labels") -> LabelRule:
     """``rule`` as a ``LabelRule``; a ConfigError naming ``what`` (the option) for any other value."""
-    if rule not in LABEL_RULES:
-        raise ConfigError(f"{what} must be one of {', '.join(LABEL_RULES)}, got {rule!r}")
-    return LabelRule(rule)
+    return choice(LabelRule, rule, what)
 
 
 def combine_labels(classes: Sequence[Sequence[str]], names: Sequence[str],

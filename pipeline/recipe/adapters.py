@@ -26,7 +26,7 @@ import torch
 from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
-from tilefeed.pipeline.recipe.policy_tables import Interpolation as PolicyInterpolation
+from tilefeed.pipeline.recipe.policy_tables import PolicyInterpolation
 from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, Interpolation, PhotometricDistort, Recipe
 from tilefeed.store.errors import ConfigError
 

@@ -44,6 +44,8 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
+from tilefeed.pipeline.options import Layout
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
 GAMMA_TRIES = 8  # Marsaglia-Tsang accepts at least 95% of tries: eight leave ~1e-10 unresolved
@@ -167,10 +169,7 @@ class BatchMix:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < math.inf:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
             object.__setattr__(self, name, float(value))
-        try:
-            object.__setattr__(self, "style", MixStyle(self.style))
-        except ValueError:
-            raise ConfigError(f"style must be one of {', '.join(MixStyle)}, got {self.style!r}") from None
+        object.__setattr__(self, "style", choice(MixStyle, self.style, "style"))
         minmax = self.cutmix_minmax
         if minmax is not None:
             if (isinstance(minmax, str) or not hasattr(minmax, "__len__") or len(minmax) != 2
@@ -294,7 +293,7 @@ class BatchMix:
         return y1 * lam + y1.flip(0) * (1.0 - lam)
 
     def apply(self, images: torch.Tensor, labels: torch.Tensor, seed: int, epoch: int, batch_position: int,
-              layout: str = "NCHW") -> tuple[torch.Tensor, torch.Tensor]:
+              layout: Layout | str = Layout.NCHW) -> tuple[torch.Tensor, torch.Tensor]:
         """Mix the batch at ``batch_position`` of ``epoch`` (see ``batch_position``).
 
         Parameters
@@ -321,12 +320,11 @@ class BatchMix:
         if images.ndim != 4:
             raise ConfigError(f"mixup and cutmix take a batch of images (4 dimensions), got shape "
                               f"{tuple(images.shape)}")
-        if layout not in ("NCHW", "NHWC", "channels_last"):
-            raise ConfigError(f"layout must be 'NCHW', 'NHWC' or 'channels_last', got {layout!r}")
+        layout = choice(Layout, layout, "layout")  # channels_last: NCHW-shaped, nothing to turn
         if len(labels) != len(images):
             raise ConfigError(f"labels must hold one label per image: {len(labels)} labels for "
                               f"{len(images)} images")
-        view = images.permute(0, 3, 1, 2) if layout == "NHWC" else images
+        view = images.permute(0, 3, 1, 2) if layout is Layout.NHWC else images
         d = self.draw(seed, epoch, batch_position, view.shape[2], view.shape[3])
         torchvision = self.style is MixStyle.TORCHVISION
         if d.box is not None:

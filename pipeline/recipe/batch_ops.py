@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tilefeed.pipeline.options import Layout
 from tilefeed.pipeline.recipe.batch_mix import BatchMix, batch_position
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 
@@ -43,9 +44,9 @@ class BatchOps:
         This rank and the world size of the stretch.
     before : int
         The batches all ranks handed over in the epoch's earlier stretches.
-    layout : str
-        How the handed-over tensor is laid out: ``'NCHW'``, or ``'NHWC'`` (the Loader's NHWC and
-        channels_last outputs, the latter an NCHW view of these same bytes).
+    layout : Layout
+        How the handed-over tensor's bytes are laid out: ``NCHW``, or ``NHWC`` (the Loader's NHWC
+        and channels_last outputs, the latter an NCHW view of these same bytes).
     keys : numpy.ndarray or None
         The stretch's crop keys (a mixture's positions); None: each batch's samples.
     """
@@ -58,7 +59,7 @@ class BatchOps:
     rank: int
     world_size: int
     before: int
-    layout: str
+    layout: Layout
     keys: np.ndarray | None = field(default=None, compare=False)  # follows from the epoch's samples
 
     def __call__(self, out: dict[str, torch.Tensor], batch: int) -> None:

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
+from tilefeed.pipeline.options import Layout
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
 TRIES = 10  # per box, as both torchvision and timm try
@@ -210,7 +212,7 @@ class RandomErasing:
                      bh[used].astype(np.int64), bw[used].astype(np.int64), noise_seed[sample])
 
     def erase(self, batch: torch.Tensor, keys: np.ndarray | torch.Tensor, seed: int, epoch: int,
-              layout: str = "NCHW") -> torch.Tensor:
+              layout: Layout | str = Layout.NCHW) -> torch.Tensor:
         """Erase the samples of ``batch`` (keys ``keys``) for ``seed`` and ``epoch``.
 
         Parameters
@@ -238,10 +240,9 @@ class RandomErasing:
         if batch.ndim != 4:
             raise ConfigError("random erasing takes a batch of images (4 dimensions), "
                               f"got shape {tuple(batch.shape)}")
-        if layout not in ("NCHW", "NHWC", "channels_last"):
-            raise ConfigError(f"layout must be 'NCHW', 'NHWC' or 'channels_last', got {layout!r}")
+        layout = choice(Layout, layout, "layout")  # channels_last: NCHW-shaped, nothing to turn
         out = batch if self.inplace else batch.clone()  # clone keeps the strides: same layout
-        view = out.permute(0, 3, 1, 2) if layout == "NHWC" else out
+        view = out.permute(0, 3, 1, 2) if layout is Layout.NHWC else out
         n, channels, height, width = view.shape
         keys_np = np.asarray(keys.cpu() if isinstance(keys, torch.Tensor) else keys, dtype=np.int64).reshape(-1)
         if len(keys_np) != n:

@@ -39,7 +39,7 @@ from PIL import Image, ImageEnhance, ImageOps, ImageStat
 
 from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS
 from tilefeed.pipeline.recipe.policies import INPUT_NAMES, AutoAugment
-from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS, RANDOM_FILTERS, Interpolation, Op
+from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS, RANDOM_FILTERS, PolicyInterpolation, Op
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 # the per-sample inputs (``draws.input_names``) these kernels take: on the host-resize path the
@@ -47,8 +47,9 @@ from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 INPUTS: tuple[str, ...] = ("vflip", "grayscale", "jitter", "order", *JITTER_ADJUSTMENTS,
                            *PHOTOMETRIC_INPUTS, *INPUT_NAMES)
 SOLARIZE_ADD_BELOW = 128  # timm's solarize_add threshold: only pixels below it are raised
-_RESAMPLE = {Interpolation.NEAREST: Image.Resampling.NEAREST, Interpolation.BILINEAR: Image.Resampling.BILINEAR,
-             Interpolation.BICUBIC: Image.Resampling.BICUBIC}
+_RESAMPLE = {PolicyInterpolation.NEAREST: Image.Resampling.NEAREST,
+             PolicyInterpolation.BILINEAR: Image.Resampling.BILINEAR,
+             PolicyInterpolation.BICUBIC: Image.Resampling.BICUBIC}
 # ``aa_filter``'s values (indices into ``RANDOM_FILTERS``) as PIL's filters, timm's _RANDOM_INTERPOLATION
 _RANDOM_RESAMPLE = tuple(Image.Resampling[name.upper()] for name in RANDOM_FILTERS)
 _ENHANCE: dict[Op, Any] = {Op.COLOR: ImageEnhance.Color, Op.SHARPNESS: ImageEnhance.Sharpness}
@@ -110,7 +111,7 @@ def apply_policy(image: Image.Image, ops: np.ndarray, params: np.ndarray, matric
                  policy: AutoAugment, filters: np.ndarray | None = None) -> Image.Image:
     """The drawn auto-augment ops of one sample, slot after slot (``AutoAugment.draw``: op
     index into ``OPS``, scalar parameter, 2x3 output-to-input matrix per slot, and under
-    ``Interpolation.RANDOM`` the filter index into ``RANDOM_FILTERS``)."""
+    ``PolicyInterpolation.RANDOM`` the filter index into ``RANDOM_FILTERS``)."""
     picked = [0] * len(ops) if filters is None else np.asarray(filters).tolist()
     for index, param, matrix, which in zip(ops.tolist(), params.tolist(), matrices, picked, strict=True):
         image = policy_op(image, OPS[index], param, matrix, policy, which)
@@ -124,7 +125,7 @@ def policy_op(image: Image.Image, op: Op, param: float, matrix: np.ndarray, poli
     ``param``: the enhance factor, the posterize bit mask, the solarize threshold (pixels at or
     above it inverted), the solarize-add amount; ``matrix``: the geometric ops' map from output
     to input pixel coordinates, origin at the first pixel's corner (PIL's AFFINE data);
-    ``which``: under ``Interpolation.RANDOM``, the slot's drawn filter (index into
+    ``which``: under ``PolicyInterpolation.RANDOM``, the slot's drawn filter (index into
     ``RANDOM_FILTERS``, ``aa_filter``), else unused.
     """
     if op is Op.IDENTITY:
@@ -132,7 +133,7 @@ def policy_op(image: Image.Image, op: Op, param: float, matrix: np.ndarray, poli
     if op in GEOMETRIC:
         data = tuple(float(v) for v in np.asarray(matrix, dtype=np.float64).reshape(6))
         fill = tuple(int(f) for f in policy.fill)
-        resample = (_RANDOM_RESAMPLE[which] if policy.interpolation is Interpolation.RANDOM
+        resample = (_RANDOM_RESAMPLE[which] if policy.interpolation is PolicyInterpolation.RANDOM
                     else _RESAMPLE[policy.interpolation])
         if _whole_shift(data):
             return _shifted(image, int(data[2]), int(data[5]), fill)

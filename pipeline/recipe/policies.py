@@ -33,16 +33,17 @@ from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.pipeline.recipe.policy_strings import policy_settings
 from tilefeed.pipeline.recipe.policy_tables import (_LEVEL_DENOM, _TIMM_NAMES, _TIMM_RAND, _TIMM_RAND_INC,
                                                     _TIMM_TABLES, _TIMM_WEIGHTS, _TV_IMAGENET, _TV_NAMES,
-                                                    _TV_RAND_OPS, GEOMETRIC, OPS, RANDOM_FILTERS, Family,
-                                                    Interpolation, Op, Policy, Table, _matrix, _timm_param,
+                                                    _TV_RAND_OPS, GEOMETRIC, OPS, RANDOM_FILTERS, Family, Op,
+                                                    Policy, PolicyInterpolation, Table, _matrix, _timm_param,
                                                     _tv_param)
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
 # Mixed into the seed so the policy's draws never share a counter with the crops' draws.
 STREAM = "tilefeed.recipe.policies"  # the policies' draw stream (planning.counters.stream_seed)
 # Uniforms per op slot: op choice, probability, magnitude bin or noise (two for Box-Muller), sign.
 _PER_SLOT = 5
-# The geometric ops' filter under ``Interpolation.RANDOM``: a stream of its own, one uniform per
+# The geometric ops' filter under ``PolicyInterpolation.RANDOM``: a stream of its own, one uniform per
 # slot, so the op, magnitude and sign draws above keep their counters and values.
 FILTER_STREAM = "tilefeed.recipe.policies.filter"
 # Every per-sample input a policy may send (``AutoAugment.input_names`` picks its own).
@@ -86,7 +87,7 @@ class AutoAugment:
         AutoAugment: the sub-policy table.
     fill : tuple of int
         RGB fill of geometric ops' uncovered pixels (torchvision ``fill``, timm ``img_mean``).
-    interpolation : Interpolation
+    interpolation : PolicyInterpolation
         Interpolation of the geometric ops (``bicubic``: bilinear in the GPU graph, whose warp has
         no cubic filter); ``random`` draws bilinear or bicubic per slot.
     translate_pct : float
@@ -108,12 +109,16 @@ class AutoAugment:
     weighted: bool = False
     table: Table = Table.IMAGENET
     fill: tuple[int, int, int] = (0, 0, 0)
-    interpolation: Interpolation = Interpolation.NEAREST
+    interpolation: PolicyInterpolation = PolicyInterpolation.NEAREST
     translate_pct: float = 0.45
     translate_const: float = 250.0
     _choices: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # strings become the enums, which the draws and kernels compare by identity
+        for name, kind in (("policy", Policy), ("family", Family), ("table", Table),
+                           ("interpolation", PolicyInterpolation)):
+            object.__setattr__(self, name, choice(kind, getattr(self, name), f"auto-augment {name}"))
         tv = self.family is Family.TORCHVISION
         if self.policy is Policy.AUTO_IMAGENET and tv != (self.table is Table.IMAGENET):
             raise ConfigError(f"auto-augment table {self.table} does not belong to {self.family}")
@@ -124,11 +129,6 @@ class AutoAugment:
                               f"num_magnitude_bins {self.num_magnitude_bins}")
         if not 0.0 <= self.prob <= 1.0:
             raise ConfigError(f"auto-augment prob must be in [0, 1], got {self.prob}")
-        if self.interpolation not in set(Interpolation):
-            raise ConfigError(f"auto-augment interpolation {self.interpolation!r} not supported "
-                              f"({', '.join(i.value for i in Interpolation)})")
-        # a plain string becomes the enum, which the draws and kernels compare by identity
-        object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
         if len(self.fill) != 3 or not all(0 <= f <= 255 for f in self.fill):
             raise ConfigError(f"auto-augment fill must be three values in 0..255, got {self.fill}")
         choices: tuple[str, ...]
@@ -190,8 +190,8 @@ class AutoAugment:
 
     def input_names(self) -> tuple[str, ...]:
         """Names of the per-sample inputs ``draw`` returns, in the graph's order: ``aa_filter``
-        only under ``Interpolation.RANDOM`` (a fixed filter needs no per-sample input)."""
-        return INPUT_NAMES if self.interpolation is Interpolation.RANDOM else INPUT_NAMES[:3]
+        only under ``PolicyInterpolation.RANDOM`` (a fixed filter needs no per-sample input)."""
+        return INPUT_NAMES if self.interpolation is PolicyInterpolation.RANDOM else INPUT_NAMES[:3]
 
     @staticmethod
     def input_dtypes() -> dict[str, np.dtype[Any]]:
@@ -226,7 +226,7 @@ class AutoAugment:
             the solarize threshold (pixels at or above it are inverted), the solarize-add
             amount, else 0; ``aa_matrix`` (n, slots, 2, 3) float32: for geometric ops the map
             from output to input pixel coordinates (origin at the first pixel's corner), else
-            the identity; under ``Interpolation.RANDOM`` also ``aa_filter`` (n, slots) int32:
+            the identity; under ``PolicyInterpolation.RANDOM`` also ``aa_filter`` (n, slots) int32:
             index into ``RANDOM_FILTERS`` of each slot's filter (drawn for every slot, as timm
             draws one per op call; only the geometric ops use it).
         """
@@ -250,7 +250,7 @@ class AutoAugment:
                 if op in GEOMETRIC:
                     matrices[i, k] = _matrix(op, shift, hw[i], self.family)
         made = {"aa_op": ops, "aa_param": params, "aa_matrix": matrices}
-        if self.interpolation is Interpolation.RANDOM:
+        if self.interpolation is PolicyInterpolation.RANDOM:
             made["aa_filter"] = self.filters(seed, epoch, keys)
         return made
 

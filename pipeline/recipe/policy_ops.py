@@ -19,7 +19,7 @@ from nvidia.dali import math as dmath
 from nvidia.dali.auto_aug import augmentations as dali_aug
 
 from tilefeed.pipeline.recipe.policies import AutoAugment
-from tilefeed.pipeline.recipe.policy_tables import OPS, Interpolation, Op
+from tilefeed.pipeline.recipe.policy_tables import OPS, PolicyInterpolation, Op
 
 _BLUR = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13  # PIL's SMOOTH kernel
 # Luma weights of torchvision's rgb_to_grayscale (PIL's L conversion: 0.299, 0.587, 0.114).
@@ -113,10 +113,10 @@ def _blend(images: Any, other: Any, factor: Any) -> Any:
 
 def _warp(images: Any, matrix: Any, policy: AutoAugment) -> Any:
     """Geometric ops: one warp by the host's output-to-input matrix, uncovered pixels filled.
-    DALI's warp has no cubic filter: under ``Interpolation.BICUBIC`` every slot warps bilinear,
-    and under ``Interpolation.RANDOM`` the slots that drew bicubic too (``aa_filter`` stays on
+    DALI's warp has no cubic filter: under ``PolicyInterpolation.BICUBIC`` every slot warps bilinear,
+    and under ``PolicyInterpolation.RANDOM`` the slots that drew bicubic too (``aa_filter`` stays on
     the host)."""
-    interp = types.INTERP_NN if policy.interpolation is Interpolation.NEAREST else types.INTERP_LINEAR
+    interp = types.INTERP_NN if policy.interpolation is PolicyInterpolation.NEAREST else types.INTERP_LINEAR
     fill = policy.fill
     if fill[0] == fill[1] == fill[2]:
         return fn.warp_affine(images, matrix=matrix, fill_value=float(fill[0]), interp_type=interp)

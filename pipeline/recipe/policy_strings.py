@@ -13,7 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tilefeed.pipeline.recipe.policy_tables import _LEVEL_DENOM, Family, Interpolation, Policy, Table
+from tilefeed.pipeline.recipe.policy_tables import _LEVEL_DENOM, Family, PolicyInterpolation, Policy, Table
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
 # timm's hparams that reach the ops; anything else is refused by name.
@@ -107,14 +108,12 @@ def _section(text: str, s: str) -> tuple[str, str]:
 def _timm_common(hp: Mapping[str, Any]) -> dict[str, Any]:
     """AutoAugment fields from timm's hparams (timm's defaults where absent)."""
     # timm's default without an interpolation hparam: bilinear or bicubic per op (_RANDOM_INTERPOLATION)
-    interp = str(hp.get("interpolation", "random")).lower()
-    if interp not in set(Interpolation):
-        raise ConfigError(f"auto-augment interpolation {interp!r} not supported "
-                          f"({', '.join(i.value for i in Interpolation)})")
+    interp = choice(PolicyInterpolation, str(hp.get("interpolation", "random")).lower(),
+                    "auto-augment interpolation")
     fill = hp.get("img_mean", (128, 128, 128))
     fill = tuple(int(f) for f in (fill if isinstance(fill, (tuple, list)) else (fill,) * 3))
     mmax = hp.get("magnitude_max")
     return {"mstd": float(hp.get("magnitude_std", 0.0)),
             "mmax": float(mmax) if mmax else _LEVEL_DENOM, "fill": fill,
-            "interpolation": Interpolation(interp), "translate_pct": float(hp.get("translate_pct", 0.45)),
+            "interpolation": interp, "translate_pct": float(hp.get("translate_pct", 0.45)),
             "translate_const": float(hp.get("translate_const", 250))}

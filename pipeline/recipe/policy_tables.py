@@ -1,6 +1,6 @@
 """Auto-augment's op set and tables, and how each family turns a magnitude into an op's parameter.
 
-The names the policies choose from (``Policy``, ``Family``, ``Table``, ``Op``, ``Interpolation``),
+The names the policies choose from (``Policy``, ``Family``, ``Table``, ``Op``, ``PolicyInterpolation``),
 torchvision v2's and timm's op lists, sub-policy tables and choice weights, and the arithmetic
 from a magnitude bin (torchvision) or level (timm) and sign to the parameter the graph applies:
 an enhance factor, a posterize mask, a solarize threshold or amount, or for the geometric ops
@@ -44,7 +44,7 @@ class Table(StrEnum):
     V0R = "v0r"
 
 
-class Interpolation(StrEnum):
+class PolicyInterpolation(StrEnum):
     """Interpolation of the geometric ops.
 
     ``BICUBIC`` is every op slot bicubic: timm's ``--train-interpolation bicubic`` with ``--aa``
@@ -60,7 +60,7 @@ class Interpolation(StrEnum):
     RANDOM = "random"
 
 
-# What ``aa_filter`` indexes under ``Interpolation.RANDOM``: timm's _RANDOM_INTERPOLATION, in its order.
+# What ``aa_filter`` indexes under ``PolicyInterpolation.RANDOM``: timm's _RANDOM_INTERPOLATION, in its order.
 RANDOM_FILTERS: tuple[str, ...] = ("bilinear", "bicubic")
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
 
@@ -286,13 +287,8 @@ class Recipe:
     photometric: PhotometricDistort | None = None
 
     def __post_init__(self) -> None:
-        if self.interpolation not in set(Interpolation):
-            names = ", ".join(i.value for i in Interpolation)
-            raise ConfigError(f"interpolation must be one of {names}, got {self.interpolation!r}")
-        object.__setattr__(self, "interpolation", Interpolation(self.interpolation))
-        if self.crop not in set(Crop):
-            raise ConfigError(f"crop must be one of {', '.join(c.value for c in Crop)}, got {self.crop!r}")
-        object.__setattr__(self, "crop", Crop(self.crop))
+        object.__setattr__(self, "interpolation", choice(Interpolation, self.interpolation, "interpolation"))
+        object.__setattr__(self, "crop", choice(Crop, self.crop, "crop"))
         object.__setattr__(self, "fill", _fill(self.fill))
         for name in ("hflip", "vflip", "grayscale"):
             object.__setattr__(self, name, _probability(name, getattr(self, name)))

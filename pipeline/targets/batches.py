@@ -1,7 +1,8 @@
 """What a batch's targets hold, and the shapes models take them in.
 
-``Targets`` names what a batch carries besides its pixels (the Loader's ``targets=``);
-``frame_targets`` moves a batch's stored boxes and masks through its ``Framing`` in one call;
+What a batch carries besides its pixels is named by ``pipeline.options.Targets`` (the
+Loader's ``targets=``); ``frame_targets`` moves a batch's stored boxes and masks through its
+``Framing`` in one call;
 ``FramedTargets`` then gives them as torchvision's detection format (a list of per-image dicts
 of ``boxes``, ``labels``, ``iscrowd`` and, where asked, ``masks``) or as padded tensors with
 counts (fixed shapes, for compiled steps and for moving to the device in one copy).
@@ -9,13 +10,12 @@ counts (fixed shapes, for compiled steps and for moving to the device in one cop
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import torch
 
+from tilefeed.pipeline.options import Targets
 from tilefeed.pipeline.targets.affine import Affines, affine_boxes, affine_masks, hflip_boxes
 from tilefeed.pipeline.targets.geometry import Framing, check_thresholds, frame_boxes, sanitize, transform_boxes
 from tilefeed.pipeline.targets.masks import MaskBatch, instance_masks, remap_ids, to_device, transform_masks
@@ -24,47 +24,6 @@ from tilefeed.store.errors import ConfigError
 from tilefeed.store.format import MaskKind
 
 PAD_LABEL = -1  # a padded slot's label: no category id is negative
-
-
-class Targets(StrEnum):
-    """What a batch carries besides the images; a member equals its string.
-
-    ``BOXES``: each image's boxes, category ids and crowd flags. ``MASKS``: a semantic store's
-    class-id masks, or with ``BOXES`` an instance store's per-object masks.
-    """
-
-    BOXES = "boxes"
-    MASKS = "masks"
-
-
-class TargetsLayout(StrEnum):
-    """How a batch's boxes are laid out: torchvision's list of per-image dicts, or padded tensors."""
-
-    DICTS = "dicts"
-    PADDED = "padded"
-
-
-def parse_targets(value: str | Targets | Iterable[str | Targets] | None) -> frozenset[Targets]:
-    """The ``Targets`` a ``targets=`` value names: one name, several, or None (none).
-
-    Parameters
-    ----------
-    value : str, Targets, iterable of them, or None
-        e.g. ``"boxes"``, ``("boxes", "masks")``.
-
-    Returns
-    -------
-    frozenset of Targets
-        What a batch holds.
-    """
-    if value is None:
-        return frozenset()
-    names = [value] if isinstance(value, str) else list(value)
-    known = {t.value for t in Targets}
-    for name in names:
-        if name not in known:
-            raise ConfigError(f"targets: {name!r} is none of {sorted(known)}")
-    return frozenset(Targets(name) for name in names)
 
 
 def check_targets(asked: frozenset[Targets], boxes: bool, masks: MaskKind | str | None) -> None:

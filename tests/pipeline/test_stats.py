@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tilefeed.pipeline import Loader
+from tilefeed.pipeline.loader import assembly
 from tilefeed.pipeline.settings import LoaderSettings
 from tilefeed.pipeline.stats import STAGES, Figures, name_bottleneck
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
@@ -89,7 +90,7 @@ def test_advice_weighs_the_shuffle_and_the_layout_as_before(store: Path) -> None
     def advice(bottleneck: str, **options: object) -> str:
         with Loader(store, 10, device="cpu", num_workers=1, **options) as loader:  # type: ignore[arg-type]
             settings: LoaderSettings = loader.settings
-            return settings.advice(loader.reader)(bottleneck, figures(bottleneck))
+            return assembly.advice(settings, loader.reader)(bottleneck, figures(bottleneck))
 
     shard = 'shuffle="shard" (whole shards, read in order)'
     assert advice("download", shuffle=True) == advice("download", shuffle="global") == shard

@@ -17,7 +17,7 @@ import torch
 from tilefeed.pipeline.engine import graph_pool as pool
 from tilefeed.pipeline.engine.batch_source import BatchSource
 from tilefeed.pipeline.engine.feed import Feed
-from tilefeed.pipeline.engine.augment import IMAGENET_MEAN, IMAGENET_STD
+from tilefeed.pipeline.options import IMAGENET_MEAN, IMAGENET_STD
 from tilefeed.pipeline import ConfigError, CorruptChunkError, Loader, StoreFormatError, StoreReader
 from tilefeed.store import format as fmt
 from tests.helpers import psnr

@@ -261,7 +261,7 @@ def test_evaluation_boxes_map_back_to_the_source_annotations(coco_store: tuple[P
 
 def test_what_cannot_be_given_is_refused_in_one_line(coco_store: tuple[Path, ...], tmp_path: Path) -> None:
     store = coco_store[0]
-    with pytest.raises(ConfigError, match="none of"):
+    with pytest.raises(ConfigError, match="^targets must be one of boxes, masks, got .keypoints.$"):
         Loader(store, 4, targets="keypoints")
     with pytest.raises(ConfigError, match="targets_layout"):
         Loader(store, 4, targets="boxes", targets_layout="ragged")
@@ -482,7 +482,7 @@ def test_a_batchs_iou_crop_is_drawn_once_for_its_windows_and_its_boxes(
     from tilefeed.pipeline.engine import crops
     from tilefeed.pipeline.loader import targets as loader_targets
     from tilefeed.pipeline.loader.targets import BatchTargets
-    from tilefeed.pipeline.targets.batches import Targets, TargetsLayout
+    from tilefeed.pipeline.options import Targets, TargetsLayout
 
     store = coco_store[0]
     with Loader(store, 4, targets="boxes", recipe=Recipe(crop=crop), **OPTS) as loader:

@@ -19,8 +19,7 @@ import torch.multiprocessing as mp
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.audit.ledger import COUNT, POPULATION, _Tally, _unpack, audit
 from tilefeed.pipeline.loader.resume import STATE_VERSION
-from tilefeed.pipeline.planning.order import SHUFFLES, Shuffle
-from tilefeed.pipeline.settings import Layout
+from tilefeed.pipeline.options import Layout, Shuffle
 from tilefeed.store.errors import ConfigError, LedgerError
 from tests.helpers import assert_plain, free_port, join_gloo, killed_and_resumed, run_cli, train_until_killed
 
@@ -93,7 +92,7 @@ def _simulate(store: StoreReader, first: tuple[int, int, bool], second: tuple[in
     return counts, *((world1, batch1) if finished_first else (world2, batch2))
 
 
-@pytest.mark.parametrize("shuffle", SHUFFLES)
+@pytest.mark.parametrize("shuffle", [s.value for s in Shuffle])
 def test_elastic_resume_over_world_and_batch_sizes_is_exactly_once(store: Path, shuffle: str) -> None:
     reader = StoreReader(store)
     n = len(reader)
@@ -125,7 +124,7 @@ def test_a_state_of_another_store_seed_or_subset_is_refused(store: Path) -> None
         Loader(store, 4, seed=1, indices=range(10)).load_state_dict(state)
 
 
-@pytest.mark.parametrize("shuffle", [True, False, *SHUFFLES, Shuffle.SHARD])
+@pytest.mark.parametrize("shuffle", [True, False, *(s.value for s in Shuffle), Shuffle.SHARD])
 def test_options_become_members_and_a_state_holds_plain_strings(store: Path, tmp_path: Path,
                                                                  shuffle: bool | str) -> None:
     """A string option is its enum member inside; the state holds plain values only, so JSON,
@@ -150,7 +149,7 @@ def test_a_bad_shuffle_or_layout_is_refused_in_the_same_words(store: Path) -> No
     with pytest.raises(ValueError, match=r"^shuffle must be True, False or one of global, shard, none, "
                                          r"got 'random'$"):
         Loader(store, 4, shuffle="random")
-    with pytest.raises(ValueError, match=r"^layout must be 'NCHW', 'NHWC' or 'channels_last', got 'CHW'$"):
+    with pytest.raises(ValueError, match=r"^layout must be one of NCHW, NHWC, channels_last, got 'CHW'$"):
         Loader(store, 4, layout="CHW")
 
 

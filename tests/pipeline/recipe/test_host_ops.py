@@ -42,7 +42,7 @@ from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
 from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.policy_tables import (
-    GEOMETRIC, OPS, Family, Interpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
+    GEOMETRIC, OPS, Family, PolicyInterpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
 from tilefeed.pipeline.recipe.recipe import ColorJitter, PhotometricDistort, Recipe
 from tests.pipeline.recipe.helpers import drawn_for, run_graph, tiles, torchvision_pil
 from tests.pipeline.recipe.test_policies import SIDE, _all_ops, pictures, run_dali, single_op_draws
@@ -141,7 +141,7 @@ def test_every_solarize_bin_equals_torchvisions(two_pictures: list[np.ndarray]) 
 
 def test_bilinear_warps_with_an_rgb_fill_equal_torchvisions(two_pictures: list[np.ndarray]) -> None:
     fill = (124, 116, 104)
-    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=Interpolation.BILINEAR))
+    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=PolicyInterpolation.BILINEAR))
     cases = [(Op.ROTATE, 27.0), (Op.SHEAR_X, -0.25), (Op.TRANSLATE_Y, 40.0), (Op.SHEAR_Y, 0.3)]
     d = single_op_draws(cases)
     img = PIL.Image.fromarray(two_pictures[1])
@@ -157,7 +157,7 @@ def test_timm_ops_equal_timms(two_pictures: list[np.ndarray]) -> None:
     timm's own parameters, against timm's functions."""
     img = PIL.Image.fromarray(two_pictures[0])
     policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
-                                  interpolation=Interpolation.BILINEAR))
+                                  interpolation=PolicyInterpolation.BILINEAR))
     hw = np.array([SIDE, SIDE])
     kw = {"fillcolor": (128, 128, 128), "resample": PIL.Image.Resampling.BILINEAR}
     cases = [(Op.SOLARIZE_ADD, 99.0, timm_aa.solarize_add(img, 99)),
@@ -209,7 +209,7 @@ def test_timm_bicubic_ops_equal_timms(two_pictures: list[np.ndarray]) -> None:
     where both copy pixels: the paste road's premise)."""
     bicubic, bilinear = PIL.Image.Resampling.BICUBIC, PIL.Image.Resampling.BILINEAR
     policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
-                                  interpolation=Interpolation.RANDOM))
+                                  interpolation=PolicyInterpolation.RANDOM))
     for picture in two_pictures:
         img = PIL.Image.fromarray(picture)
         for op, amount, fn in TIMM_GEOMETRIC:
@@ -232,16 +232,16 @@ def test_a_bicubic_policys_ops_equal_timms(two_pictures: list[np.ndarray]) -> No
     bicubic = PIL.Image.Resampling.BICUBIC
     policies = {which: _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
                                             interpolation=which))
-                for which in (Interpolation.BICUBIC, Interpolation.BILINEAR)}
+                for which in (PolicyInterpolation.BICUBIC, PolicyInterpolation.BILINEAR)}
     for picture in two_pictures:
         img = PIL.Image.fromarray(picture)
         for op, amount, fn in TIMM_GEOMETRIC:
             data = np.array(_timm_data(op, amount), dtype=np.float64).reshape(2, 3)
             whole = op in (Op.TRANSLATE_X, Op.TRANSLATE_Y) and float(amount).is_integer()
             ref = np.asarray(fn(img, amount, resample=bicubic, fillcolor=(128, 128, 128)))
-            ours = np.asarray(host_ops.policy_op(img, op, 0.0, data, policies[Interpolation.BICUBIC]))
+            ours = np.asarray(host_ops.policy_op(img, op, 0.0, data, policies[PolicyInterpolation.BICUBIC]))
             assert np.array_equal(ours, ref), (op, amount)
-            control = np.asarray(host_ops.policy_op(img, op, 0.0, data, policies[Interpolation.BILINEAR]))
+            control = np.asarray(host_ops.policy_op(img, op, 0.0, data, policies[PolicyInterpolation.BILINEAR]))
             assert np.array_equal(control, ref) == whole, (op, amount)
 
 
@@ -275,8 +275,8 @@ def test_a_bicubic_policys_ops_equal_torchvisions(two_pictures: list[np.ndarray]
     off at up to 8% of values, larger only along the fill's edge, as the bilinear warps are.
     Control: the same data under a bilinear policy differs (but at whole-pixel shifts)."""
     fill = (124, 116, 104)
-    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=Interpolation.BICUBIC))
-    bilinear = replace(policy, interpolation=Interpolation.BILINEAR)
+    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=PolicyInterpolation.BICUBIC))
+    bilinear = replace(policy, interpolation=PolicyInterpolation.BILINEAR)
     d = single_op_draws(TV_BICUBIC)
     for picture in two_pictures:
         img = PIL.Image.fromarray(picture)
@@ -303,7 +303,7 @@ def test_the_graphs_bilinear_warp_of_a_bicubic_slot_keeps_the_stated_gap(
     control, more than twice closer, shows the graph's warp is the bilinear one. Single pixels
     differ by up to 64 either way where the fill meets the picture's edge (float32 coordinates)."""
     policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
-                                  interpolation=Interpolation.RANDOM))
+                                  interpolation=PolicyInterpolation.RANDOM))
     cases = [(Op.ROTATE, 27.0), (Op.SHEAR_X, 0.27), (Op.SHEAR_Y, -0.2), (Op.TRANSLATE_X, 20.5)]
     draws = single_op_draws(cases * 2, Family.TIMM)
     images = [two_pictures[k // len(cases)] for k in range(2 * len(cases))]
@@ -331,24 +331,24 @@ def test_the_graph_warps_a_bicubic_policy_bilinear_within_the_stated_gap(
     images = [two_pictures[k // len(cases)] for k in range(2 * len(cases))]
     policies = {which: _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
                                             interpolation=which))
-                for which in (Interpolation.BICUBIC, Interpolation.BILINEAR)}
-    graph = run_dali(policies[Interpolation.BICUBIC], images, draws)
-    assert np.array_equal(graph, run_dali(policies[Interpolation.BILINEAR], images, draws))
+                for which in (PolicyInterpolation.BICUBIC, PolicyInterpolation.BILINEAR)}
+    graph = run_dali(policies[PolicyInterpolation.BICUBIC], images, draws)
+    assert np.array_equal(graph, run_dali(policies[PolicyInterpolation.BILINEAR], images, draws))
     for k, image in enumerate(images):
         op = OPS[int(draws["aa_op"][k, 0])]
         pil = PIL.Image.fromarray(image)
         host = {which: np.asarray(host_ops.policy_op(pil, op, 0.0, draws["aa_matrix"][k, 0], policy))
                 .astype(np.int16) for which, policy in policies.items()}
-        gap = np.abs(graph[k].astype(np.int16) - host[Interpolation.BICUBIC]).mean()
+        gap = np.abs(graph[k].astype(np.int16) - host[PolicyInterpolation.BICUBIC]).mean()
         assert 1.0 < gap < 3.0, (op, gap)
-        assert np.abs(host[Interpolation.BICUBIC] - host[Interpolation.BILINEAR]).mean() > 1.0, op
+        assert np.abs(host[PolicyInterpolation.BICUBIC] - host[PolicyInterpolation.BILINEAR]).mean() > 1.0, op
 
 
 def test_each_slot_takes_its_own_drawn_filter(two_pictures: list[np.ndarray]) -> None:
     """``apply_policy`` hands slot k the filter ``aa_filter[k]``: a shear then a rotation with
     filters (1, 0) is timm's bicubic shear then bilinear rotation, and (0, 1) the other way."""
     policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=2, fill=(128, 128, 128),
-                                  interpolation=Interpolation.RANDOM))
+                                  interpolation=PolicyInterpolation.RANDOM))
     img = PIL.Image.fromarray(two_pictures[1])
     ops = np.array([OPS.index(Op.SHEAR_X), OPS.index(Op.ROTATE)], np.int32)
     matrices = np.array([_timm_data(Op.SHEAR_X, 0.25), _timm_data(Op.ROTATE, -13.0)]).reshape(2, 2, 3)
@@ -417,7 +417,8 @@ def test_a_random_filter_reaches_the_host_kernels_only() -> None:
     assert graph_names(sent_names(augment), True) == ("flip",)
     device = graph_names(sent_names(augment), False)
     assert "aa_op" in device and "aa_filter" not in device
-    fixed = replace(augment, recipe=Recipe(auto_augment=replace(policy, interpolation=Interpolation.BILINEAR)))
+    bilinear = replace(policy, interpolation=PolicyInterpolation.BILINEAR)
+    fixed = replace(augment, recipe=Recipe(auto_augment=bilinear))
     assert "aa_filter" not in sent_names(fixed)
 
 
@@ -504,10 +505,10 @@ def test_the_table_and_paste_roads_give_pils_own_bytes() -> None:
         rounded_differs += not np.array_equal(np.asarray(img.point(rounded)),
                                               np.asarray(ImageEnhance.Contrast(img).enhance(factor)))
         # the cubic weights at a whole-pixel offset are (0, 1, 0, 0): bicubic copies pixels too
-        for interpolation, which, resample in ((Interpolation.NEAREST, 0, PIL.Image.Resampling.NEAREST),
-                                               (Interpolation.BILINEAR, 0, PIL.Image.Resampling.BILINEAR),
-                                               (Interpolation.RANDOM, 0, PIL.Image.Resampling.BILINEAR),
-                                               (Interpolation.RANDOM, 1, PIL.Image.Resampling.BICUBIC)):
+        for interpolation, which, resample in ((PolicyInterpolation.NEAREST, 0, PIL.Image.Resampling.NEAREST),
+                                               (PolicyInterpolation.BILINEAR, 0, PIL.Image.Resampling.BILINEAR),
+                                               (PolicyInterpolation.RANDOM, 0, PIL.Image.Resampling.BILINEAR),
+                                               (PolicyInterpolation.RANDOM, 1, PIL.Image.Resampling.BICUBIC)):
             fill = tuple(int(v) for v in rng.integers(0, 256, 3))
             policy = AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=interpolation)
             dx, dy = int(rng.integers(-w - 2, w + 3)), int(rng.integers(-h - 2, h + 3))

@@ -28,7 +28,8 @@ from tilefeed.bench.fixtures.generated import synthetic_image
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.pipeline.recipe.policies import STREAM, AutoAugment
 from tilefeed.pipeline.recipe.policy_tables import (
-    GEOMETRIC, OPS, Family, Interpolation, Op, Policy, Table, _matrix, _posterize_mask, _TIMM_NAMES, _TV_NAMES)
+    GEOMETRIC, OPS, Family, Op, Policy, PolicyInterpolation, Table, _matrix, _posterize_mask, _TIMM_NAMES,
+    _TV_NAMES)
 from tilefeed.pipeline.recipe.policy_ops import apply_policy
 from tilefeed.store.errors import ConfigError
 
@@ -102,7 +103,7 @@ def run_dali(policy: AutoAugment, images: list[np.ndarray], draws: dict[str, np.
     ("ta_wide", {"policy": Policy.TRIVIAL_WIDE, "family": Family.TORCHVISION, "slots": 1}),
     ("ra", {"policy": Policy.RAND, "num_ops": 2, "magnitude": 9, "num_magnitude_bins": 31}),
     ("imagenet", {"policy": Policy.AUTO_IMAGENET, "table": Table.IMAGENET, "fill": (0, 0, 0),
-                  "interpolation": Interpolation.NEAREST}),
+                  "interpolation": PolicyInterpolation.NEAREST}),
     ("rand-m9-mstd0.5-inc1", {"family": Family.TIMM, "magnitude": 9, "mstd": 0.5, "increasing": True,
                               "num_ops": 2, "prob": 0.5, "fill": (128, 128, 128)}),
     ("rand-m9-n3-mstd0.5", {"num_ops": 3, "slots": 3, "mstd": 0.5, "increasing": False}),
@@ -122,19 +123,20 @@ def test_parse_reads_torchvision_names_and_timm_strings(text: str, fields: dict[
 def test_timm_strings_take_timms_random_interpolation_unless_told() -> None:
     """timm's ops get ``resample=_RANDOM_INTERPOLATION`` when hparams carry no interpolation;
     torchvision's policies keep their nearest default."""
-    assert AutoAugment.parse("rand-m9-mstd0.5").interpolation is Interpolation.RANDOM
-    assert AutoAugment.parse("original").interpolation is Interpolation.RANDOM
-    assert AutoAugment.parse("rand-m9", {"interpolation": "random"}).interpolation is Interpolation.RANDOM
-    assert AutoAugment.parse("rand-m9", {"interpolation": "bilinear"}).interpolation is Interpolation.BILINEAR
-    assert AutoAugment.parse("ta_wide").interpolation is Interpolation.NEAREST
+    assert AutoAugment.parse("rand-m9-mstd0.5").interpolation is PolicyInterpolation.RANDOM
+    assert AutoAugment.parse("original").interpolation is PolicyInterpolation.RANDOM
+    assert AutoAugment.parse("rand-m9", {"interpolation": "random"}).interpolation is PolicyInterpolation.RANDOM
+    bilinear = AutoAugment.parse("rand-m9", {"interpolation": "bilinear"})
+    assert bilinear.interpolation is PolicyInterpolation.BILINEAR
+    assert AutoAugment.parse("ta_wide").interpolation is PolicyInterpolation.NEAREST
     assert "aa_filter" in AutoAugment.parse("v0").input_names()
     assert "aa_filter" not in AutoAugment.parse("imagenet").input_names()
     named = AutoAugment(Policy.RAND, Family.TIMM, interpolation="random")  # type: ignore[arg-type]
-    assert named.interpolation is Interpolation.RANDOM and "aa_filter" in named.draw(0, 0, np.arange(3))
+    assert named.interpolation is PolicyInterpolation.RANDOM and "aa_filter" in named.draw(0, 0, np.arange(3))
     # a fixed bicubic filter: every slot, nothing drawn for it (the draws of a bilinear policy)
     bicubic = AutoAugment.parse("rand-m9-mstd0.5-inc1", {"interpolation": "bicubic"})
     bilinear = AutoAugment.parse("rand-m9-mstd0.5-inc1", {"interpolation": "bilinear"})
-    assert bicubic.interpolation is Interpolation.BICUBIC and "aa_filter" not in bicubic.input_names()
+    assert bicubic.interpolation is PolicyInterpolation.BICUBIC and "aa_filter" not in bicubic.input_names()
     keys = np.arange(64)
     ours, theirs = bicubic.draw(3, 1, keys), bilinear.draw(3, 1, keys)
     assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
@@ -146,7 +148,7 @@ def test_parse_takes_timm_hparams() -> None:
     policy = AutoAugment.parse("rand-m9-mstd0.5", {"img_mean": (124, 116, 104), "translate_pct": 0.3,
                                                    "interpolation": "nearest"})
     assert policy.fill == (124, 116, 104) and policy.translate_pct == 0.3
-    assert policy.interpolation is Interpolation.NEAREST
+    assert policy.interpolation is PolicyInterpolation.NEAREST
 
 
 @pytest.mark.parametrize("text,hparams,named", [
@@ -358,10 +360,10 @@ def test_the_random_filter_leaves_every_other_draw_as_it_was(text: str) -> None:
     function of the op draws' uniforms."""
     keys = np.arange(1000)
     policy = AutoAugment.parse(text)
-    assert policy.interpolation is Interpolation.RANDOM
+    assert policy.interpolation is PolicyInterpolation.RANDOM
     made = policy.draw(7, 3, keys, 56)
     assert _digest(made) == _DRAW_DIGESTS[text]
-    for other in (Interpolation.BILINEAR, Interpolation.NEAREST):
+    for other in (PolicyInterpolation.BILINEAR, PolicyInterpolation.NEAREST):
         fixed = replace(policy, interpolation=other).draw(7, 3, keys, 56)
         assert set(fixed) == {"aa_op", "aa_param", "aa_matrix"}
         assert _digest(fixed) == _DRAW_DIGESTS[text]
@@ -526,7 +528,7 @@ def test_geometric_ops_bilinear_and_rgb_fill_match_torchvision(two_pictures: lis
     """Bilinear warps and a per-channel fill (timm's img_mean) against torchvision's; the
     interiors match to rounding (measured mean 0.3), the borders to the fill's blend."""
     fill = (124, 116, 104)
-    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=Interpolation.BILINEAR))
+    policy = _all_ops(AutoAugment(Policy.TRIVIAL_WIDE, fill=fill, interpolation=PolicyInterpolation.BILINEAR))
     cases = [(Op.ROTATE, 27.0), (Op.SHEAR_X, -0.25), (Op.TRANSLATE_Y, 40.0), (Op.SHEAR_Y, 0.3)]
     out = run_dali(policy, [two_pictures[1]] * len(cases), single_op_draws(cases), batch=len(cases))
     t = torch.from_numpy(two_pictures[1].copy()).permute(2, 0, 1)
@@ -543,7 +545,7 @@ def test_timm_only_ops_match_timm(two_pictures: list[np.ndarray]) -> None:
     """solarize-add, posterize to 0 bits, and PIL's rotate (bilinear, mean fill) against timm's."""
     picture = two_pictures[0]
     policy = _all_ops(AutoAugment(Policy.RAND, Family.TIMM, num_ops=1, fill=(128, 128, 128),
-                                  interpolation=Interpolation.BILINEAR))
+                                  interpolation=PolicyInterpolation.BILINEAR))
     d = single_op_draws([(Op.IDENTITY, 0)] * 3, Family.TIMM)
     d["aa_op"][:, 0] = [OPS.index(Op.SOLARIZE_ADD), OPS.index(Op.POSTERIZE), OPS.index(Op.ROTATE)]
     d["aa_param"][:, 0] = [99, _posterize_mask(0), 0]

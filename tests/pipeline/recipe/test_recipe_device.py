@@ -125,11 +125,11 @@ def test_a_timm_policy_with_a_random_filter_in_the_device_graph_stays_near_the_h
     the other ops' gaps, so the samples keep the bound of a torchvision policy: median mean
     difference under 4 levels."""
     from tilefeed.pipeline.recipe.policies import AutoAugment
-    from tilefeed.pipeline.recipe.policy_tables import Interpolation
+    from tilefeed.pipeline.recipe.policy_tables import PolicyInterpolation
     from tilefeed.pipeline.recipe.recipe import Recipe
 
     policy = AutoAugment.parse("rand-m9-mstd0.5")
-    assert policy.interpolation is Interpolation.RANDOM
+    assert policy.interpolation is PolicyInterpolation.RANDOM
     recipe = Recipe(auto_augment=policy)
     diff = gaps(samples(store, "host", recipe=recipe), samples(store, side, recipe=recipe))
     assert np.median(diff) < 4.0, diff
@@ -145,11 +145,11 @@ def test_a_bicubic_timm_policy_in_the_device_graph_stays_near_the_host_path(stor
     the other ops' gaps: median mean difference under 4 levels. Control: the same samples with
     the policy's ops dropped in the graph lie outside that bound."""
     from tilefeed.pipeline.recipe.policies import AutoAugment
-    from tilefeed.pipeline.recipe.policy_tables import Interpolation
+    from tilefeed.pipeline.recipe.policy_tables import PolicyInterpolation
     from tilefeed.pipeline.recipe.recipe import Recipe
 
     policy = AutoAugment.parse("rand-m9-mstd0.5-inc1", {"interpolation": "bicubic"})
-    assert policy.interpolation is Interpolation.BICUBIC
+    assert policy.interpolation is PolicyInterpolation.BICUBIC
     host = samples(store, "host", recipe=Recipe("bicubic", auto_augment=policy))
     diff = gaps(host, samples(store, side, recipe=Recipe("bicubic", auto_augment=policy)))
     assert np.median(diff) < 4.0, diff

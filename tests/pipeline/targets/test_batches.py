@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.pipeline.targets.helpers import crop_params, object_rows
-from tilefeed.pipeline.targets.batches import (FramedTargets, MaskKind, Targets, check_targets, frame_targets,
-                                               parse_targets)
+from tilefeed.pipeline.options import Targets, parse_targets
+from tilefeed.pipeline.targets.batches import FramedTargets, MaskKind, check_targets, frame_targets
 from tilefeed.pipeline.targets.geometry import Framing, transform_boxes
 from tilefeed.pipeline.targets.masks import instance_masks, transform_masks
 from tilefeed.pipeline.targets.objects import Objects

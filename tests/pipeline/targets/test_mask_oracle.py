@@ -15,7 +15,8 @@ import torch
 from tests.pipeline.targets import numpy_masks as ref
 from tests.pipeline.targets.helpers import object_rows
 from tilefeed.pipeline.targets.affine import Affines, affine_masks
-from tilefeed.pipeline.targets.batches import frame_targets, parse_targets
+from tilefeed.pipeline.options import parse_targets
+from tilefeed.pipeline.targets.batches import frame_targets
 from tilefeed.pipeline.targets.geometry import Framing, transform_boxes
 from tilefeed.pipeline.targets.masks import instance_masks, remap_ids, source_indices, transform_masks
 from tilefeed.pipeline.targets.objects import Objects

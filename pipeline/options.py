@@ -1,0 +1,98 @@
+"""The words the Loader's options are made of, below every room that reads them.
+
+The enums a Loader option takes (``Layout``, ``Shuffle``, ``Targets``, ``TargetsLayout``), the
+ImageNet normalisation its ``mean`` and ``std`` default to, and the DataLoader options it has no
+use for (``DATALOADER_ONLY``). They live on the bottom floor of ``pipeline/`` so that the order,
+the recipe, the targets, the engine and the settings all speak the same members, parsed once
+where the caller's value comes in (``store.choices.choice``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Final
+
+from tilefeed.store.choices import choice
+
+IMAGENET_MEAN: Final = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # 0..255 units, as the graph applies them
+IMAGENET_STD: Final = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+class Layout(StrEnum):
+    """How a batch's images are laid out (the Loader's ``layout``); a member equals its string.
+
+    ``NCHW``: channels first, transposed in the graph. ``NHWC``: channels last, as decoded.
+    ``CHANNELS_LAST``: NCHW shape over NHWC memory (torch.channels_last), with no transpose.
+    """
+
+    NCHW = "NCHW"
+    NHWC = "NHWC"
+    CHANNELS_LAST = "channels_last"
+
+    @property
+    def memory(self) -> Layout:
+        """The order of the bytes: ``NCHW``, or ``NHWC`` (of ``NHWC`` and ``CHANNELS_LAST`` alike)."""
+        return Layout.NCHW if self is Layout.NCHW else Layout.NHWC
+
+
+class Shuffle(StrEnum):
+    """How an epoch orders its samples (``EpochOrder``); a member equals its string, so
+    ``Shuffle.SHARD == "shard"``, and ``.value`` is the plain string a saved state holds."""
+
+    GLOBAL = "global"
+    SHARD = "shard"
+    NONE = "none"
+
+
+class Targets(StrEnum):
+    """What a batch carries besides the images; a member equals its string.
+
+    ``BOXES``: each image's boxes, category ids and crowd flags. ``MASKS``: a semantic store's
+    class-id masks, or with ``BOXES`` an instance store's per-object masks.
+    """
+
+    BOXES = "boxes"
+    MASKS = "masks"
+
+
+class TargetsLayout(StrEnum):
+    """How a batch's boxes are laid out: torchvision's list of per-image dicts, or padded tensors."""
+
+    DICTS = "dicts"
+    PADDED = "padded"
+
+
+def parse_targets(value: str | Targets | Iterable[str | Targets] | None) -> frozenset[Targets]:
+    """The ``Targets`` a ``targets=`` value names: one name, several, or None (none).
+
+    Parameters
+    ----------
+    value : str, Targets, iterable of them, or None
+        e.g. ``"boxes"``, ``("boxes", "masks")``.
+
+    Returns
+    -------
+    frozenset of Targets
+        What a batch holds.
+    """
+    if value is None:
+        return frozenset()
+    names = [value] if isinstance(value, str) else list(value)
+    return frozenset(choice(Targets, name, "targets") for name in names)
+
+
+# DataLoader's options that mean nothing to a Loader, and why. Given to ``Loader(...)``, each
+# passes with one warning (so a swapped script runs); read from a Loader, the ones it has no
+# attribute for fail with this reason (an AttributeError, so ``hasattr`` answers as for any object
+# without them). ``sampler`` and ``batch_sampler`` are read from the Loader's own faces.
+DATALOADER_ONLY: Final = {
+    "collate_fn": "batches are assembled in the Loader's DALI graph, not collated",
+    "sampler": "the Loader orders its own samples from (seed, epoch, sample): shuffle= and indices= "
+               "choose the order and the samples",
+    "batch_sampler": "the Loader batches its own order: batch_size= and drop_last= shape it",
+    "worker_init_fn": "the Loader's workers are threads it starts itself",
+    "generator": "order and augmentation come from (seed, epoch, sample), not a torch Generator",
+    "timeout": "the Loader has no worker processes to time out",
+    "multiprocessing_context": "the Loader's workers are threads, not processes",
+}
