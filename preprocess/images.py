@@ -38,7 +38,6 @@ from tilefeed.store.storage import is_url, redact
 
 
 STRIP_BYTES = 8 << 20  # float64 working set of one strip of a 16-bit or float picture
-GREY_MODES = ("L", "1")  # widened to RGB tile by tile, not picture by picture
 WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 RESAMPLING = {name: Image.Resampling[name.upper()] for name in RESAMPLERS}  # --resample's filters

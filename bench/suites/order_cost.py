@@ -1,4 +1,4 @@
-"""What a rank's epoch order costs at scale: seconds and memory (``pipeline.order``).
+"""What a rank's epoch order costs at scale: seconds and memory (``pipeline.planning.order``).
 
 ``order_cost(400_000_000, 64)`` measures, in a fresh Python process so that nothing this
 process holds counts, three things a Loader on one rank does each epoch:

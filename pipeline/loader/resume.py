@@ -17,7 +17,7 @@ from tilefeed.pipeline.planning.order import Segment
 from tilefeed.pipeline.planning.sizes import check_size
 from tilefeed.store.errors import ConfigError
 
-# 3: the order became a keyed bijection of positions (pipeline.order), so every seed's batches
+# 3: the order became a keyed bijection of positions (pipeline.planning.order), so every seed's batches
 # changed and a state saved before cannot say which samples its epoch has left
 # 4: the output size may change between epochs: the state carries the size of the epoch in
 # progress and any set_size(), without which a resumed epoch could come out at another size

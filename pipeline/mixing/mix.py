@@ -3,8 +3,8 @@
 A ``Mix`` names its sources (folders or bucket URLs), their weights, the samples an epoch holds
 and how their class lists combine. The Loader then reads one ``MixedReader`` (one index space:
 source ``s``'s sample ``i`` is ``offsets[s] + i``): the epoch's positions are ordered and split
-over ranks exactly as a single store's samples are (``pipeline.order``), each position then
-located in its source by the ``MixturePlan`` (``pipeline.mixture``). So every promise of the
+over ranks exactly as a single store's samples are (``pipeline.planning.order``), each position then
+located in its source by the ``MixturePlan`` (``pipeline.mixing.plan``). So every promise of the
 single store holds per position: exactly once over all ranks, mid-epoch and elastic resume, the
 ledger (which records positions: a position is one entry of the epoch's planned multiset of
 samples), and crops and flips are drawn from the position (a repeated sample is cut anew).

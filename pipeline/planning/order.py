@@ -239,11 +239,6 @@ class Segment:
     def to_list(self) -> list[int | bool]:
         return [self.world_size, self.batch_size, self.drop_last, self.batches]
 
-    @classmethod
-    def from_list(cls, value: list[int | bool]) -> Segment:
-        world_size, batch_size, drop_last, batches = value
-        return cls(int(world_size), int(batch_size), bool(drop_last), int(batches))
-
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Intervals [start, end) merged into sorted, disjoint ones."""

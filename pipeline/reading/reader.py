@@ -5,7 +5,7 @@ the map, crc32c-checked, handed on as encoded bytes or decompressed into a calle
 No zarr machinery and no per-tile Python objects beyond a memoryview on the hot path.
 
 A store in a bucket (``s3://``, ``gs://``, ``az://``) reads the same way from a local cache
-folder that ``preprocess.remote`` keeps filled ahead of the epoch, or by ranged requests when
+folder that ``store.remote`` keeps filled ahead of the epoch, or by ranged requests when
 random order meets a cache smaller than the store (``stream``).
 """
 

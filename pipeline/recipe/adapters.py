@@ -71,10 +71,6 @@ class Flag:
 H, R = Verdict.HONOURED, Verdict.REFUSED
 
 
-def _get(name: str, default: Any = None) -> Callable[[Any], Any]:
-    return lambda args: getattr(args, name, default)
-
-
 def _timm_train_interpolation(args: Any, data_config: Mapping[str, Any]) -> str:
     """The training interpolation timm's ``train.py`` passes to ``create_loader``."""
     chosen = getattr(args, "train_interpolation", "random")

@@ -193,14 +193,6 @@ class AutoAugment:
         only under ``PolicyInterpolation.RANDOM`` (a fixed filter needs no per-sample input)."""
         return INPUT_NAMES if self.interpolation is PolicyInterpolation.RANDOM else INPUT_NAMES[:3]
 
-    @staticmethod
-    def input_dtypes() -> dict[str, np.dtype[Any]]:
-        """numpy dtype of each input: op index per slot (int32), scalar parameter per slot
-        (float32), inverse affine matrix per slot (float32, shape (slots, 2, 3)), filter index
-        into ``RANDOM_FILTERS`` per slot (int32)."""
-        return {"aa_op": np.dtype(np.int32), "aa_param": np.dtype(np.float32),
-                "aa_matrix": np.dtype(np.float32), "aa_filter": np.dtype(np.int32)}
-
     # -- draws -----------------------------------------------------------------------------------
 
     def draw(self, seed: int, epoch: int, keys: np.ndarray,

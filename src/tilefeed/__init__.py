@@ -18,7 +18,18 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.recipe.batch_mix import BatchMix
     from tilefeed.pipeline.recipe.erasing import RandomErasing
     from tilefeed.pipeline.recipe.policies import AutoAugment
-    from tilefeed.pipeline.recipe.recipe import ColorJitter, Interpolation, PhotometricDistort, Recipe
+    from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, Interpolation, PhotometricDistort, Recipe
+    from tilefeed.pipeline.recipe.batch_mix import MixStyle
+    from tilefeed.pipeline.recipe.erasing import Fill
+    from tilefeed.pipeline.recipe.policy_tables import Family, Policy, PolicyInterpolation, Table
+    from tilefeed.pipeline.recipe.adapters import timm_options, torchvision_options
+    from tilefeed.pipeline.options import Layout, Shuffle, Targets, TargetsLayout
+    from tilefeed.pipeline.planning.sizes import ramp
+    from tilefeed.pipeline.loader.coco import dataset_samples, torchvision_detection_loader
+    from tilefeed.pipeline.targets.geometry import Framing
+    from tilefeed.pipeline.targets.mapping import boxes_to_source, map_boxes, source_to_output
+    from tilefeed.bench.fixtures.coco import make_coco_folder
+    from tilefeed.bench.fixtures.generated import make_image_folder
     from tilefeed.store.errors import (
         ConfigError,
         CorruptChunkError,
@@ -52,6 +63,25 @@ _PUBLIC = {
     "AutoAugment": ("tilefeed.pipeline.recipe.policies", "AutoAugment"),
     "RandomErasing": ("tilefeed.pipeline.recipe.erasing", "RandomErasing"),
     "BatchMix": ("tilefeed.pipeline.recipe.batch_mix", "BatchMix"),
+    "MixStyle": ("tilefeed.pipeline.recipe.batch_mix", "MixStyle"),
+    "Crop": ("tilefeed.pipeline.recipe.recipe", "Crop"),
+    "Fill": ("tilefeed.pipeline.recipe.erasing", "Fill"),
+    **{name: ("tilefeed.pipeline.recipe.policy_tables", name)
+       for name in ("Family", "Policy", "PolicyInterpolation", "Table")},
+    **{name: ("tilefeed.pipeline.options", name) for name in ("Layout", "Shuffle", "Targets", "TargetsLayout")},
+    "ramp": ("tilefeed.pipeline.planning.sizes", "ramp"),
+    # a training script's flags as Loader options, and torchvision's detection reference's loaders
+    "timm_options": ("tilefeed.pipeline.recipe.adapters", "timm_options"),
+    "torchvision_options": ("tilefeed.pipeline.recipe.adapters", "torchvision_options"),
+    "dataset_samples": ("tilefeed.pipeline.loader.coco", "dataset_samples"),
+    "torchvision_detection_loader": ("tilefeed.pipeline.loader.coco", "torchvision_detection_loader"),
+    # boxes between a batch's pixels and the source image's
+    "Framing": ("tilefeed.pipeline.targets.geometry", "Framing"),
+    **{name: ("tilefeed.pipeline.targets.mapping", name)
+       for name in ("boxes_to_source", "map_boxes", "source_to_output")},
+    # generated data to try things on: class folders of photo-like images, a COCO-format set
+    "make_image_folder": ("tilefeed.bench.fixtures.generated", "make_image_folder"),
+    "make_coco_folder": ("tilefeed.bench.fixtures.coco", "make_coco_folder"),
     "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
     "TargetOptions": ("tilefeed.preprocess.settings", "TargetOptions"),
@@ -64,12 +94,14 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "DaliMissingError",
-    "Interpolation", "Loader", "Mix", "PhotometricDistort",
-    "RandomErasing", "Recipe", "RunResult", "SourceError",
+    "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop", "DaliMissingError",
+    "Family", "Fill", "Framing", "Interpolation", "Layout", "Loader", "Mix", "MixStyle", "PhotometricDistort",
+    "Policy", "PolicyInterpolation", "RandomErasing", "Recipe", "RunResult", "Shuffle", "SourceError",
     "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
-    "StoreWriteError", "Summary", "TargetOptions", "TileDataset", "TileSettings", "TilefeedError",
-    "__version__", "measure", "preprocess_images", "watch",
+    "StoreWriteError", "Summary", "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset",
+    "TileSettings", "TilefeedError", "__version__", "boxes_to_source", "dataset_samples", "make_coco_folder",
+    "make_image_folder", "map_boxes", "measure", "preprocess_images", "ramp", "source_to_output",
+    "timm_options", "torchvision_detection_loader", "torchvision_options", "watch",
 ]
 
 
