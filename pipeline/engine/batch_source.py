@@ -74,16 +74,17 @@ DCT_SCALES = (8, 4, 2)
 
 @dataclass(frozen=True)
 class Epoch:
-    """An epoch to read: its number, this rank's samples in order, the per-sample extras, its
-    output side (0: the tiles as stored), the keys of the samples' crops and flips (None: the
-    samples themselves; a mixture's: its positions, so a repeated sample is cut anew) and the
-    samples' labels (None: each batch gathers its own from the reader)."""
+    """An epoch to read: its number, this rank's samples in order, their positions in the
+    epoch (what their crops and flips are drawn from: of one store, the samples themselves; of
+    a mixture, its positions, so a repeated sample is cut anew), the per-sample extras, its
+    output side (0: the tiles as stored) and the samples' labels (None: each batch gathers its
+    own from the reader)."""
 
     number: int
     indices: np.ndarray
+    positions: np.ndarray
     extras: Extras | None = None
     size: int = 0
-    keys: np.ndarray | None = None
     labels: np.ndarray | None = None
     per_batch: tuple[PerBatch, ...] = ()  # applied in order as each batch is handed over
 
@@ -257,7 +258,7 @@ class BatchSource:
         assert self._pool is not None
         batch_of = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
         chunk = epoch.indices[batch_of]
-        keys = chunk if epoch.keys is None else epoch.keys[batch_of]
+        keys = epoch.positions[batch_of]
         labels = None if epoch.labels is None else epoch.labels[batch_of]
         side = epoch.size or self.reader.tile
         slot, images = self._buffer(len(chunk), side)

@@ -93,28 +93,28 @@ def random_resized_crops(seed: int, epoch: int, samples: np.ndarray, image_h: np
                    width.astype(np.int64), flip)
 
 
-def iou_windows(seed: int, epoch: int, samples: np.ndarray, keys: np.ndarray | None, pictures: np.ndarray,
+def iou_windows(seed: int, epoch: int, samples: np.ndarray, keys: np.ndarray, pictures: np.ndarray,
                 objects: StoreObjects | None, zoom: bool = False) -> DrawnWindows:
     """SSD's IoU-constrained crop (torchvision v2's ``RandomIoUCrop`` and its defaults) of each
-    sample's picture, against its stored boxes: the windows, and which boxes they keep. With
-    ``zoom``, of each picture's canvas after SSD's zoom-out (``RandomZoomOut``'s defaults)."""
+    sample's picture, against its stored boxes, drawn from ``keys`` (the samples' positions):
+    the windows, and which boxes they keep. With ``zoom``, of each picture's canvas after SSD's
+    zoom-out (``RandomZoomOut``'s defaults)."""
     if objects is None:
         raise ConfigError(f"crop={'zoom_iou' if zoom else 'iou'!r} draws against each sample's stored boxes: "
                           "read a store made with boxes (--annotations or --yolo)")
     batch = Objects.gather(objects[0], objects[1], np.asarray(samples, dtype=np.int64))
-    keyed = np.asarray(samples if keys is None else keys)
+    keyed = np.asarray(keys)
     if zoom:  # the canvas is a larger picture in tile pixels: the boxes keep their coordinates
         pictures = zoom_out_canvases(ZoomOut(), seed, epoch, keyed, pictures)
     return iou_crops(IoUCrop(), seed, epoch, keyed, pictures, batch)
 
 
 def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int,
-                  samples: np.ndarray, size: int | None = None,
-                  keys: np.ndarray | None = None,
+                  samples: np.ndarray, keys: np.ndarray, size: int | None = None,
                   objects: StoreObjects | None = None,
                   iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
     """Per sample: crop window (start, end as float32 [y, x] in tile pixels) and flip, drawn
-    from ``keys`` (default the samples themselves).
+    from ``keys``, the samples' positions in the epoch (of one store, the samples themselves).
 
     ``boxes`` hold each tile's picture (top, left, height, width). Training: torchvision's
     random-resized crop of the picture (the same at every output size), or with a recipe's
@@ -129,8 +129,7 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
     """
     top, left, height, width = boxes[samples].T
     if a.train:
-        w = random_resized_crops(seed, epoch, samples if keys is None else keys, height, width, a.scale,
-                                 a.ratio)
+        w = random_resized_crops(seed, epoch, keys, height, width, a.scale, a.ratio)
         if a.recipe is not None and a.recipe.crop is Crop.NONE:  # the whole tile; the same flips
             n = len(samples)
             return np.zeros((n, 2), np.float32), np.full((n, 2), a.tile, np.float32), w.flip
@@ -140,8 +139,7 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
             return drawn.start.astype(np.float32), drawn.end.astype(np.float32), w.flip
         if a.recipe is not None and a.recipe.crop is Crop.LSJ:  # ScaleJitter to the output side
             side = a.tile if size is None else size
-            drawn = scale_jitter_windows(ScaleJitter((side, side)), seed, epoch,
-                                         samples if keys is None else keys, boxes[samples], side)
+            drawn = scale_jitter_windows(ScaleJitter((side, side)), seed, epoch, keys, boxes[samples], side)
             return drawn.start.astype(np.float32), drawn.end.astype(np.float32), w.flip
         start, end = w.roi()
         offset = np.stack([top, left], axis=1).astype(np.float32)
@@ -154,7 +152,7 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
 
 
 def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray, keys: np.ndarray | None = None,
+                 samples: np.ndarray, keys: np.ndarray,
                  objects: StoreObjects | None = None,
                  iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
     """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``.
@@ -167,7 +165,7 @@ def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
     """
     n = len(samples)
     if a.windows:
-        start, end, flip = window_inputs(boxes, a, seed, epoch, samples, size, keys, objects, iou)
+        start, end, flip = window_inputs(boxes, a, seed, epoch, samples, keys, size, objects, iou)
         framed = (start, end, flip, np.full((n, 2), size, np.float32))
         if not pads(a):
             return framed
@@ -180,7 +178,7 @@ def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
 
 
 def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray, keys: np.ndarray | None = None,
+                 samples: np.ndarray, keys: np.ndarray,
                  objects: StoreObjects | None = None,
                  iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
     """Everything the graph takes per sample besides the pixels: ``frame_inputs``, then the
@@ -192,15 +190,14 @@ def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
     recipe = a.recipe
     if recipe is None:
         return base
-    keyed = samples if keys is None else keys
-    drawn = draw(recipe, seed, epoch, keyed, train=a.train)
+    drawn = draw(recipe, seed, epoch, keys, train=a.train)
     if a.windows and drawn.hflip is not None:
         base = (*base[:2], drawn.hflip, *base[3:])
     policy = recipe.auto_augment if a.train else None
     if policy is None:
         return (*base, *drawn.inputs(recipe, a.train))
     # the policy's inputs close the recipe's (draws.input_names), drawn at the epoch's size
-    made = policy.draw(seed, epoch, np.asarray(keyed), size)
+    made = policy.draw(seed, epoch, np.asarray(keys), size)
     policy_inputs = tuple(np.ascontiguousarray(made[name]) for name in policy.input_names())
     return (*base, *drawn.inputs(recipe, a.train), *policy_inputs)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefeed.pipeline.mixing.mix import Mixture
+from tilefeed.pipeline.mixing.mix import Sources
 from tilefeed.pipeline.settings import LoaderSettings
 from tilefeed.pipeline.planning.order import EpochOrder, Segment, epoch_order, rank_indices
 from tilefeed.pipeline.loader.resume import Loaded
@@ -28,7 +28,7 @@ class OpenEpoch:
     indices: np.ndarray  # this rank's samples in this stretch, in order
     batches: int  # handed over so far in this stretch (counting those before a same-settings resume)
     first: int  # the batch this run started at: what the ledger records begins there
-    keys: np.ndarray | None = None  # a mixture's positions of ``indices`` (see Shares.keys)
+    positions: np.ndarray  # the epoch's positions of ``indices`` (see Shares.positions_of)
 
 
 class Shares:
@@ -36,31 +36,28 @@ class Shares:
     epoch and its neighbours: each is asked for when the Loader is made or iterated and when
     the next epoch is read ahead. Memory in proportion to the share, never to the store."""
 
-    def __init__(self, settings: LoaderSettings, samples: int, shard_size: int,
-                 subset: np.ndarray | None, mixture: Mixture | None = None) -> None:
-        self.settings, self.shard_size, self.subset, self.mixture = settings, shard_size, subset, mixture
-        # what an epoch's order permutes: the store's samples, or a mixture's positions
-        self.positions = samples if mixture is None else len(mixture.plan)
+    def __init__(self, settings: LoaderSettings, shard_size: int, sources: Sources) -> None:
+        self.settings, self.shard_size, self.sources = settings, shard_size, sources
         self._kept: dict[tuple[int, tuple[Segment, ...], bool], np.ndarray] = {}
         self._lock = threading.RLock()  # the feeding thread asks for the next epoch's
 
     def order(self, epoch: int) -> EpochOrder:
         """The epoch's order as a function of position: only its shard order is held."""
         s = self.settings
-        return epoch_order(self.positions, shuffle=s.shuffle, seed=s.seed, epoch=epoch,
-                           shard_size=self.shard_size, window=s.shuffle_window, subset=self.subset)
+        return epoch_order(self.sources.positions, shuffle=s.shuffle, seed=s.seed, epoch=epoch,
+                           shard_size=self.shard_size, window=s.shuffle_window, subset=self.sources.subset)
 
     def get(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray:
-        """This rank's samples of what ``after`` left of ``epoch``, in order (read-only): a
-        mixture's are its positions' samples (global ids), located by its plan."""
-        return self._share(epoch, after, located=self.mixture is not None)
+        """This rank's samples of what ``after`` left of ``epoch``, in order (read-only): its
+        positions' samples (global ids of a mixture's stores), located by the plan."""
+        return self._share(epoch, after, located=True)
 
-    def keys(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray | None:
-        """A mixture's positions of the same share, or None (one store's samples are their own
-        keys): what the ledger records (one entry of the epoch's planned multiset of samples
-        each, so exactly-once is checked per entry) and what crops and flips are drawn from (a
-        sample repeated in an epoch is cut anew each time)."""
-        return None if self.mixture is None else self._share(epoch, after, located=False)
+    def positions_of(self, epoch: int, after: tuple[Segment, ...] = ()) -> np.ndarray:
+        """The positions of the same share (of one store, its samples themselves): what the
+        ledger records (one entry of the epoch's planned multiset of samples each, so
+        exactly-once is checked per entry) and what crops and flips are drawn from (a sample
+        repeated in an epoch is cut anew each time)."""
+        return self._share(epoch, after, located=False)
 
     def _share(self, epoch: int, after: tuple[Segment, ...], located: bool) -> np.ndarray:
         key = (epoch, after, located)
@@ -68,8 +65,7 @@ class Shares:
             share = self._kept.get(key)
             if share is None:
                 if located:
-                    assert self.mixture is not None
-                    share = self.mixture.locate(epoch, self._share(epoch, after, located=False))
+                    share = self.sources.locate(epoch, self._share(epoch, after, located=False))
                 else:
                     s = self.settings
                     share = rank_indices(self.order(epoch), rank=s.rank, world_size=s.world_size,
@@ -91,7 +87,8 @@ def plan_epoch(shares: Shares, epoch: int, size: int, resume: list[Segment] | No
         # same settings: continue the very split the saved run was in, batch for batch
         prior, batches = prior[:-1], last.batches
     after = tuple(prior)
-    return OpenEpoch(epoch, size, prior, shares.get(epoch, after), batches, batches, shares.keys(epoch, after))
+    return OpenEpoch(epoch, size, prior, shares.get(epoch, after), batches, batches,
+                     shares.positions_of(epoch, after))
 
 
 class EpochState:

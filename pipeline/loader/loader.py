@@ -33,7 +33,7 @@ from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
-from tilefeed.pipeline.mixing.mix import Mix, open_mix, open_reader, source_of
+from tilefeed.pipeline.mixing.mix import Mix, Sources, open_sources
 from tilefeed.pipeline.options import DATALOADER_ONLY, IMAGENET_MEAN, IMAGENET_STD, Layout, Shuffle
 from tilefeed.pipeline.settings import LoaderSettings, check_alone, check_int, require_dali
 from tilefeed.pipeline.planning.order import batches_per_rank
@@ -271,8 +271,9 @@ class Loader:
         self._mixing_off = False  # mixup_enabled = False: timm's --mixup-off-epoch
         s = self.settings = LoaderSettings.check(given, dataloader_options)
         self._owns_reader = not isinstance(store, StoreReader)
-        self.mixture = open_mix(store, s) if isinstance(store, Mix) else None
-        self.reader = self.mixture.reader if self.mixture else open_reader(store, s)  # type: ignore[arg-type]
+        # one store is a mixture of one under the identity plan: one contract, no special case
+        self.sources: Sources = open_sources(store, s)
+        self.reader = self.sources.reader
         try:
             self._assemble(s)
         except BaseException:
@@ -283,7 +284,6 @@ class Loader:
     def _assemble(self, s: LoaderSettings) -> None:
         """Everything on the open store: order, crops, ledger, the first reads, the graph."""
         schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
-        self.subset = s.subset(len(self.reader))
         self.augment = augment(s, self.reader.tile, self.reader.padded)
         if s.targets:
             check_store_targets(self.reader, s.targets)
@@ -294,10 +294,9 @@ class Loader:
                         and self.augment.stored_tiles(schedule))
         self.timed = s.stats
         self._stats: Recorder | None = None  # made with the graph: it knows the reader threads
-        shares = Shares(s, len(self.reader), self.reader.shard_size, self.subset, self.mixture)
-        self.epochs = EpochState(shares, schedule)
-        self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=shares.positions,
-                              mixture=self.mixture.describe() if self.mixture else None)
+        self.epochs = EpochState(Shares(s, self.reader.shard_size, self.sources), schedule)
+        self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=self.sources.positions,
+                              mixture=self.sources.describe())
                        if s.ledger is not None else None)
         self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None
@@ -336,11 +335,16 @@ class Loader:
     @property
     def samples(self) -> int:
         """Samples an epoch covers: the store's, the subset's, or a mixture's epoch_samples."""
-        return self.epochs.shares.positions if self.subset is None else len(self.subset)
+        return self.sources.per_epoch
+
+    @property
+    def subset(self) -> np.ndarray | None:
+        """The store's samples the Loader reads (``indices``, sorted); None: all of them."""
+        return self.sources.subset
 
     def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
         """The store names (one store: its location) and sample indices of ``with_index`` ids."""
-        return source_of(self.mixture, self.reader.location, ids)
+        return self.sources.source_of(ids)
 
     # -- the DataLoader contract --------------------------------------------------------------
     @cached_property
@@ -414,11 +418,9 @@ class Loader:
         return torch.from_numpy(self.epochs.shares.get(epoch).copy())  # the share is kept: yours to change
 
     def epoch_positions(self, epoch: int) -> torch.Tensor:
-        """What ``windows`` takes for a fresh ``epoch``'s samples: of a ``Mix``, the positions
-        behind ``epoch_indices``; of one store, the samples themselves."""
-        shares = self.epochs.shares
-        keys = shares.keys(epoch)
-        return torch.from_numpy((shares.get(epoch) if keys is None else keys).copy())
+        """What ``windows`` takes for a fresh ``epoch``'s samples: the positions behind
+        ``epoch_indices`` (of one store, the samples themselves)."""
+        return torch.from_numpy(self.epochs.shares.positions_of(epoch).copy())
 
     def next_epoch_indices(self) -> torch.Tensor:
         """The samples the next ``iter()`` will yield on this rank, in order: a fresh epoch's, or
@@ -450,14 +452,15 @@ class Loader:
         """Per sample: crop window (start, end as float32 [y, x] in tile pixels) inside its
         picture box, and a flip: what the graph cuts and resizes, a function of the sample
         (training windows are the same at every size; evaluation framing follows the size).
-        Of a ``Mix``, crops are drawn from positions: ``samples`` are those (``epoch_positions``)."""
-        keys = None if self.mixture is None else np.asarray(samples, dtype=np.int64)
-        located = samples if self.mixture is None else self.mixture.locate(epoch, samples)
-        start, end, flip = window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located,
-                                         self.size_of(epoch), keys, self._store_objects)
+        Crops are drawn from positions: ``samples`` are those (``epoch_positions``; of one store,
+        the samples themselves)."""
+        positions = np.asarray(samples, dtype=np.int64)
+        located = self.sources.locate(epoch, positions)
+        start, end, flip = window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located, positions,
+                                         self.size_of(epoch), self._store_objects)
         recipe = self.augment.recipe
         if recipe is not None and self.augment.train:  # a flip probability other than 0.5 draws its own
-            drawn = draw(recipe, self.seed, epoch, located if keys is None else keys)
+            drawn = draw(recipe, self.seed, epoch, positions)
             flip = flip if drawn.hflip is None else drawn.hflip
         return start, end, flip
 
@@ -481,7 +484,7 @@ class Loader:
             Per sample, (k, 4) float64 XYXY in source-image pixels.
         """
         epoch = self.epochs.current if epoch is None else check_int("epoch", epoch, 0)
-        return source_boxes(self.reader, self.augment, self.mixture is not None, self.seed, epoch,
+        return source_boxes(self.reader, self.augment, self.sources.ids_name_positions, self.seed, epoch,
                             self.size_of(epoch), boxes, indices, self._store_objects)
 
     def _take_graph(self) -> None:
@@ -546,11 +549,9 @@ class Loader:
         # may outlive this Loader in the pool, must not keep it alive (or form a cycle with it)
         extras = partial(graph_inputs, self.reader.boxes, self.augment, self.seed, plan.epoch, plan.size,
                          objects=self._store_objects)
-        # a mixture's labels in one gather an epoch: gathered per batch, split by store, they cost
-        # the rate a few percent (tilefeed bench loader), far more than their own CPU time
-        labels = None if self.mixture is None else self.reader.labels[plan.indices]
         per_batch = tuple(op for op in (self._batch_ops(plan), self._batch_targets(plan)) if op is not None)
-        return Epoch(plan.epoch, plan.indices, extras, plan.size, plan.keys, labels, per_batch)
+        return Epoch(plan.epoch, plan.indices, plan.positions, extras, plan.size,
+                     self.sources.epoch_labels(plan.indices), per_batch)
 
     def _batch_targets(self, plan: OpenEpoch) -> BatchTargets | None:
         """The boxes and masks of ``plan``'s batches (None: none asked), made as each batch is
@@ -559,7 +560,8 @@ class Loader:
         if not s.targets:
             return None
         return BatchTargets(s.targets, s.targets_layout, self.augment, self.seed, plan.epoch, plan.size,
-                            self.batch_size, max_objects=s.max_objects, reader=self.reader, keys=plan.keys)
+                            self.batch_size, max_objects=s.max_objects, reader=self.reader,
+                            positions=plan.positions)
 
     def _batch_ops(self, plan: OpenEpoch) -> BatchOps | None:
         """The recipe's per-batch operations for ``plan``'s stretch (None: it has none, or this
@@ -576,7 +578,7 @@ class Loader:
             return None
         return BatchOps(erasing, mix, self.seed, plan.epoch, self.batch_size, self.rank, self.world_size,
                         before=sum(s.world_size * s.batches for s in plan.prior),
-                        layout=self.layout.memory, keys=plan.keys)
+                        layout=self.layout.memory, positions=plan.positions)
 
     def _convert(self, out: dict[str, Any]) -> tuple[Any, ...]:
         images = out["images"]  # cast, erased and mixed by the feed, off this thread
@@ -608,14 +610,13 @@ class Loader:
 
     @cached_property
     def _identity(self) -> dict[str, Any]:  # fixed once the Loader is made: subsets hashed once
-        return identity(self.settings, self.epochs.shares.positions, self.subset, self.mixture)
+        return identity(self.settings, self.sources)
 
     def _record(self, *, complete: bool) -> None:
         plan = self.epochs.open
         if self.ledger is None or plan is None:
             return
-        recorded = plan.indices if plan.keys is None else plan.keys  # a mixture's positions
-        handed = recorded[plan.first * self.batch_size : plan.batches * self.batch_size]
+        handed = plan.positions[plan.first * self.batch_size : plan.batches * self.batch_size]
         self.ledger.record(plan.epoch, handed, world_size=self.world_size,
                            batch_size=self.batch_size, drop_last=self.drop_last, complete=complete)
 

@@ -8,9 +8,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
-from tilefeed.pipeline.mixing.mix import Mixture
+from tilefeed.pipeline.mixing.mix import Sources
 from tilefeed.pipeline.settings import LoaderSettings, check_int
 from tilefeed.pipeline.options import Shuffle
 from tilefeed.pipeline.planning.order import Segment
@@ -47,14 +46,14 @@ class Loaded:
     fixed: int | None  # set_size()'s, for every epoch not yet begun
 
 
-def identity(settings: LoaderSettings, samples: int, subset: np.ndarray | None,
-             mixture: Mixture | None = None) -> dict[str, Any]:
+def identity(settings: LoaderSettings, sources: Sources) -> dict[str, Any]:
     """What a state must agree on to be resumed here: it decides the epoch's order."""
+    subset = sources.subset
     digest = None if subset is None else hashlib.sha256(subset.tobytes()).hexdigest()[:16]
     # .value: a plain str, which torch.save and JSON store as they did before Shuffle
-    return {"seed": settings.seed, "shuffle": settings.shuffle.value, "samples": samples, "subset": digest,
-            "window": settings.shuffle_window if settings.shuffle is Shuffle.SHARD else None,
-            "mixture": None if mixture is None else mixture.identity(),
+    return {"seed": settings.seed, "shuffle": settings.shuffle.value, "samples": sources.positions,
+            "subset": digest, "window": settings.shuffle_window if settings.shuffle is Shuffle.SHARD else None,
+            "mixture": sources.identity(),
             # the recipe decides each sample's pixels as the seed does its crop: a resume under
             # another would deliver other samples than the run it continues
             "recipe": None if settings.recipe is None else settings.recipe.identity(),

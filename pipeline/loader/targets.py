@@ -108,8 +108,9 @@ def store_objects(reader: AnyReader, recipe: Recipe | None, train: bool) -> Stor
     return store.offsets, store.objects
 
 
-def source_boxes(reader: AnyReader, augment: Augment, mixed: bool, seed: int, epoch: int, size: int,
-                 boxes: Sequence[Any], indices: Any, objects: StoreObjects | None = None) -> list[np.ndarray]:
+def source_boxes(reader: AnyReader, augment: Augment, ids_name_positions: bool, seed: int, epoch: int,
+                 size: int, boxes: Sequence[Any], indices: Any,
+                 objects: StoreObjects | None = None) -> list[np.ndarray]:
     """Boxes on a batch's images (XYXY, output pixels) in the pixels of each sample's source
     image: its framing of ``epoch`` at ``size`` undone (``Loader.boxes_to_source``).
 
@@ -119,8 +120,9 @@ def source_boxes(reader: AnyReader, augment: Augment, mixed: bool, seed: int, ep
         The store, or a mixture's stores (each sample's frames from its own).
     augment : Augment
         The graph's framing and recipe.
-    mixed : bool
-        Whether ``reader`` is a mixture's (its training crops are keyed by positions, not ids).
+    ids_name_positions : bool
+        Whether a sample's id names its position in the epoch, which training crops are drawn
+        from (one store: yes; a mixture, which may take a sample twice: no).
     seed, epoch, size : int
         The Loader's seed, the batch's epoch and its output side.
     boxes : sequence of array-like
@@ -144,7 +146,7 @@ def source_boxes(reader: AnyReader, augment: Augment, mixed: bool, seed: int, ep
     if reader.targets is None:  # of a mixture, each sample's store's frames
         raise ConfigError("boxes_to_source needs a store made with targets (its frames map tiles to "
                           "source images)")
-    if mixed and augment.train:
+    if not ids_name_positions and augment.train:
         raise ConfigError("boxes_to_source over a mixture maps evaluation batches: its training crops "
                           "are drawn from positions, which ids do not name")
     recipe = augment.recipe
@@ -153,13 +155,13 @@ def source_boxes(reader: AnyReader, augment: Augment, mixed: bool, seed: int, ep
                           "shears and rotations: map evaluation batches, or train without auto_augment")
     samples = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices,
                          dtype=np.int64).reshape(-1)
-    framing = sample_framing(reader, augment, seed, epoch, size, samples, objects=objects)
+    framing = sample_framing(reader, augment, seed, epoch, size, samples, samples, objects=objects)
     host = [b.detach().cpu().numpy() if isinstance(b, torch.Tensor) else b for b in boxes]
     return boxes_to_source(host, framing, reader.targets.frames_of(samples))
 
 
 def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int,
-                   samples: np.ndarray, keys: np.ndarray | None = None,
+                   samples: np.ndarray, keys: np.ndarray,
                    objects: StoreObjects | None = None) -> Framing:
     """How the graph frames ``samples`` of ``epoch`` at output side ``size``: the same draws it
     is given (``graph_inputs``, by the names ``sent_names`` gives): their crop windows, flips
@@ -175,8 +177,9 @@ def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, s
         The Loader's seed, the epoch and its output side.
     samples : numpy.ndarray
         Store indices (of a mixture: its global ids).
-    keys : numpy.ndarray, optional
-        Their crop keys (None: the samples; of a mixture: the positions).
+    keys : numpy.ndarray
+        Their positions in the epoch, which their crops are drawn from (of one store, the
+        samples themselves).
     objects : tuple of numpy.ndarray, optional
         The store's object offsets and rows, for a recipe's ``crop="iou"``.
 
@@ -190,7 +193,7 @@ def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, s
 
 
 def _sent(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int, samples: np.ndarray,
-          keys: np.ndarray | None, objects: StoreObjects | None,
+          keys: np.ndarray, objects: StoreObjects | None,
           iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
     """The graph's per-sample inputs for ``samples``, by name (``iou``: the IoU crop's windows,
     already drawn)."""
@@ -245,7 +248,7 @@ class BatchTargets:
     seed, epoch, size : int
         The Loader's seed, the epoch and its output side.
     batch_size : int
-        Samples per batch (the keys of batch ``b`` are ``keys[b * batch_size:]``).
+        Samples per batch (the positions of batch ``b`` are ``positions[b * batch_size:]``).
     min_size, min_area : float
         ``SanitizeBoundingBoxes``' thresholds, in output pixels.
     max_objects : int or None
@@ -253,8 +256,8 @@ class BatchTargets:
     reader : StoreReader or MixedReader
         The store, whose boxes, mask tiles and picture boxes are read; or a mixture, each
         sample's from its own store (``MixedTargets``).
-    keys : numpy.ndarray or None
-        The stretch's crop keys; None: each batch's samples.
+    positions : numpy.ndarray
+        The stretch's positions, which the crops are drawn from (of one store, its samples).
     """
 
     asked: frozenset[Targets]
@@ -268,9 +271,9 @@ class BatchTargets:
     min_area: float = 1.0
     max_objects: int | None = None
     reader: AnyReader | None = field(default=None, compare=False)
-    keys: np.ndarray | None = field(default=None, compare=False)
+    positions: np.ndarray = field(kw_only=True, compare=False)  # follows from the epoch's samples
 
-    def framed(self, samples: np.ndarray, keys: np.ndarray | None = None,
+    def framed(self, samples: np.ndarray, keys: np.ndarray,
                device: torch.device | None = None) -> FramedTargets:
         """The targets of ``samples`` (store indices) in output pixels.
 
@@ -278,8 +281,8 @@ class BatchTargets:
         ----------
         samples : numpy.ndarray
             The batch's store indices, in order.
-        keys : numpy.ndarray, optional
-            Their crop keys (None: the samples).
+        keys : numpy.ndarray
+            Their positions, which their crops are drawn from.
         device : torch.device, optional
             Where the masks are made (a CUDA device: on its current stream); default the host.
 
@@ -328,8 +331,8 @@ class BatchTargets:
         """Add batch ``batch``'s targets to the hand-over's ``out``, in ``layout``, on the device
         of its images."""
         samples = out["indices"].reshape(-1).cpu().numpy()
-        keys = None if self.keys is None else self.keys[batch * self.batch_size : batch * self.batch_size
-                                                        + len(samples)]
+        first = batch * self.batch_size
+        keys = self.positions[first : first + len(samples)]
         device = out["images"].device
         framed = self.framed(samples, keys, device)
         padded = self.layout is TargetsLayout.PADDED

@@ -23,7 +23,7 @@ import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -132,6 +132,21 @@ class Mixture:
     subsets: tuple[np.ndarray | None, ...]
     plan: MixturePlan
 
+    # the order runs over the plan's positions: a subset of a store is its own (``subsets``)
+    subset: ClassVar[None] = None
+    # a sample taken twice in an epoch is two positions: an id does not say which one it was
+    ids_name_positions: ClassVar[bool] = False
+
+    @property
+    def positions(self) -> int:
+        """The positions an epoch's order permutes: ``epoch_samples``."""
+        return len(self.plan)
+
+    @property
+    def per_epoch(self) -> int:
+        """Samples an epoch covers: one per position."""
+        return len(self.plan)
+
     def locate(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The samples (global ids of the reader) at ``positions`` of ``epoch``."""
         sources, samples = self.plan.locate(epoch, positions)
@@ -156,6 +171,78 @@ class Mixture:
         return {"names": list(self.mix.names), "starts": list(self.plan.starts),
                 "quotas": list(self.plan.quotas)}
 
+    def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
+        """The store names and sample indices of ``with_index`` ids (a tensor on any device, or numbers)."""
+        sources, samples = self.reader.source_of(_ids(ids))
+        return [self.mix.names[k] for k in sources.tolist()], samples
+
+    def epoch_labels(self, samples: np.ndarray) -> np.ndarray:
+        """The labels of an epoch's ``samples``, gathered at once: gathered per batch, split by
+        store, they cost the rate a few percent (``tilefeed bench loader``), far more than their
+        own CPU time."""
+        return self.reader.labels[samples]
+
+
+@dataclass(frozen=True)
+class OneStore:
+    """One store read as a mixture of one source under the identity plan: an epoch's positions
+    are the store's samples (of ``subset``, when the Loader was given ``indices``), each its own
+    position.
+
+    Parameters
+    ----------
+    reader : StoreReader
+        The store, opened.
+    subset : numpy.ndarray or None
+        The samples the Loader reads (sorted, checked against the store); None: all of them.
+    """
+
+    reader: StoreReader
+    subset: np.ndarray | None
+    ids_name_positions: ClassVar[bool] = True  # every sample is one position, named by its id
+
+    @property
+    def positions(self) -> int:
+        """The positions an epoch's order permutes: the store's samples (the order takes the
+        subset's among them)."""
+        return len(self.reader)
+
+    @property
+    def per_epoch(self) -> int:
+        """Samples an epoch covers: the store's, or the subset's."""
+        return len(self.reader) if self.subset is None else len(self.subset)
+
+    def locate(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The identity plan: a position is the sample of the same index."""
+        return positions
+
+    def identity(self) -> None:
+        """What a resumed state must agree on besides seed, shuffle, samples and subset: nothing
+        more (the state names no mixture)."""
+        return None
+
+    def describe(self) -> None:
+        """A ledger of one store records samples: no sources and blocks to describe."""
+        return None
+
+    def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
+        """The store's location and the sample indices of ``with_index`` ids."""
+        samples = _ids(ids)
+        return [self.reader.location] * len(samples), samples
+
+    def epoch_labels(self, samples: np.ndarray) -> None:
+        """None: each batch gathers its own labels from the one store, as cheap as in one go."""
+        return None
+
+
+# What a Loader reads: one store, or several mixed by weight.
+Sources = OneStore | Mixture
+
+
+def _ids(ids: Any) -> np.ndarray:
+    """``with_index`` ids (a tensor on any device, or numbers) as int64."""
+    return np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
+
 
 def open_reader(store: str | Path | StoreReader, settings: LoaderSettings) -> StoreReader:
     """``store`` opened (a ``StoreReader`` given is taken as it is), set to stream in the order
@@ -169,6 +256,20 @@ def open_reader(store: str | Path | StoreReader, settings: LoaderSettings) -> St
     reader.stream(random_order=settings.shuffle is Shuffle.GLOBAL,
                   window=settings.shuffle_window if settings.shuffle is Shuffle.SHARD else 1)
     return reader
+
+
+def open_sources(store: str | Path | StoreReader | Mix, settings: LoaderSettings) -> Sources:
+    """What a Loader reads: a ``Mix``'s stores (``open_mix``), or one store with the Loader's
+    ``indices`` (``open_reader``)."""
+    if isinstance(store, Mix):
+        return open_mix(store, settings)
+    reader = open_reader(store, settings)
+    try:
+        return OneStore(reader, settings.subset(len(reader)))
+    except BaseException:
+        if reader is not store:  # the caller's own reader stays open
+            reader.close()
+        raise
 
 
 def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
@@ -194,13 +295,3 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
         for one in opened:
             one.close()
         raise
-
-
-def source_of(mixture: Mixture | None, location: str, ids: Any) -> tuple[list[str], np.ndarray]:
-    """The store names and sample indices of a Loader's ``with_index`` ids (a tensor on any
-    device, or numbers; one store: its ``location`` for every id)."""
-    ids = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
-    if mixture is None:
-        return [location] * len(ids), ids
-    sources, samples = mixture.reader.source_of(ids)
-    return [mixture.mix.names[k] for k in sources.tolist()], samples

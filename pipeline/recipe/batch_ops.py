@@ -47,8 +47,9 @@ class BatchOps:
     layout : Layout
         How the handed-over tensor's bytes are laid out: ``NCHW``, or ``NHWC`` (the Loader's NHWC
         and channels_last outputs, the latter an NCHW view of these same bytes).
-    keys : numpy.ndarray or None
-        The stretch's crop keys (a mixture's positions); None: each batch's samples.
+    positions : numpy.ndarray
+        The stretch's positions in the epoch, which each sample's erasing is drawn from, as its
+        crop is (of one store, its samples).
     """
 
     erasing: RandomErasing | None
@@ -60,7 +61,7 @@ class BatchOps:
     world_size: int
     before: int
     layout: Layout
-    keys: np.ndarray | None = field(default=None, compare=False)  # follows from the epoch's samples
+    positions: np.ndarray = field(kw_only=True, compare=False)  # follows from the epoch's samples
 
     def __call__(self, out: dict[str, torch.Tensor], batch: int) -> None:
         """Apply the operations to batch ``batch`` of the stretch in ``out`` (``images``,
@@ -68,8 +69,8 @@ class BatchOps:
         by the soft targets where the batch is mixed."""
         images = out["images"]
         if self.erasing is not None:
-            keys = (out["indices"].reshape(-1).cpu().numpy() if self.keys is None
-                    else self.keys[batch * self.batch_size : batch * self.batch_size + len(images)])
+            first = batch * self.batch_size
+            keys = self.positions[first : first + len(images)]
             images = self.erasing.erase(images, keys, self.seed, self.epoch, self.layout)
         if self.mix is not None:
             position = batch_position(batch, self.rank, self.world_size, before=self.before)

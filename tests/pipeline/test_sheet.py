@@ -31,7 +31,7 @@ def test_training_crops_are_the_loaders_and_hold_no_padding(pad_store: tuple[Pat
         with Loader(reader, 16, shuffle=True, train=True, device="cpu") as epoch_loader:
             assert train_sheet.indices == epoch_loader.epoch_indices(0)[:16].tolist()
             shown = np.asarray(train_sheet.indices)
-            start, end, _ = window_inputs(reader.boxes, epoch_loader.augment, 0, 0, shown)
+            start, end, _ = window_inputs(reader.boxes, epoch_loader.augment, 0, 0, shown, shown)
         top, left, height, width = reader.boxes[shown].T
         assert reader.padded and ((height < 32) | (width < 32)).all()
         assert (start[:, 0] >= top).all() and (start[:, 1] >= left).all()

@@ -22,6 +22,7 @@ import torch
 
 from tilefeed.bench.fixtures.netem import CREDENTIALS, Proxy, local_s3, s3_options
 from tilefeed.pipeline.loader.loader import Loader
+from tilefeed.pipeline.mixing.mix import Mixture
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import StoreAccessError, StoreFormatError
@@ -436,14 +437,14 @@ def test_three_stores_one_in_a_bucket_keep_every_promise(
                     with _three_loader(paths, 8, rank, world, shuffle=shuffle, drop_last=drop_last) as loader:
                         loader.set_epoch(1)
                         got.update(i for batch in loader for i in batch[-1].tolist())
-                assert loader.mixture is not None
-                sources, samples = loader.mixture.plan.locate(1, np.arange(75))
-                plan = Counter((np.asarray(loader.mixture.reader.offsets)[sources] + samples).tolist())
+                assert isinstance(loader.sources, Mixture)
+                sources, samples = loader.sources.plan.locate(1, np.arange(75))
+                plan = Counter((np.asarray(loader.sources.reader.offsets)[sources] + samples).tolist())
                 extra, missing = got - plan, plan - got
                 assert (not extra and sum(missing.values()) < world * 8) if drop_last else (
                     not missing and sum(extra.values()) < world), (shuffle, drop_last, world)
     with _three_loader(paths, 25, 0, 1) as loader:
-        assert loader.mixture is not None and loader.mixture.plan.sizes == (42, 42, 3)
+        assert isinstance(loader.sources, Mixture) and loader.sources.plan.sizes == (42, 42, 3)
         seen = []
         for _ in range(3):
             names, samples = loader.source_of(np.concatenate([batch[-1] for batch in loader]))

@@ -96,7 +96,7 @@ def test_training_targets_are_torchvisions_on_each_stores_rows(stores: dict[str,
     v2's of its own store's boxes and instance masks on the Loader's window."""
     with Loader(mix_of(stores), 4, **ASKED) as loader:
         positions = loader.epoch_positions(0).numpy()
-        readers = dict(zip(loader.mixture.mix.names, loader.reader.sources, strict=True))
+        readers = dict(zip(loader.sources.mix.names, loader.reader.sources, strict=True))
         seen = background = 0
         for b, (_, targets, ids) in enumerate(loader):
             start, end, flip = loader.windows(0, positions[b * 4:(b + 1) * 4])
@@ -171,7 +171,7 @@ def test_ssds_iou_crop_over_a_mixture_draws_against_each_samples_own_boxes(store
     cropped = 0
     with Loader(mix_of(stores), 4, targets="boxes", recipe=Recipe(crop="iou"), **OPTS) as loader:
         positions = loader.epoch_positions(0).numpy()
-        readers = dict(zip(loader.mixture.mix.names, loader.reader.sources, strict=True))
+        readers = dict(zip(loader.sources.mix.names, loader.reader.sources, strict=True))
         for b, (_, targets, ids) in enumerate(loader):
             start, end, _ = loader.windows(0, positions[b * 4:(b + 1) * 4])
             names, local = loader.source_of(ids)

@@ -488,7 +488,7 @@ def test_a_batchs_iou_crop_is_drawn_once_for_its_windows_and_its_boxes(
     with Loader(store, 4, targets="boxes", recipe=Recipe(crop=crop), **OPTS) as loader:
         handed = by_sample(list(loader))
         made = BatchTargets(frozenset({Targets.BOXES}), TargetsLayout.DICTS, loader.augment, loader.seed, 0,
-                            48, 4, reader=loader.reader)
+                            48, 4, reader=loader.reader, positions=loader.epoch_positions(0).numpy())
         here = threading.get_ident()
         calls = []
         real = crops.iou_windows
@@ -502,7 +502,7 @@ def test_a_batchs_iou_crop_is_drawn_once_for_its_windows_and_its_boxes(
         monkeypatch.setattr(crops, "iou_windows", counted)
         monkeypatch.setattr(loader_targets, "iou_windows", counted)
         samples = np.array(sorted(handed)[:4], dtype=np.int64)
-        framed = made.framed(samples).as_dicts(torch.device("cpu"))
+        framed = made.framed(samples, samples).as_dicts(torch.device("cpu"))
     assert len(calls) == 1
     for target, sample in zip(framed, samples.tolist(), strict=True):
         assert torch.equal(target["boxes"], handed[sample]["boxes"])

@@ -15,7 +15,7 @@ import torch
 from tilefeed.pipeline import Loader
 from tilefeed.pipeline.audit.ledger import audit, format_audit
 from tilefeed.pipeline.loader.resume import STATE_VERSION
-from tilefeed.pipeline.mixing.mix import Mix
+from tilefeed.pipeline.mixing.mix import Mix, Mixture
 from tilefeed.pipeline.reading.mixed import LabelRule
 from tilefeed.store.errors import ConfigAttributeError, ConfigError
 from tests.helpers import assert_plain, killed_and_resumed, make_store, train_until_killed
@@ -38,9 +38,9 @@ def mix(stores: dict[str, Path], **kwargs: object) -> Mix:
 
 def planned(loader: Loader, epoch: int) -> Counter[int]:
     """The epoch's planned multiset of samples (global ids), from the plan itself."""
-    assert loader.mixture is not None
-    sources, samples = loader.mixture.plan.locate(epoch, np.arange(EPOCH))
-    offsets = np.asarray(loader.mixture.reader.offsets)
+    assert isinstance(loader.sources, Mixture)
+    sources, samples = loader.sources.plan.locate(epoch, np.arange(EPOCH))
+    offsets = np.asarray(loader.sources.reader.offsets)
     return Counter((offsets[sources] + samples).tolist())
 
 
@@ -59,8 +59,8 @@ def delivered(stores: dict[str, Path], world: int, epoch: int, **kwargs: object)
 
 def test_each_epoch_takes_the_exact_shares_and_the_repeat_and_visit_rules_hold(stores: dict[str, Path]) -> None:
     with Loader(mix(stores), 8, seed=5, **UINT8) as loader:  # type: ignore[arg-type]
-        assert loader.mixture is not None and loader.samples == EPOCH
-        assert loader.mixture.plan.quotas == (60, 40, 100)
+        assert isinstance(loader.sources, Mixture) and loader.samples == EPOCH
+        assert loader.sources.plan.quotas == (60, 40, 100)
         seen_big: list[set[int]] = []
         for epoch in range(4):
             got = Counter(i for batch in loader for i in batch[-1].tolist())
@@ -136,7 +136,7 @@ def test_labels_follow_the_rule(stores: dict[str, Path]) -> None:
         _, labels, ids = next(iter(loader))
         names, samples = loader.source_of(ids)
         for name, sample, label in zip(names, samples.tolist(), labels.tolist(), strict=True):
-            assert label == loader.mixture.reader.sources[["big", "mid", "small"].index(name)].labels[sample]
+            assert label == loader.sources.reader.sources[["big", "mid", "small"].index(name)].labels[sample]
     with Loader(mix(stores, labels="offset"), EPOCH, seed=5, **UINT8) as loader:  # type: ignore[arg-type]
         _, labels, ids = next(iter(loader))
         names, _ = loader.source_of(ids)
@@ -218,8 +218,8 @@ def test_windows_of_a_mixture_are_the_crops_it_cut(stores: dict[str, Path]) -> N
         positions = loader.epoch_positions(0)
         start, end, flip = loader.windows(0, positions.numpy())
         assert loader.epoch_indices(0).tolist() == ids.tolist()
-        assert loader.mixture is not None
-        readers = loader.mixture.reader
+        assert isinstance(loader.sources, Mixture)
+        readers = loader.sources.reader
     assert len(set(positions.tolist())) == EPOCH and flip.any() and not flip.all()
     for k in range(0, EPOCH, 7):
         (y0, x0), (y1, x1) = start[k].round().astype(int), end[k].round().astype(int)

@@ -74,14 +74,14 @@ def _augment(recipe: Recipe | None, train: bool = True) -> Augment:
 def test_the_default_recipe_keeps_todays_crops_and_flips_bit_for_bit() -> None:
     boxes = np.tile(np.array([[0, 0, 32, 32]]), (500, 1))
     samples = np.arange(500)
-    today = crop_inputs(boxes, _augment(None), 7, 3, 24, samples)
+    today = crop_inputs(boxes, _augment(None), 7, 3, 24, samples, samples)
     windows = random_resized_crops(7, 3, samples, 32, 32, SCALE, RATIO)
     for recipe in (Recipe(), Recipe("random", vflip=0.5, grayscale=0.2, color_jitter=ColorJitter(0.4))):
-        got = graph_inputs(boxes, _augment(recipe), 7, 3, 24, samples)
+        got = graph_inputs(boxes, _augment(recipe), 7, 3, 24, samples, samples)
         for a, b in zip(got[:4], today, strict=True):
             assert np.array_equal(a, b)
         assert np.array_equal(got[2], windows.flip)
-    assert graph_inputs(boxes, _augment(None), 7, 3, 24, samples)[4:] == ()
+    assert graph_inputs(boxes, _augment(None), 7, 3, 24, samples, samples)[4:] == ()
 
 
 def test_draws_are_a_function_of_seed_epoch_and_key_and_their_shares_are_the_probabilities() -> None:

@@ -89,7 +89,8 @@ def test_the_loaders_training_windows_are_whole_pixels_and_match_torchvision() -
     pictures = np.array([[4, 0, 40, 48]] * n)  # top, left, height, width: a padded tile
     augment = Augment(train=True, tile=tile, normalize=False, half=False, channels_first=False,
                       scale=SCALE, ratio=RATIO, windows=True)
-    start, end, flip = window_inputs(pictures, augment, seed=3, epoch=1, samples=np.arange(n))
+    start, end, flip = window_inputs(pictures, augment, seed=3, epoch=1, samples=np.arange(n),
+                                     keys=np.arange(n))
     assert np.array_equal(start, np.round(start)) and np.array_equal(end, np.round(end))
     offsets, rows = object_rows(rng, n, tile)
     out = transform_boxes(Framing.windows(start, end, size, flip), Objects.from_rows(offsets, rows))
@@ -103,7 +104,8 @@ def test_fractional_windows_follow_torchvisions_box_kernels() -> None:
     n, tile, size = 30, 64, 40
     pictures = np.array([[8, 3, 47, 61]] * n)
     augment = Augment(train=False, tile=tile, normalize=False, half=False, channels_first=False, windows=True)
-    start, end, flip = window_inputs(pictures, augment, seed=0, epoch=0, samples=np.arange(n), size=size)
+    start, end, flip = window_inputs(pictures, augment, seed=0, epoch=0, samples=np.arange(n),
+                                     keys=np.arange(n), size=size)
     assert not np.array_equal(start, np.round(start))  # the case this test is for
     offsets, rows = object_rows(np.random.default_rng(1), n, tile)
     out = transform_boxes(Framing.windows(start, end, size, flip), Objects.from_rows(offsets, rows))
