@@ -83,10 +83,6 @@ def _fence(text: str) -> str:
     return f"```text\n{text}\n```"
 
 
-def _median_range(values: list[float], fmt: str) -> str:
-    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
-
-
 # -- each table ------------------------------------------------------------------------------------
 def preprocess_table(files: list[Json]) -> str:
     from tilefeed.bench.suites.preprocess import PreprocessBenchResult

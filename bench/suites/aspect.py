@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from tilefeed.bench.harness.sides import Figure
 from tilefeed.bench.peers.baseline import torchvision_get_params
 from tilefeed.pipeline.options import IMAGENET_MEAN, IMAGENET_STD
 
@@ -44,7 +45,7 @@ class AspectResult:
     def table(self) -> str:
         lines = ["| training view | val accuracy, median | range |", "| --- | ---: | ---: |"]
         for name, acc in self.accuracy.items():
-            lines.append(f"| {name} | {np.median(acc):.1%} | {min(acc):.1%}-{max(acc):.1%} |")
+            lines.append(f"| {name} | {Figure(acc).cells('.1%')} |")
         return "\n".join(lines)
 
 

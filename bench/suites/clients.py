@@ -7,7 +7,6 @@ rounds against the same local S3 server; medians and ranges are reported, in MB/
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefeed.bench.harness.sides import Figure, spread_text
 from tilefeed.bench.fixtures.netem import CREDENTIALS, local_s3, s3_options
 from tilefeed.store.object_storage import ObjectStorage
 
@@ -25,7 +25,8 @@ Reader = Callable[[str, list[int], list[int]], int]  # key, starts, ends -> byte
 class ClientsResult:
     """Each client's MB/s on each read pattern, over interleaved rounds.
 
-    ``mb_per_s`` maps client -> pattern (``whole``, ``ranged``) -> ``median``, ``min``, ``max``.
+    ``mb_per_s`` maps client -> pattern (``whole``, ``ranged``) -> ``median``, ``min``, ``max``
+    (``Figure.spread``).
     """
 
     shard_mb: float
@@ -44,8 +45,7 @@ class ClientsResult:
                  "|---|---|---|"]
         for client, f in self.mb_per_s.items():
             w, r = f["whole"], f["ranged"]
-            lines.append(f"| {client} | {w['median']:.0f} ({w['min']:.0f}-{w['max']:.0f}) | "
-                         f"{r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) |")
+            lines.append(f"| {client} | {spread_text(w, '.0f')} | {spread_text(r, '.1f')} |")
         return "\n".join(lines)
 
 
@@ -102,6 +102,6 @@ def bench_clients(shard_mb: float = 16, tiles: int = 64, tile_kb: float = 20,
                 n = ranged("shard", [int(s) for s in starts], [int(s) + tile for s in starts])
                 found[name]["ranged"].append(n / 2**20 / (time.perf_counter() - t))
     return ClientsResult(shard_mb=shard_mb, tiles=tiles, tile_kb=tile_kb, rounds=rounds,
-                         mb_per_s={c: {p: {"median": statistics.median(v), "min": min(v), "max": max(v)}
-                                       for p, v in patterns.items()} for c, patterns in found.items()})
+                         mb_per_s={c: {p: Figure(v).spread() for p, v in patterns.items()}
+                                   for c, patterns in found.items()})
 

@@ -12,7 +12,6 @@ graph itself is built once and reused by later Loaders with the same settings.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 import torch
 
+from tilefeed.bench.harness.sides import Figure, spread_text
 from tilefeed.bench.harness.watch import RunResult, Watch
 from tilefeed.bench.fixtures.netem import local_s3, proxy_process, s3_options
 from tilefeed.bench.harness.steps import EmulatedStep
@@ -36,7 +36,8 @@ class CloudResult:
     """The settings of a cloud run and, per epoch kind (``FIGURES``), the spread over rounds of
     each figure: ``figures`` maps the epoch to ``stall_percent``, ``open_ms`` (None but for an
     epoch 1), ``images_per_s``, ``wait_p95_ms``, ``first_wait_ms``, ``epoch_s``, ``server_cpu_s``
-    and, for the bucket's epochs, ``stall_minus_local_pp``; each a ``median``, ``min``, ``max``."""
+    and, for the bucket's epochs, ``stall_minus_local_pp``; each a ``median``, ``min``, ``max``
+    (``Figure.spread``)."""
 
     store: str
     batch_size: int
@@ -62,9 +63,9 @@ class CloudResult:
             stall, rate = f["stall_percent"], f["images_per_s"]
             diff = f.get("stall_minus_local_pp")
             lines.append(
-                f"| {name} | {stall['median']:.1f} ({stall['min']:.1f}-{stall['max']:.1f}) | "
-                + (f"{diff['median']:+.1f} ({diff['min']:+.1f} to {diff['max']:+.1f})" if diff else "-")
-                + f" | {rate['median']:.0f} ({rate['min']:.0f}-{rate['max']:.0f}) | "
+                f"| {name} | {spread_text(stall, '.1f')} | "
+                + (spread_text(diff, "+.1f", " to ") if diff else "-")
+                + f" | {spread_text(rate, '.0f')} | "
                 + (f"{f['open_ms']['median']:.0f}" if f["open_ms"] else "-")
                 + f" | {f['first_wait_ms']['median']:.0f} | {f['wait_p95_ms']['median']:.1f} | "
                 f"{f['server_cpu_s']['median']:.2f} / {f['epoch_s']['median']:.1f} |")
@@ -130,23 +131,19 @@ def bench_cloud(store: Path, *, batch_size: int = 64, step_ms: float = 50.0, lat
                                     ("bucket, warm cache", "local, epoch 2")):
         pairs = zip(results[cache_state], results[local_name], strict=True)
         diffs = [100 * (a.stall_fraction - b.stall_fraction) for a, b in pairs]
-        table[cache_state]["stall_minus_local_pp"] = _spread(diffs)
+        table[cache_state]["stall_minus_local_pp"] = Figure(diffs).spread()
     return CloudResult(store=str(store), batch_size=batch_size, step_ms=step_ms, latency_ms=latency_ms,
                        rate_mb_per_s_per_connection=rate_mb, shuffle="shard", shuffle_window=shuffle_window,
                        rounds=rounds, samples=len(local.reader), figures=table)
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def _summary(runs: list[RunResult]) -> dict[str, Any]:
     opened = [r.extra["open_ms"] for r in runs if r.extra["open_ms"] is not None]
-    return {"stall_percent": _spread([100 * r.stall_fraction for r in runs]),
-            "open_ms": _spread(opened) if opened else None,
-            "images_per_s": _spread([r.samples_per_s for r in runs]),
-            "wait_p95_ms": _spread([r.wait_p95_ms for r in runs]),
-            "first_wait_ms": _spread([r.timeline["wait_ms"][0] for r in runs]),
-            "epoch_s": _spread([r.wall_s for r in runs]),
-            "server_cpu_s": _spread([r.extra["server_cpu_s"] for r in runs])}
+    return {"stall_percent": Figure([100 * r.stall_fraction for r in runs]).spread(),
+            "open_ms": Figure(opened).spread() if opened else None,
+            "images_per_s": Figure([r.samples_per_s for r in runs]).spread(),
+            "wait_p95_ms": Figure([r.wait_p95_ms for r in runs]).spread(),
+            "first_wait_ms": Figure([r.timeline["wait_ms"][0] for r in runs]).spread(),
+            "epoch_s": Figure([r.wall_s for r in runs]).spread(),
+            "server_cpu_s": Figure([r.extra["server_cpu_s"] for r in runs]).spread()}
 

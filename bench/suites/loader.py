@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tilefeed.bench.harness.sides import Figure, range_text
 from tilefeed.bench.peers.baseline import jpeg_dataloader
 from tilefeed.bench.peers.ffcv import FfcvPeer
 from tilefeed.bench.fixtures.halves import HALVES, check_halves
@@ -52,7 +53,10 @@ class LoaderBenchResult:
     @property
     def mixture_ratio(self) -> tuple[float, float, float] | None:
         """The rounds' mixture / single store: median, least, most (None without the row)."""
-        return (statistics.median(r), min(r), max(r)) if (r := self.mixture_ratios) else None
+        if not self.mixture_ratios:
+            return None
+        ratios = Figure(self.mixture_ratios)
+        return ratios.median, *ratios.bounds
 
     def as_dict(self) -> dict[str, Any]:
         """The result as JSON-ready data."""
@@ -74,7 +78,7 @@ class LoaderBenchResult:
         if self.mixture_ratio is not None:
             ratio, low, high = self.mixture_ratio
             lines.append(f"uint8: 50/50 mixture of two halves / the single store = {ratio:.3f}, median "
-                         f"of rounds {low:.3f}-{high:.3f} (their epochs in turn; same "
+                         f"of rounds {range_text((low, high), '.3f')} (their epochs in turn; same "
                          f"{self.mixture_samples} samples an epoch)")
         if self.peer:
             lines += ["", "| figure (img/s) | FFCV | tilefeed | tilefeed / FFCV | FFCV range "
@@ -82,13 +86,11 @@ class LoaderBenchResult:
                       "| --- | ---: | ---: | ---: | ---: | ---: |"]
             for name, (theirs, ours, their_range, our_range) in self.peer.items():
                 lines.append(f"| {name} | {theirs:.0f} | {ours:.0f} | {ours / theirs:.2f} | "
-                             f"{their_range[0]:.0f}-{their_range[1]:.0f} | "
-                             f"{our_range[0]:.0f}-{our_range[1]:.0f} |")
+                             f"{range_text(their_range, '.0f')} | {range_text(our_range, '.0f')} |")
         return "\n".join(lines)
 
     def _range(self, name: str) -> str:
-        low, high = self.ranges.get(name, (float("nan"), float("nan")))
-        return f"{low:.0f}-{high:.0f}"
+        return range_text(self.ranges.get(name, (float("nan"), float("nan"))), ".0f")
 
 
 MEMCPY = "the limit: fastest copy of decoded tiles into batches, all cores"
@@ -245,16 +247,16 @@ def bench_loaders(images: Path, store: Path, *, batch_size: int = 64, workers: i
         if peer is not None:
             peer.close()
     result = LoaderBenchResult(len(reader), batch_size, workers, tile, reader.codec.name)
-    result.rates = {name: statistics.median(v) for name, v in rates.items()}
-    result.ranges = {name: (min(v), max(v)) for name, v in rates.items()}
+    measured = {name: Figure(v) for name, v in rates.items()}
+    result.rates = {name: f.median for name, f in measured.items()}
+    result.ranges = {name: f.bounds for name, f in measured.items()}
     if mixture_samples is not None:
         result.mixture_samples = mixture_samples
         result.mixture_ratios = ratios
     for figure, ours in figures.items():
         if figure in peer_rates:
-            theirs = peer_rates[figure]
-            result.peer[figure] = (statistics.median(theirs), result.rates[ours],
-                                   (min(theirs), max(theirs)), (min(rates[ours]), max(rates[ours])))
+            theirs = Figure(peer_rates[figure])
+            result.peer[figure] = (theirs.median, result.rates[ours], theirs.bounds, measured[ours].bounds)
     return result
 
 

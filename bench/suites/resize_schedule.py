@@ -16,7 +16,6 @@ run's measured wall-clock is reported beside it.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from tilefeed.bench.harness.sides import Figure
 from tilefeed.bench.suites.aspect import SIDE, WIDTH, _fit, _loader_epoch, _train, _whole, make_dataset
 from tilefeed.pipeline.planning.sizes import Ramp, ramp
 
@@ -58,8 +58,7 @@ class ScheduleResult:
             acc, sizes = self.accuracy[name], self.sizes[name]
             shown = f"{sizes[0]}" if len(set(sizes)) == 1 else f"{sizes[0]} ... {sizes[-1]}"
             lines.append(f"| {name} | {self.epochs[name]} | {shown} px | "
-                         f"{statistics.median(self.seconds[name]):.1f} | {statistics.median(acc):.1%} | "
-                         f"{min(acc):.1%}-{max(acc):.1%} |")
+                         f"{Figure(self.seconds[name]).median:.1f} | {Figure(acc).cells('.1%')} |")
         return "\n".join(lines)
 
 

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefeed.bench.harness.sides import Figure, range_text
 from tilefeed.bench.suites.order_cost import OrderCost
 
 JPEG_SIDE = 16  # tiny: decoding must not be what is timed
@@ -89,14 +89,13 @@ class ScaleResult:
              per_source(lambda r: r.open["growth_bytes"]))
 
         def against_first(runs: list[float]) -> str:
-            ratios = [mine / base for mine, base in zip(runs, first.rates, strict=True)]
-            return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            ratios = Figure([mine / base for mine, base in zip(runs, first.rates, strict=True)])
+            return f"{ratios.median:.2f}x ({range_text(ratios.bounds, '.2f')})"
 
         line(f"Loader uint8, batch {self.batch_size}, random order, {self.size} px tiles, "
              "in turn in one process: samples/s, median (range); against the first store, median of "
              "the rounds' ratios (range)",
-             [f"{statistics.median(r.rates):,.0f} ({min(r.rates):,.0f}-{max(r.rates):,.0f}), "
-              f"{against_first(r.rates)}" for r in rows])
+             [f"{Figure(r.rates).text(',.0f')}, {against_first(r.rates)}" for r in rows])
         line("read path alone, random batches once every page is mapped: CPU per sample, page faults",
              [f"{r.read['cpu_us']:.2f} µs, {r.read['faults']:.3f}" for r in rows])
         line("`tilefeed info` / `tilefeed verify`", [f"{r.info_s:.1f} s / {r.verify_s:.1f} s" for r in rows])

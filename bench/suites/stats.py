@@ -12,7 +12,6 @@ Two measurements, each side by side in one run:
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tilefeed.bench.harness.sides import Figure, range_text
 from tilefeed.bench.harness.watch import measure
 from tilefeed.bench.harness.steps import EmulatedStep
 from tilefeed.pipeline import Loader
@@ -61,10 +61,10 @@ class StatsResult:
                  "| stats | samples/s | range | CPU us/sample | range |",
                  "| --- | ---: | ---: | ---: | ---: |"]
         for name, v, c in (("on", o.on, o.cpu_us_on), ("off", o.off, o.cpu_us_off)):
-            lines.append(f"| {name} | {statistics.median(v):.0f} | {min(v):.0f}-{max(v):.0f} | "
-                         f"{statistics.median(c):.1f} | {min(c):.1f}-{max(c):.1f} |")
-        lines.append(f"cost: {o.cost:+.2%} of samples/s (paired rounds {min(o.paired):+.1%} to "
-                     f"{max(o.paired):+.1%}), {o.cpu_cost:+.2%} of CPU per sample")
+            lines.append(f"| {name} | {Figure(v).cells('.0f')} | {Figure(c).cells('.1f')} |")
+        paired = range_text(Figure(o.paired).bounds, "+.1%", " to ")
+        lines.append(f"cost: {o.cost:+.2%} of samples/s (paired rounds {paired}), "
+                     f"{o.cpu_cost:+.2%} of CPU per sample")
         a = self.advice
         lines += ["", "decode-bound on purpose (JPEG store, one worker, train, CPU):",
                   a["before"]["stats"], "", "| run | workers | stall | bottleneck |",
@@ -100,13 +100,11 @@ def overhead(store: Path, *, batch_size: int, workers: int, rounds: int) -> Stat
         on.append(_rates(store, batch_size, workers, True))
         off.append(_rates(store, batch_size, workers, False))
 
-    def median(runs: list[tuple[float, float]], k: int) -> float:
-        return statistics.median(r[k] for r in runs)
-
-    return StatsOverhead(on=[r[0] for r in on], off=[r[0] for r in off],
-                         cpu_us_on=[r[1] for r in on], cpu_us_off=[r[1] for r in off],
-                         cost=1 - median(on, 0) / median(off, 0),
-                         cpu_cost=median(on, 1) / median(off, 1) - 1,
+    rate_on, rate_off = Figure([r[0] for r in on]), Figure([r[0] for r in off])
+    cpu_on, cpu_off = Figure([r[1] for r in on]), Figure([r[1] for r in off])
+    return StatsOverhead(on=rate_on.rounds, off=rate_off.rounds, cpu_us_on=cpu_on.rounds,
+                         cpu_us_off=cpu_off.rounds, cost=1 - rate_on.median / rate_off.median,
+                         cpu_cost=cpu_on.median / cpu_off.median - 1,
                          paired=[1 - a[0] / b[0] for a, b in zip(on, off, strict=True)])
 
 
