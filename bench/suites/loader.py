@@ -335,7 +335,7 @@ def bench_sizes(store: Path, jpeg_store: Path, sizes: list[int], *, batch_size: 
                 log: bool = True) -> SizesBenchResult:
     """Each of ``sizes`` from the same stores (lossless; JPEG with reduced-scale decoding on and
     off), one Loader each whose size changes between measurements, rounds interleaved."""
-    from tilefeed.pipeline.engine import graph
+    from tilefeed.pipeline.engine import graph_ops as graph
     from tilefeed.pipeline.engine import graph_pool as pool
 
     reader = StoreReader(store)

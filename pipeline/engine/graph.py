@@ -1,113 +1,122 @@
-"""The DALI graph: batch source -> (nvJPEG) decode -> augment -> normalise, on the device.
+"""A graph: the batch source and the DALI pipeline it feeds, run by a ``Feed``; built here.
 
-One graph for both devices: with a GPU it decodes with nvJPEG and works on the device; in the
-device shape on a CPU machine (``TILEFEED_DEVICE_GRAPH=1``) the very same operators run on
-DALI's CPU backend. Only the decoder's device and the lossless tiles' upload differ
-(``engine.cuda``); labels and indices stay on the host, where the hand-over reads them.
+Where the output is the stored tiles on the CPU (uint8 NHWC at the tile's size, a size that
+cannot change), a graph is the batch source alone, with no DALI pipeline: DALI would only copy
+each batch. The device's graph shape (``GraphSettings.device_graph``) never takes that road.
+The DALI pipeline's operators are ``engine.graph_ops``', imported when a graph is first built,
+so reading a store, planning epochs and the torch-side tools never load DALI. Idle graphs are
+kept for the next Loader by ``engine.graph_pool``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from nvidia.dali import fn, pipeline_def, types
+import torch
 
-from tilefeed.pipeline.engine import cuda
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.batch_source import BatchSource
-from tilefeed.pipeline.recipe import ops
-from tilefeed.pipeline.engine.crops import PASTE_NAMES
+from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch
+from tilefeed.pipeline.engine.crops import sent_names
+from tilefeed.pipeline.engine.feed import Feed, Following
+from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.recipe import host_ops
 
 
-def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
-                   device_id: int | None, prefetch: int, jpeg: bool) -> Any:
-    """The graph, for every output size: sizes arrive per sample with the windows and flips."""
-    gpu = device_id is not None
-    names = source.graph_names
-    kinds = {"start": types.FLOAT, "end": types.FLOAT, "flip": types.INT32, "size": types.FLOAT,
-             "resize": types.FLOAT, "crop": types.FLOAT, "interp": types.INT32, "vflip": types.INT32,
-             "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
-             "brightness": types.FLOAT, "contrast": types.FLOAT, "saturation": types.FLOAT,
-             "hue": types.FLOAT, "pd_order": types.INT32, "pd_brightness": types.FLOAT,
-             "pd_contrast": types.FLOAT, "pd_saturation": types.FLOAT, "pd_hue": types.FLOAT,
-             "pd_permutation": types.FLOAT,
-             "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT,
-             **{name: types.FLOAT for name in PASTE_NAMES}}
-    # evaluation: the filter alone; on the host-resize path the batch source applies the
-    # recipe's pixel operations (recipe.host_ops) and the graph only flips and normalises
-    recipe = augment.recipe if augment.train and not (source.host_resize and augment.windows) else None
+@dataclass
+class Graph:
+    """A DALI pipeline and the batch source feeding it, run by a ``Feed``; or, where DALI would
+    only copy (``pipe`` None: see ``take``), the source alone."""
 
-    # no DALI randomness: crops and every recipe parameter come from the host; conditionals
-    # only where colour jitter or the photometric distortion picks each sample's order of
-    # adjustments or a policy its ops
-    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id,
-                  prefetch_queue_depth=prefetch, enable_conditionals=ops.conditional(recipe, augment.train))
-    def tiles() -> Any:
-        raw, labels, indices, *extras = fn.external_source(
-            source=source, num_outputs=3 + len(names), batch=True,
-            dtype=[types.UINT8, types.INT64, types.INT64, *(kinds[n] for n in names)],
-            layout=[None if jpeg else "HWC", None, None, *[None] * len(names)],
-            no_copy=not source.dali_copies,
-        )
-        # by position: as many as num_outputs (AutoGraph, with conditionals on, has no zip(strict=))
-        inputs = {name: extras[k] for k, name in enumerate(names)}
-        if not source.host_resize:  # else the pixels arrive cut and resized to the epoch's size
-            raw = _decode_and_resize(raw, inputs, augment, gpu=gpu, jpeg=jpeg)
-        if recipe is not None:  # on the uint8 pixels at the output size, before normalising
-            raw = ops.apply(raw, inputs, recipe)
-        if "paste_anchor" in inputs:  # a window past the picture: its part inside, pasted on the fill
-            raw = paste(raw, inputs, augment.recipe.fill if augment.recipe is not None else (0, 0, 0))
-        return _finish(raw, inputs, augment), labels, indices
+    source: BatchSource
+    pipe: Any
+    device_id: int | None = None
+    feed: Feed = field(init=False)
+    closed: bool = field(default=False)
 
-    return tiles()
+    def __post_init__(self) -> None:
+        self.feed = Feed(self.source, self.pipe, self.device_id)
 
+    @property
+    def lookahead(self) -> int:
+        """Batches the graph holds prepared ahead of the consumer, at most."""
+        return self.source.ahead + (self.pipe.prefetch_queue_depth + 2 if self.pipe is not None else 0)
 
-def _finish(images: Any, inputs: dict[str, Any], a: Augment) -> Any:
-    """Evaluation centre crop (its size an input), flip, normalise, cast and lay out; uint8
-    eval output skips every per-pixel op it can."""
-    centre = {} if a.windows else {"crop": inputs["crop"]}
-    if a.passthrough:
-        return fn.crop(images, **centre)
-    return fn.crop_mirror_normalize(
-        images,
-        dtype=types.FLOAT16 if a.half else (types.FLOAT if a.normalize else types.UINT8),
-        output_layout="CHW" if a.channels_first else "HWC",
-        mean=list(a.mean) if a.normalize else [0.0, 0.0, 0.0],
-        std=list(a.std) if a.normalize else [1.0, 1.0, 1.0],
-        mirror=inputs["flip"] if a.windows else 0,
-        **centre,
-    )
+    def arm(self, reader: AnyReader, epoch: Epoch, first_batch: int, following: Following,
+            cast: torch.dtype | None = None, timed: bool = True) -> int:
+        """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
+        to ask ``feed.next`` for."""
+        self.source.reader = reader
+        return self.feed.arm(epoch, first_batch, following, cast, timed)
+
+    @property
+    def alive(self) -> bool:
+        """DALI shuts a pipeline down (``_pipe`` None) when the garbage collector finalises it,
+        even while something still refers to it, e.g. a Loader dropped inside a reference cycle."""
+        if self.closed or self.feed.broken:
+            return False
+        return self.pipe is None or getattr(self.pipe, "_pipe", None) is not None
+
+    def park(self) -> bool:
+        """Stop feeding; True when the graph can serve another Loader."""
+        return self.feed.park() and self.alive
+
+    def close(self) -> None:
+        self.closed = True
+        self.feed.park()
+        self.pipe = None  # DALI joins its threads when the pipeline goes
+        self.source.close()
 
 
-def _decode_and_resize(raw: Any, inputs: dict[str, Any], a: Augment, *, gpu: bool, jpeg: bool) -> Any:
-    """Each tile decoded whole (nvJPEG with a GPU; chroma upsampled as libjpeg-turbo and PIL do
-    it, where nvJPEG's default differs) or uploaded, then its window resized to its output size.
+@dataclass(frozen=True)
+class GraphSettings:
+    """Everything beside the augmentation and the tile that shapes a graph."""
 
-    The window is cut by the resize (``roi_start``/``roi_end``, fractional) on JPEG tiles as on
-    lossless ones: the decoder's own window (``image_slice``) rounds a fractional window to
-    whole pixels and, at whole pixels too, decodes its edges apart from a whole decode (0.55
-    levels from the host shape on training crops, against 0.2), so pixels would sit off the
-    boxes and masks placed on the same window."""
-    # a recipe's filter per sample (DALI's interp codes, sent as int32); else DALI's default, linear
-    filters = ({"interp_type": fn.reinterpret(inputs["interp"], dtype=types.INTERP_TYPE)}
-               if "interp" in inputs else {})
-    images = (fn.decoders.image(raw, device=cuda.decoder(gpu), output_type=types.RGB, use_fast_idct=a.fast_idct,
-                                jpeg_fancy_upsampling=True)
-              if jpeg else cuda.upload(raw, gpu))
-    if not a.windows:  # at the tile's own size this is the identity, pixel for pixel (so is the centre crop)
-        return fn.resize(images, size=inputs["resize"], antialias=True, **filters)
-    if "cut_start" in inputs:  # a window past the picture: only its part inside it, at its share
-        start, end, size = inputs["cut_start"], inputs["cut_end"], inputs["cut_size"]
-    else:
-        start, end, size = inputs["start"], inputs["end"], inputs["size"]
-    return fn.resize(images, size=size, roi_start=start, roi_end=end, roi_relative=False, antialias=True,
-                     **filters)
+    batch_size: int
+    threads: int  # the Loader's num_workers: DALI's CPU threads, and the reader threads' share
+    prefetch: int
+    device_id: int | None
+    # the graph a GPU builds, on DALI's CPU backend (``pipeline.device.device_graph``): the
+    # reader threads only read, the graph decodes, cuts, resizes and applies the recipe
+    device_graph: bool = False
+
+    @property
+    def host_resize(self) -> bool:
+        """The reader threads cut and resize training windows (pillow-simd: several times DALI's
+        CPU resize, `tilefeed bench parts`): on the CPU, unless the device's graph is asked."""
+        return self.device_id is None and not self.device_graph
 
 
-def paste(images: Any, inputs: dict[str, Any], fill: tuple[int, int, int]) -> Any:
-    """Each sample's resized cut (``cut_size``) on an output of ``size`` filled with ``fill``,
-    at its place: a slice from ``paste_anchor`` (minus the place, so negative) of ``size``,
-    padding what lies past the cut (torchvision pads with the fill after resizing the
-    picture: no fill blends into the picture's edge)."""
-    return fn.slice(images, inputs["paste_anchor"], inputs["size"], axis_names="HW", normalized_anchor=False,
-                    normalized_shape=False, out_of_bounds_policy="pad", fill_values=[float(v) for v in fill])
+def build(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Graph:
+    """A new graph for ``reader``'s tiles, ``augment`` and ``settings``. ``direct``: the output
+    is the stored tiles at their size, always (no DALI pipeline; on the CPU only)."""
+    s = settings
+    if s.host_resize and direct:
+        # the output is the stored tiles: a DALI graph would only copy each batch into memory
+        # of its own; the reader threads decompress or decode straight into arrays handed to
+        # the caller
+        return Graph(BatchSource(reader, s.batch_size, s.threads, ahead=s.threads + 2,
+                                 dali_depth=0, handed_out=True, fast_idct=augment.fast_idct,
+                                 scaled_decode=augment.scaled_decode),
+                     pipe=None)
+    from tilefeed.pipeline.engine.graph_ops import build_pipeline  # DALI: imported when a graph is first built
+
+    # on the CPU, tiles are decoded, cut and resized by the reader threads; on a GPU (or in the
+    # device's shape) the graph does it
+    host_resize = s.host_resize and augment.windows
+    # one reader thread beside DALI's for lossless tiles (more only contend for the cores;
+    # `tilefeed bench sweep --over workers`), one per worker where the readers decode JPEG or
+    # apply a recipe's pixel operations (recipe.host_ops: the graph then only normalises;
+    # torchvision's ResNet-50 recipe on 2 cores, 1,560 against 1,490 img/s)
+    recipe = augment.recipe if augment.train else None
+    busy = reader.is_image_coded or host_ops.applies(recipe)
+    readers = s.threads if host_resize and busy else max(1, s.threads // 2)
+    source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
+                         host_resize=host_resize, fast_idct=augment.fast_idct,
+                         scaled_decode=augment.scaled_decode, names=sent_names(augment),
+                         recipe=recipe, pinned=s.device_id is not None)
+    pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
+                          device_id=s.device_id, prefetch=s.prefetch,
+                          jpeg=reader.is_image_coded and not source.decodes)
+    pipe.build()
+    return Graph(source, pipe, s.device_id)

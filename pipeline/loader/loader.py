@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.engine import graph_pool as pool
+from tilefeed.pipeline.engine.graph import Graph, GraphSettings
 from tilefeed.pipeline.loader.assembly import advice, augment
 from tilefeed.pipeline.loader.dataloader_face import EpochBatchSampler, EpochSampler, dataset_of
 from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
@@ -298,7 +299,7 @@ class Loader:
         self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=self.sources.positions,
                               mixture=self.sources.describe())
                        if s.ledger is not None else None)
-        self._graph: pool.Graph | None = None  # the DALI graph, taken from the pool when made
+        self._graph: Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None
         # a bucket store starts fetching the first epoch's shards now, while the graph is built
         self.reader.will_read(self.next_epoch_indices().numpy())
@@ -490,7 +491,7 @@ class Loader:
     def _take_graph(self) -> None:
         """The DALI graph for these settings: built (or taken from the pool) when the Loader is
         made, so a bad configuration fails here and the first step does not pay for it."""
-        settings = pool.GraphSettings(self.batch_size, self.workers, self.prefetch,
+        settings = GraphSettings(self.batch_size, self.workers, self.prefetch,
                                       dali_device_id(self.device), self._device_graph)
         self._graph_key = pool.key(self.reader, self.augment, settings, self._direct)
         self._graph = pool.take(self.reader, self.augment, settings, self._direct)

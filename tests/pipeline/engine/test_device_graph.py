@@ -127,9 +127,9 @@ def test_a_padded_crop_feeds_the_graph_only_what_it_reads(pad_stores: dict[str, 
 AT_EXIT = """
 import sys
 from tilefeed.pipeline import Loader
-from tilefeed.pipeline.engine import graph_pool
+from tilefeed.pipeline.engine.graph import Graph
 
-close = graph_pool.Graph.close
+close = Graph.close
 
 
 def said(graph):
@@ -137,7 +137,7 @@ def said(graph):
     close(graph)
 
 
-graph_pool.Graph.close = said
+Graph.close = said
 with Loader(sys.argv[1], 8, train=True, num_workers=1) as loader:
     assert len(list(loader)) == 7
 print("exiting", flush=True)

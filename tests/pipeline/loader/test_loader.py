@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tilefeed.pipeline.engine import graph_pool as pool
+from tilefeed.pipeline.engine.graph import Graph
 from tilefeed.pipeline.engine.batch_source import BatchSource
 from tilefeed.pipeline.engine.feed import Feed
 from tilefeed.pipeline.options import IMAGENET_MEAN, IMAGENET_STD
@@ -217,7 +218,7 @@ def dali_threads() -> set[int]:
 DALI_VISIBLE = Path("/proc/self/task").is_dir()
 
 
-def idle_in_pool(graph: pool.Graph) -> bool:
+def idle_in_pool(graph: Graph) -> bool:
     return any(g is graph for idle in pool._idle.values() for g in idle)
 
 
@@ -273,7 +274,7 @@ def test_break_and_close_leave_no_thread_or_process(store: Path) -> None:
 def close_drops_the_graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``close()`` lets go of the graph without stopping it: its feeding thread, reader threads
     and DALI's run on."""
-    dropped: list[pool.Graph] = []
+    dropped: list[Graph] = []
 
     def release(self: Loader, keep: bool = True) -> None:
         if self._graph is not None:
@@ -332,14 +333,14 @@ def feed_thread_left_running(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def pool_keeps_closed_graphs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Closed graphs held on to: DALI's threads live as long as its pipeline does."""
-    real = pool.Graph.close
-    kept: list[pool.Graph] = []
+    real = Graph.close
+    kept: list[Graph] = []
 
-    def close(self: pool.Graph) -> None:
+    def close(self: Graph) -> None:
         kept.append(self)
         real(self)
 
-    monkeypatch.setattr(pool.Graph, "close", close)
+    monkeypatch.setattr(Graph, "close", close)
     yield
     kept.clear()  # the pipelines go, and DALI joins their threads
 
@@ -446,8 +447,8 @@ def test_a_loader_dropped_mid_epoch_inside_a_reference_cycle_spoils_no_later_loa
 # What a finaliser must not call: each waits for a thread or stops one. The collector may finalise
 # a Loader inside ``threading`` holding its locks (seen: a thread starting, in
 # ``_maintain_shutdown_locks``): joining a thread there deadlocked.
-WAITS = [(threading.Thread, "join"), (ThreadPoolExecutor, "shutdown"), (pool.Graph, "park"),
-         (pool.Graph, "close"), (Feed, "park"), (BatchSource, "close"), (BatchSource, "stop")]
+WAITS = [(threading.Thread, "join"), (ThreadPoolExecutor, "shutdown"), (Graph, "park"),
+         (Graph, "close"), (Feed, "park"), (BatchSource, "close"), (BatchSource, "stop")]
 
 
 def check_finaliser_waits_for_nothing(loader: Loader) -> None:

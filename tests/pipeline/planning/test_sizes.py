@@ -15,7 +15,7 @@ import torch
 from tilefeed.bench.fixtures.generated import make_image_folder
 from tilefeed.pipeline import ConfigError, Loader
 from tilefeed.pipeline.engine import graph_pool as pool
-from tilefeed.pipeline.engine import graph as graph_module
+from tilefeed.pipeline.engine import graph_ops as graph_module
 from tilefeed.pipeline.planning.sizes import ramp
 from tilefeed.pipeline.engine.batch_source import decode_scale
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess

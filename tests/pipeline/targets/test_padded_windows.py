@@ -165,7 +165,7 @@ def dali_paste(tiles: np.ndarray, start: np.ndarray, end: np.ndarray, cut: Any, 
     from nvidia.dali import fn, pipeline_def
 
     from tilefeed.pipeline.engine.augment import Augment
-    from tilefeed.pipeline.engine.graph import _decode_and_resize, paste
+    from tilefeed.pipeline.engine.graph_ops import _decode_and_resize, paste
 
     n = len(tiles)
     values = {"start": start, "end": end, "size": np.full((n, 2), side), "cut_start": cut.cut_start,
