@@ -23,7 +23,7 @@ import numpy as np
 
 from tilefeed.pipeline.engine.crops import PASTE_NAMES
 from tilefeed.pipeline.engine.cuda import host_buffer
-from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS
 from tilefeed.pipeline.stats import Reading, Timing
@@ -142,7 +142,7 @@ class BatchSource:
     ``codec.decode_jpeg``; ``scaled_decode``: see ``decode_scale``).
     """
 
-    def __init__(self, reader: AnyReader, batch_size: int, threads: int, ahead: int,
+    def __init__(self, reader: Reader, batch_size: int, threads: int, ahead: int,
                  dali_depth: int, handed_out: bool = False, host_resize: bool = False,
                  fast_idct: bool = False, scaled_decode: bool = True,
                  names: tuple[str, ...] = ("start", "end", "flip", "size"),

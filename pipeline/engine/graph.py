@@ -19,7 +19,7 @@ from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch
 from tilefeed.pipeline.engine.crops import sent_names
 from tilefeed.pipeline.engine.feed import Feed, Following
-from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.recipe import host_ops
 
 
@@ -42,7 +42,7 @@ class Graph:
         """Batches the graph holds prepared ahead of the consumer, at most."""
         return self.source.ahead + (self.pipe.prefetch_queue_depth + 2 if self.pipe is not None else 0)
 
-    def arm(self, reader: AnyReader, epoch: Epoch, first_batch: int, following: Following,
+    def arm(self, reader: Reader, epoch: Epoch, first_batch: int, following: Following,
             cast: torch.dtype | None = None, timed: bool = True) -> int:
         """Deliver ``epoch`` from ``first_batch`` on, then ``following``; returns the generation
         to ask ``feed.next`` for."""
@@ -87,7 +87,7 @@ class GraphSettings:
         return self.device_id is None and not self.device_graph
 
 
-def build(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Graph:
+def build(reader: Reader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Graph:
     """A new graph for ``reader``'s tiles, ``augment`` and ``settings``. ``direct``: the output
     is the stored tiles at their size, always (no DALI pipeline; on the CPU only)."""
     s = settings

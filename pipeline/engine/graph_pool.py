@@ -22,7 +22,7 @@ from collections.abc import Hashable
 
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.graph import Graph, GraphSettings, build
-from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.reading.protocol import Reader
 
 MAX_IDLE = 4
 _idle: dict[Hashable, list[Graph]] = {}
@@ -33,7 +33,7 @@ _lock = threading.Lock()
 _orphans: deque[tuple[Hashable, Graph]] = deque()
 
 
-def key(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Hashable:
+def key(reader: Reader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Hashable:
     return (augment, reader.codec.shape, reader.is_image_coded, settings, direct)
 
 
@@ -52,7 +52,7 @@ def _adopt() -> None:
         give(graph_key, graph)
 
 
-def take(reader: AnyReader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Graph:
+def take(reader: Reader, augment: Augment, settings: GraphSettings, direct: bool = False) -> Graph:
     """An idle graph with these settings, or a new one (``graph.build``). ``direct``: the output
     is the stored tiles at their size, always (no DALI pipeline; on the CPU only)."""
     _adopt()

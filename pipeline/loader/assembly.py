@@ -7,7 +7,7 @@ import torch
 
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.options import Layout, Shuffle
-from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.settings import LoaderSettings
 from tilefeed.pipeline.stats import Advice
 from tilefeed.store.host import usable_cores
@@ -40,7 +40,7 @@ def augment(settings: LoaderSettings, tile: int, padded: bool) -> Augment:
         scaled_decode=s.scaled_decode, recipe=s.recipe)
 
 
-def advice(settings: LoaderSettings, reader: AnyReader) -> Advice:
+def advice(settings: LoaderSettings, reader: Reader) -> Advice:
     """What ``stats()`` weighs its advice against: threads and cores, the store, the settings.
 
     Parameters

@@ -26,7 +26,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from tilefeed.pipeline.planning.order import samples_per_rank
-from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.store.errors import ConfigAttributeError, ConfigError
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.loader.loader import Loader
 
 
-def dataset_of(reader: AnyReader, subset: np.ndarray | None) -> LoaderDataset:
+def dataset_of(reader: Reader, subset: np.ndarray | None) -> LoaderDataset:
     """A store's samples as a map-style Dataset (``TileDataset``, or its ``Subset``), its items
     refused (``LoaderDataset``)."""
     from torch.utils.data import Subset

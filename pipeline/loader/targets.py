@@ -35,7 +35,7 @@ from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.crops import StoreObjects, graph_inputs, iou_windows, sent_names
 from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS
 from tilefeed.pipeline.recipe.recipe import Crop, Recipe
-from tilefeed.pipeline.reading.mixed import AnyReader
+from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.targets.affine import Affines
 from tilefeed.pipeline.options import Targets, TargetsLayout
@@ -50,7 +50,7 @@ from tilefeed.store.targets import StoreTargets
 TARGETS = "targets"  # the hand-over's entry that holds them
 
 
-def check_store_targets(reader: AnyReader, asked: frozenset[Targets]) -> None:
+def check_store_targets(reader: Reader, asked: frozenset[Targets]) -> None:
     """Refuse targets the store does not hold, in one line.
 
     Parameters
@@ -74,7 +74,7 @@ def check_store_targets(reader: AnyReader, asked: frozenset[Targets]) -> None:
     check_targets(asked, store.offsets is not None, store.masks)
 
 
-def store_objects(reader: AnyReader, recipe: Recipe | None, train: bool) -> StoreObjects | None:
+def store_objects(reader: Reader, recipe: Recipe | None, train: bool) -> StoreObjects | None:
     """The store's object offsets and rows, which a recipe's ``crop="iou"`` or ``"zoom_iou"``
     draws against.
 
@@ -108,7 +108,7 @@ def store_objects(reader: AnyReader, recipe: Recipe | None, train: bool) -> Stor
     return store.offsets, store.objects
 
 
-def source_boxes(reader: AnyReader, augment: Augment, ids_name_positions: bool, seed: int, epoch: int,
+def source_boxes(reader: Reader, augment: Augment, ids_name_positions: bool, seed: int, epoch: int,
                  size: int, boxes: Sequence[Any], indices: Any,
                  objects: StoreObjects | None = None) -> list[np.ndarray]:
     """Boxes on a batch's images (XYXY, output pixels) in the pixels of each sample's source
@@ -160,7 +160,7 @@ def source_boxes(reader: AnyReader, augment: Augment, ids_name_positions: bool, 
     return boxes_to_source(host, framing, reader.targets.frames_of(samples))
 
 
-def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int,
+def sample_framing(reader: Reader, augment: Augment, seed: int, epoch: int, size: int,
                    samples: np.ndarray, keys: np.ndarray,
                    objects: StoreObjects | None = None) -> Framing:
     """How the graph frames ``samples`` of ``epoch`` at output side ``size``: the same draws it
@@ -192,7 +192,7 @@ def sample_framing(reader: AnyReader, augment: Augment, seed: int, epoch: int, s
     return _framing(augment, inputs, size, len(samples))
 
 
-def _sent(reader: AnyReader, augment: Augment, seed: int, epoch: int, size: int, samples: np.ndarray,
+def _sent(reader: Reader, augment: Augment, seed: int, epoch: int, size: int, samples: np.ndarray,
           keys: np.ndarray, objects: StoreObjects | None,
           iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
     """The graph's per-sample inputs for ``samples``, by name (``iou``: the IoU crop's windows,
@@ -270,7 +270,7 @@ class BatchTargets:
     min_size: float = 1.0
     min_area: float = 1.0
     max_objects: int | None = None
-    reader: AnyReader | None = field(default=None, compare=False)
+    reader: Reader | None = field(default=None, compare=False)
     positions: np.ndarray = field(kw_only=True, compare=False)  # follows from the epoch's samples
 
     def framed(self, samples: np.ndarray, keys: np.ndarray,

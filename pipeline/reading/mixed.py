@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Collection, Iterator, Sequence
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 import numpy as np
 
@@ -382,7 +382,3 @@ class MixedReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-
-AnyReader: TypeAlias = StoreReader | MixedReader  # what the Loader's feeding code and graph read
