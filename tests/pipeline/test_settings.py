@@ -103,3 +103,15 @@ def test_public_records_take_their_enums_as_strings() -> None:
     recipe = Recipe(interpolation="bicubic", crop="none")  # type: ignore[arg-type]
     assert recipe.interpolation is Interpolation.BICUBIC and recipe.crop is Crop.NONE
     assert BatchMix(num_classes=10, mixup_alpha=0.8, style="timm").style is MixStyle.TIMM  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", [AutoAugment("trivial_wide"),  # type: ignore[arg-type]
+                                    AutoAugment("rand", num_ops=2, magnitude=9),  # type: ignore[arg-type]
+                                    AutoAugment("auto_imagenet")])  # type: ignore[arg-type]
+def test_a_policy_named_by_strings_trains_as_its_members_do(store: Path, policy: AutoAugment) -> None:
+    members = AutoAugment(Policy(policy.policy.value), num_ops=policy.num_ops, magnitude=policy.magnitude)
+    batches = []
+    for auto in (policy, members):
+        with Loader(store, 8, train=True, shuffle=False, workers=1, recipe=Recipe(auto_augment=auto)) as loader:
+            batches.append(next(iter(loader))[0])
+    assert torch.equal(*batches)
