@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,9 +23,9 @@ import numpy as np
 
 from tilefeed.pipeline.engine.crops import PASTE_NAMES
 from tilefeed.pipeline.engine.cuda import host_buffer
+from tilefeed.pipeline.engine.operations import Input
 from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.recipe import host_ops
-from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS
 from tilefeed.pipeline.stats import Reading, Timing
 from tilefeed.store.format import ceil_div
 from tilefeed.store.codec import decode_jpeg
@@ -33,9 +33,10 @@ from tilefeed.store.codec import decode_jpeg
 if TYPE_CHECKING:
     from tilefeed.pipeline.recipe.recipe import Recipe
 
-Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, per-sample extras
-# (sample indices, the keys their crops and flips are drawn from) -> per-sample graph inputs
-Extras = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, ...]]
+Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, the graph's inputs
+# (sample indices, the keys their crops and flips are drawn from) -> per-sample inputs by name
+# (``operations.graph_inputs``)
+Extras = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 # What runs on a batch as it is handed over, given its outputs by name and its batch number in
 # the epoch's stretch (the recipe's erasing and mixing, a batch's boxes and masks): it may
 # replace entries or add its own. Each is a plain record of settings, compared for ``same``.
@@ -53,16 +54,16 @@ HOST_USED = HOST_CUT + host_ops.INPUTS
 WINDOW = ("start", "end")
 
 
-def graph_names(names: Sequence[str], host_resize: bool) -> tuple[str, ...]:
-    """Of the per-sample extras ``names`` (``crops.sent_names``, in order), those the graph
-    reads: on the host-resize path what the batch source did not use itself (``HOST_USED``);
-    on the graph's own path all but what only the host kernels read
-    (``policies.HOST_ONLY_INPUTS``) and, for a crop that pads, the whole window (the graph
-    cuts its part inside the picture, ``PASTE_NAMES``). DALI is fed only what it reads."""
+def graph_names(inputs: Mapping[str, Input], host_resize: bool) -> tuple[str, ...]:
+    """Of the per-sample ``inputs`` the operations send (``operations.inputs``, in order), those
+    the graph reads: on the host-resize path what the batch source did not use itself
+    (``HOST_USED``); on the graph's own path all but what only the host kernels read
+    (``Input.host_only``) and, for a crop that pads, the whole window (the graph cuts its part
+    inside the picture, ``PASTE_NAMES``). DALI is fed only what it reads."""
     if host_resize:  # HOST_USED holds the host-only inputs too
-        return tuple(n for n in names if n not in HOST_USED)
-    pads = "cut_start" in names
-    return tuple(n for n in names if n not in HOST_ONLY_INPUTS and not (pads and n in WINDOW))
+        return tuple(n for n in inputs if n not in HOST_USED)
+    pads = "cut_start" in inputs
+    return tuple(n for n, spec in inputs.items() if not spec.host_only and not (pads and n in WINDOW))
 
 
 # DALI's interp codes (``recipe.INTERP_CODES``) as PIL's filters: torchvision's PIL path
@@ -134,7 +135,7 @@ class BatchSource:
     ``host_resize``: tiles are cut to their crop windows (the first two extras) and resized to
     their epoch's size here, with pillow-simd, rather than in the graph; the ring's slots then
     hold a batch at the largest size asked so far (``reserve`` sizes them up front), so sizes
-    that change between epochs reuse them; ``names`` say which extra is which (the window's
+    that change between epochs reuse them; ``inputs`` are what the operations send (the window's
     ``start`` and ``end``, a recipe's per-sample filter ``interp``, else bilinear); a training
     ``recipe``'s pixel operations are then applied here too (``recipe.host_ops``, with the
     sample's drawn inputs): the inputs ``HOST_USED`` names stay here, the rest go on to the
@@ -145,11 +146,10 @@ class BatchSource:
     def __init__(self, reader: Reader, batch_size: int, threads: int, ahead: int,
                  dali_depth: int, handed_out: bool = False, host_resize: bool = False,
                  fast_idct: bool = False, scaled_decode: bool = True,
-                 names: tuple[str, ...] = ("start", "end", "flip", "size"),
+                 inputs: Mapping[str, Input] | None = None,
                  recipe: Recipe | None = None, pinned: bool = False) -> None:
         self.reader = reader
         self.pinned = pinned  # the ring in page-locked memory: the graph copies it to a GPU
-        self.names = names
         # a training recipe whose pixel operations the host-resize path applies (None: none)
         self.recipe = recipe if host_ops.applies(recipe) else None
         # the colour of output pixels past the picture, for a crop that pads (``Crop.pads``)
@@ -162,8 +162,8 @@ class BatchSource:
         self.threads = max(1, threads)
         self.handed_out = handed_out
         self.host_resize = host_resize
-        # the extras the graph is fed, in order (``graph_names``)
-        self.graph_names = graph_names(names, host_resize)
+        # the inputs the graph is fed, in order (``graph_names``)
+        self.graph_names = graph_names(inputs or {}, host_resize)
         self.timed = True  # each batch carries a Timing (Loader(stats=False) turns it off)
         self.callback_seconds = 0.0  # spent in __call__, DALI's callback (the feeding thread's)
         self.lock = threading.Condition()  # guards everything below; tells waiters of new work
@@ -329,7 +329,7 @@ class BatchSource:
             reader = self.reader
             if labels is None:
                 labels = reader.labels[indices]
-            extras = extras_of(indices, keys) if extras_of is not None else ()
+            extras = extras_of(indices, keys) if extras_of is not None else {}
             began = time.perf_counter()
             if images is None:
                 # bytes() copies out of the map: DALI may hold inputs past this call
@@ -338,18 +338,15 @@ class BatchSource:
                     timing.read += time.perf_counter() - began - timing.download
                     timing.nbytes += sum(len(p) for p in images)
             elif self.host_resize:
-                named = dict(zip(self.names, extras, strict=True))
-                self._cut_and_resize(indices, named["start"], named["end"], images, timing,
-                                     named.get("interp"), named)
+                self._cut_and_resize(indices, extras["start"], extras["end"], images, timing,
+                                     extras.get("interp"), extras)
             else:
                 reader.read_batch_into(indices.tolist(), images, self.fast_idct)
                 if timing is not None:  # one pass reads, checks and decodes each tile
                     timing.decode += time.perf_counter() - began - timing.download
                     timing.stored = indices
-            if not self.handed_out:  # the graph is fed only what it reads (``graph_names``)
-                named = dict(zip(self.names, extras, strict=True))
-                extras = tuple(named[n] for n in self.graph_names)
-        return (images, labels, indices, *extras)
+        # the graph is fed only what it reads (``graph_names``); handed out, nothing
+        return (images, labels, indices, *(extras[n] for n in self.graph_names))
 
     def _cut_and_resize(self, indices: np.ndarray, start: np.ndarray, end: np.ndarray,
                         out: np.ndarray, timing: Timing | None = None,

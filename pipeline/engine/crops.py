@@ -18,7 +18,6 @@ import numpy as np
 
 from tilefeed.pipeline.planning.counters import uniforms
 from tilefeed.store.errors import ConfigError
-from tilefeed.pipeline.recipe.draws import draw, input_names
 from tilefeed.pipeline.recipe.recipe import Crop
 from tilefeed.pipeline.targets.objects import Objects
 from tilefeed.pipeline.targets.windows import (DrawnWindows, IoUCrop, ScaleJitter, ZoomOut, iou_crops, pasted,
@@ -175,40 +174,6 @@ def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
         paste = (cut.cut_start, cut.cut_end, cut.cut_size, -cut.place)
         return (*framed, *(v.astype(np.float32) for v in paste))
     return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)
-
-
-def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray, keys: np.ndarray,
-                 objects: StoreObjects | None = None,
-                 iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
-    """Everything the graph takes per sample besides the pixels: ``frame_inputs``, then the
-    recipe's inputs (``draws.input_names``); without a recipe, ``frame_inputs`` alone. A
-    recipe's ``hflip`` other than 0.5 replaces the window's flip with its own draw. ``objects``:
-    the store's object offsets and rows, which a recipe's ``crop="iou"`` draws against; ``iou``:
-    its windows already drawn (``window_inputs``)."""
-    base = frame_inputs(boxes, a, seed, epoch, size, samples, keys, objects, iou)
-    recipe = a.recipe
-    if recipe is None:
-        return base
-    drawn = draw(recipe, seed, epoch, keys, train=a.train)
-    if a.windows and drawn.hflip is not None:
-        base = (*base[:2], drawn.hflip, *base[3:])
-    policy = recipe.auto_augment if a.train else None
-    if policy is None:
-        return (*base, *drawn.inputs(recipe, a.train))
-    # the policy's inputs close the recipe's (draws.input_names), drawn at the epoch's size
-    made = policy.draw(seed, epoch, np.asarray(keys), size)
-    policy_inputs = tuple(np.ascontiguousarray(made[name]) for name in policy.input_names())
-    return (*base, *drawn.inputs(recipe, a.train), *policy_inputs)
-
-
-def sent_names(a: Augment) -> tuple[str, ...]:
-    """Names of what ``graph_inputs`` returns for ``a``, in order: the windows' or evaluation
-    framing's inputs (``frame_inputs``), then the recipe's (``input_names``)."""
-    base: tuple[str, ...] = ("start", "end", "flip", "size") if a.windows else ("resize", "crop")
-    if pads(a):
-        base += PASTE_NAMES
-    return base if a.recipe is None else base + input_names(a.recipe, a.train)
 
 
 def pads(a: Augment) -> bool:

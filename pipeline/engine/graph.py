@@ -17,7 +17,7 @@ import torch
 
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import BatchSource, Epoch
-from tilefeed.pipeline.engine.crops import sent_names
+from tilefeed.pipeline.engine.operations import inputs
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.recipe import host_ops
@@ -113,7 +113,7 @@ def build(reader: Reader, augment: Augment, settings: GraphSettings, direct: boo
     readers = s.threads if host_resize and busy else max(1, s.threads // 2)
     source = BatchSource(reader, s.batch_size, readers, ahead=readers + 1, dali_depth=s.prefetch,
                          host_resize=host_resize, fast_idct=augment.fast_idct,
-                         scaled_decode=augment.scaled_decode, names=sent_names(augment),
+                         scaled_decode=augment.scaled_decode, inputs=inputs(augment),
                          recipe=recipe, pinned=s.device_id is not None)
     pipe = build_pipeline(source, augment, batch_size=s.batch_size, threads=s.threads,
                           device_id=s.device_id, prefetch=s.prefetch,

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from nvidia.dali import fn, pipeline_def, types
 
 from tilefeed.pipeline.engine import cuda
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import BatchSource
 from tilefeed.pipeline.recipe import ops
-from tilefeed.pipeline.engine.crops import PASTE_NAMES
+from tilefeed.pipeline.engine import operations
+
+# the numpy dtypes the operations declare their inputs in, as DALI's types
+DALI_TYPES = {np.dtype(np.int32): types.INT32, np.dtype(np.float32): types.FLOAT}
 
 
 def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, threads: int,
@@ -24,15 +29,9 @@ def build_pipeline(source: BatchSource, augment: Augment, *, batch_size: int, th
     """The graph, for every output size: sizes arrive per sample with the windows and flips."""
     gpu = device_id is not None
     names = source.graph_names
-    kinds = {"start": types.FLOAT, "end": types.FLOAT, "flip": types.INT32, "size": types.FLOAT,
-             "resize": types.FLOAT, "crop": types.FLOAT, "interp": types.INT32, "vflip": types.INT32,
-             "grayscale": types.INT32, "jitter": types.INT32, "order": types.INT32,
-             "brightness": types.FLOAT, "contrast": types.FLOAT, "saturation": types.FLOAT,
-             "hue": types.FLOAT, "pd_order": types.INT32, "pd_brightness": types.FLOAT,
-             "pd_contrast": types.FLOAT, "pd_saturation": types.FLOAT, "pd_hue": types.FLOAT,
-             "pd_permutation": types.FLOAT,
-             "aa_op": types.INT32, "aa_param": types.FLOAT, "aa_matrix": types.FLOAT,
-             **{name: types.FLOAT for name in PASTE_NAMES}}
+    # each input as its operation declares it (``operations.inputs``)
+    declared = operations.inputs(augment)
+    kinds = {name: DALI_TYPES[declared[name].dtype] for name in names}
     # evaluation: the filter alone; on the host-resize path the batch source applies the
     # recipe's pixel operations (recipe.host_ops) and the graph only flips and normalises
     recipe = augment.recipe if augment.train and not (source.host_resize and augment.windows) else None

@@ -25,8 +25,8 @@ from tilefeed.pipeline.engine import graph_pool as pool
 from tilefeed.pipeline.engine.graph import Graph, GraphSettings
 from tilefeed.pipeline.loader.assembly import advice, augment
 from tilefeed.pipeline.loader.dataloader_face import EpochBatchSampler, EpochSampler, dataset_of
-from tilefeed.pipeline.engine.crops import graph_inputs, window_inputs
-from tilefeed.pipeline.recipe.draws import draw
+from tilefeed.pipeline.engine.crops import window_inputs
+from tilefeed.pipeline.engine.operations import graph_inputs
 from tilefeed.pipeline.recipe.batch_ops import BatchOps
 from tilefeed.pipeline.loader.targets import (TARGETS, BatchTargets, check_store_targets, source_boxes,
                                               store_objects)
@@ -457,12 +457,10 @@ class Loader:
         the samples themselves)."""
         positions = np.asarray(samples, dtype=np.int64)
         located = self.sources.locate(epoch, positions)
-        start, end, flip = window_inputs(self.reader.boxes, self.augment, self.seed, epoch, located, positions,
-                                         self.size_of(epoch), self._store_objects)
-        recipe = self.augment.recipe
-        if recipe is not None and self.augment.train:  # a flip probability other than 0.5 draws its own
-            drawn = draw(recipe, self.seed, epoch, positions)
-            flip = flip if drawn.hflip is None else drawn.hflip
+        a, boxes, size, objects = self.augment, self.reader.boxes, self.size_of(epoch), self._store_objects
+        start, end, flip = window_inputs(boxes, a, self.seed, epoch, located, positions, size, objects)
+        if a.windows:  # the flip the graph is sent (a recipe's hflip other than 0.5 draws its own)
+            flip = graph_inputs(boxes, a, self.seed, epoch, size, located, positions, objects)["flip"]
         return start, end, flip
 
     def boxes_to_source(self, boxes: Sequence[Any], indices: Any, epoch: int | None = None) -> list[np.ndarray]:

@@ -2,7 +2,7 @@
 
 The targets follow the pixels: each sample's framing (its crop window, the resize to the output
 side, its flips; in evaluation the resize and centre crop) is worked out again from the same
-draws that gave the graph its inputs (``crops.graph_inputs``: a plain function of the seed, the
+draws that gave the graph its inputs (``operations.graph_inputs``: a plain function of the seed, the
 epoch and the sample), and the store's boxes and mask tiles go through it
 (``pipeline.targets``). Nothing about targets passes through the DALI graph, so a batch's
 targets are exactly as deterministic as its crops: a resumed epoch, on any world size, gives
@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.crops import StoreObjects, graph_inputs, iou_windows, sent_names
+from tilefeed.pipeline.engine.crops import StoreObjects, iou_windows
+from tilefeed.pipeline.engine.operations import graph_inputs
 from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS
 from tilefeed.pipeline.recipe.recipe import Crop, Recipe
 from tilefeed.pipeline.reading.protocol import Reader
@@ -164,7 +165,7 @@ def sample_framing(reader: Reader, augment: Augment, seed: int, epoch: int, size
                    samples: np.ndarray, keys: np.ndarray,
                    objects: StoreObjects | None = None) -> Framing:
     """How the graph frames ``samples`` of ``epoch`` at output side ``size``: the same draws it
-    is given (``graph_inputs``, by the names ``sent_names`` gives): their crop windows, flips
+    is given (``operations.graph_inputs``, by name): their crop windows, flips
     and output size; or, for whole tiles in evaluation, the resize and centre crop.
 
     Parameters
@@ -197,8 +198,7 @@ def _sent(reader: Reader, augment: Augment, seed: int, epoch: int, size: int, sa
           iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
     """The graph's per-sample inputs for ``samples``, by name (``iou``: the IoU crop's windows,
     already drawn)."""
-    sent = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects, iou)
-    return dict(zip(sent_names(augment), sent, strict=True))
+    return graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects, iou)
 
 
 def _framing(augment: Augment, inputs: Mapping[str, np.ndarray], size: int, n: int) -> Framing:
@@ -219,7 +219,7 @@ def policy_affines(augment: Augment, inputs: Mapping[str, np.ndarray]) -> Affine
     augment : Augment
         The graph's framing and recipe.
     inputs : mapping of str to numpy.ndarray
-        The graph's per-sample inputs by name (``graph_inputs`` with ``sent_names``).
+        The graph's per-sample inputs by name (``operations.graph_inputs``).
 
     Returns
     -------

@@ -110,14 +110,14 @@ class Draws:
     interp: np.ndarray
     photometric: Distortions | None = None
 
-    def inputs(self, recipe: Recipe, train: bool) -> tuple[np.ndarray, ...]:
-        """The graph's per-sample inputs for ``recipe``, in the order ``input_names`` names them,
-        less the auto-augment policy's (which close that order: ``AutoAugment.draw``)."""
+    def inputs(self, recipe: Recipe, train: bool) -> dict[str, np.ndarray]:
+        """The graph's per-sample inputs for ``recipe`` by name, in the order ``input_names``
+        names them, less the auto-augment policy's (which close that order: ``AutoAugment.draw``)."""
         named = {"interp": self.interp, "vflip": self.vflip, "grayscale": self.grayscale,
                  "jitter": self.jitter, "order": self.order,
                  **{name: self.factors[:, k] for k, name in enumerate(JITTER_ADJUSTMENTS)},
                  **(self.photometric.named() if self.photometric is not None else {})}
-        return tuple(np.ascontiguousarray(named[name]) for name in input_names(recipe, train) if name in named)
+        return {name: np.ascontiguousarray(named[name]) for name in input_names(recipe, train) if name in named}
 
 
 def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
 from tilefeed.pipeline.recipe import ops
-from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
+from tilefeed.pipeline.recipe.draws import Draws, draw
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 # Kolmogorov-Smirnov critical constants c(alpha): reject at alpha when D > c * sqrt((n + m) / (n m))
@@ -35,10 +35,10 @@ def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int
     the CPU, or with ``device_id`` on that GPU (the images moved there, the inputs on the host)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    names = tuple(n for n in input_names(recipe, True) if n != "interp")
-    kinds = {"order": types.INT32, "vflip": types.INT32, "grayscale": types.INT32, "jitter": types.INT32,
-             "pd_order": types.INT32}
-    inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
+    from tilefeed.pipeline.engine.graph_ops import DALI_TYPES
+
+    inputs = drawn.inputs(recipe, True)
+    names = tuple(n for n in inputs if n != "interp")
     n = len(images)
     out: list[np.ndarray] = []
 
@@ -53,7 +53,7 @@ def run_graph(images: list[np.ndarray], recipe: Recipe, drawn: Draws, batch: int
     def pipe() -> Any:
         raw, *extras = fn.external_source(source=lambda: next(it), num_outputs=1 + len(names), batch=True,
                                           layout=["HWC", *[None] * len(names)],
-                                          dtype=[types.UINT8, *(kinds.get(k, types.FLOAT) for k in names)])
+                                          dtype=[types.UINT8, *(DALI_TYPES[inputs[k].dtype] for k in names)])
         if device_id is not None:
             raw = raw.gpu()
         return ops.apply(raw, {name: extras[k] for k, name in enumerate(names)}, recipe)

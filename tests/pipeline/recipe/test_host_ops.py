@@ -35,11 +35,11 @@ from timm.data import auto_augment as timm_aa
 
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.engine.batch_source import HOST_USED
-from tilefeed.pipeline.engine.crops import sent_names
+from tilefeed.pipeline.engine.operations import inputs as sent
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.batch_source import graph_names
 from tilefeed.pipeline.recipe import host_ops
-from tilefeed.pipeline.recipe.draws import Draws, draw, input_names
+from tilefeed.pipeline.recipe.draws import Draws, draw
 from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.policy_tables import (
     GEOMETRIC, OPS, Family, PolicyInterpolation, Op, Policy, _matrix, _posterize_mask, _tv_param)
@@ -367,7 +367,7 @@ def test_each_slot_takes_its_own_drawn_filter(two_pictures: list[np.ndarray]) ->
 
 def _host_recipe(images: list[np.ndarray], recipe: Recipe, seed: int = 0) -> tuple[list[np.ndarray], Draws]:
     drawn = drawn_for(recipe, len(images), seed=seed)
-    inputs = dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True))
+    inputs = drawn.inputs(recipe, True)
     out = [np.asarray(host_ops.apply(PIL.Image.fromarray(x), host_ops.sample(inputs, k), recipe))
            .astype(np.int16) for k, x in enumerate(images)]
     return out, drawn
@@ -401,9 +401,9 @@ def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
                     photometric=PhotometricDistort())
     augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
                       recipe=recipe)
-    assert graph_names(sent_names(augment), True) == ("flip",)
-    assert set(sent_names(augment)) - set(HOST_USED) == {"flip"}
-    assert "aa_op" in graph_names(sent_names(augment), False)  # a GPU graph applies them
+    assert graph_names(sent(augment), True) == ("flip",)
+    assert set(sent(augment)) - set(HOST_USED) == {"flip"}
+    assert "aa_op" in graph_names(sent(augment), False)  # a GPU graph applies them
 
 
 def test_a_random_filter_reaches_the_host_kernels_only() -> None:
@@ -413,13 +413,13 @@ def test_a_random_filter_reaches_the_host_kernels_only() -> None:
     policy = AutoAugment.parse("rand-m9-mstd0.5")
     augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
                       recipe=Recipe(auto_augment=policy))
-    assert "aa_filter" in sent_names(augment) and "aa_filter" in HOST_USED
-    assert graph_names(sent_names(augment), True) == ("flip",)
-    device = graph_names(sent_names(augment), False)
+    assert "aa_filter" in sent(augment) and "aa_filter" in HOST_USED
+    assert graph_names(sent(augment), True) == ("flip",)
+    device = graph_names(sent(augment), False)
     assert "aa_op" in device and "aa_filter" not in device
     bilinear = replace(policy, interpolation=PolicyInterpolation.BILINEAR)
     fixed = replace(augment, recipe=Recipe(auto_augment=bilinear))
-    assert "aa_filter" not in sent_names(fixed)
+    assert "aa_filter" not in sent(fixed)
 
 
 @pytest.mark.parametrize("interpolation", ["random", "bicubic"])
@@ -464,9 +464,7 @@ def test_the_loaders_cpu_output_is_the_host_kernels_on_its_own_draws(store: Path
         pixels = reader.read_batch_into(samples.tolist(), np.empty((len(samples), 32, 32, 3), np.uint8))
     drawn = draw(recipe, 3, 0, samples)
     assert recipe.auto_augment is not None
-    inputs = dict(zip(input_names(recipe, True), (*drawn.inputs(recipe, True),
-                                                   *recipe.auto_augment.draw(3, 0, samples, size).values()),
-                      strict=True))
+    inputs = {**drawn.inputs(recipe, True), **recipe.auto_augment.draw(3, 0, samples, size)}
     filters = {1: PIL.Image.Resampling.BILINEAR, 2: PIL.Image.Resampling.BICUBIC}
     ours = np.concatenate([b[0].numpy() for b in batches])
     changed = 0

@@ -179,7 +179,7 @@ def _pictures(n: int) -> list[np.ndarray]:
 def _drawn(recipe: Recipe, n: int) -> tuple[dict[str, np.ndarray], Distortions]:
     drawn = draw(recipe, 5, 0, np.arange(n))
     assert drawn.photometric is not None
-    return dict(zip(input_names(recipe, True), drawn.inputs(recipe, True), strict=True)), drawn.photometric
+    return drawn.inputs(recipe, True), drawn.photometric
 
 
 RECIPES = [Recipe(photometric=PhotometricDistort()), Recipe(photometric=PhotometricDistort(p=1.0)),

@@ -13,7 +13,7 @@ from PIL import Image
 from tilefeed.pipeline import Loader
 from tilefeed.pipeline.engine.augment import Augment
 from tilefeed.pipeline.engine.crops import frame_inputs as crop_inputs
-from tilefeed.pipeline.engine.crops import graph_inputs
+from tilefeed.pipeline.engine.operations import graph_inputs
 from tilefeed.pipeline.engine.crops import random_resized_crops
 from tilefeed.pipeline.recipe.draws import draw
 from tilefeed.pipeline.recipe.recipe import INTERP_CODES, ColorJitter, Interpolation, Recipe
@@ -78,10 +78,11 @@ def test_the_default_recipe_keeps_todays_crops_and_flips_bit_for_bit() -> None:
     windows = random_resized_crops(7, 3, samples, 32, 32, SCALE, RATIO)
     for recipe in (Recipe(), Recipe("random", vflip=0.5, grayscale=0.2, color_jitter=ColorJitter(0.4))):
         got = graph_inputs(boxes, _augment(recipe), 7, 3, 24, samples, samples)
-        for a, b in zip(got[:4], today, strict=True):
+        for a, b in zip(list(got.values())[:4], today, strict=True):
             assert np.array_equal(a, b)
-        assert np.array_equal(got[2], windows.flip)
-    assert graph_inputs(boxes, _augment(None), 7, 3, 24, samples, samples)[4:] == ()
+        assert np.array_equal(got["flip"], windows.flip)
+    sent = graph_inputs(boxes, _augment(None), 7, 3, 24, samples, samples)
+    assert list(sent) == ["start", "end", "flip", "size"]
 
 
 def test_draws_are_a_function_of_seed_epoch_and_key_and_their_shares_are_the_probabilities() -> None:

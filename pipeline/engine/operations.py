@@ -1,0 +1,220 @@
+"""The graph's per-sample operations, one contract: ``Operation``.
+
+Every operation the graph applies per sample (the crop window and flip or evaluation's framing,
+the recipe's filter, flips and pixel operations, an auto-augment policy) is one object that
+declares the inputs it sends (their names, dtypes, and whether only the host kernels read them)
+and draws them on the host from (seed, epoch, key). ``draw_inputs`` runs the operations of
+``OPERATIONS`` in turn into one named mapping per batch; the batch source, the graph (both
+shapes), the host path and the targets all read that mapping by name, and the graph declares
+its per-sample inputs from the same declarations (``inputs``). A new operation is one object
+here, its draws in its own module, and one line of ``OPERATIONS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from tilefeed.pipeline.engine.crops import PASTE_NAMES, StoreObjects, frame_inputs, pads
+from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS, draw, input_names
+from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS, INPUT_NAMES
+from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
+
+if TYPE_CHECKING:
+    from tilefeed.pipeline.engine.augment import Augment
+    from tilefeed.pipeline.reading.mixed import MixedArray
+    from tilefeed.pipeline.targets.windows import DrawnWindows
+
+
+@dataclass(frozen=True)
+class Input:
+    """One per-sample input an operation sends: its numpy dtype (int32 or float32, what the graph
+    declares it as) and whether only the host kernels read it (the graph is not fed it)."""
+
+    dtype: np.dtype
+    host_only: bool = False
+
+
+INT = Input(np.dtype(np.int32))
+FLOAT = Input(np.dtype(np.float32))
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What every operation draws a batch's inputs from.
+
+    Attributes
+    ----------
+    boxes : numpy.ndarray or MixedArray
+        Every tile's picture (top, left, height, width).
+    augment : Augment
+        The graph's settings (train, framing, recipe).
+    seed, epoch, size : int
+        The Loader's seed, the epoch and its output side.
+    samples : numpy.ndarray
+        The batch's samples (store indices; of a mixture, its global ids).
+    keys : numpy.ndarray
+        Their positions in the epoch, which every draw is keyed on (of one store, the samples).
+    objects : tuple of numpy.ndarray, optional
+        The store's object offsets and rows, which a recipe's ``crop="iou"`` draws against.
+    iou : DrawnWindows, optional
+        The IoU crop's windows of these samples already drawn (the targets' keep mask needs them).
+    """
+
+    boxes: np.ndarray | MixedArray
+    augment: Augment
+    seed: int
+    epoch: int
+    size: int
+    samples: np.ndarray
+    keys: np.ndarray
+    objects: StoreObjects | None = None
+    iou: DrawnWindows | None = None
+
+    @cached_property
+    def recipe(self) -> Recipe | None:
+        """The recipe whose draws apply: every one in training, the filter alone in evaluation."""
+        return self.augment.recipe
+
+
+class Operation(Protocol):
+    """One per-sample operation of the graph: what it sends, and its draws."""
+
+    def inputs(self, a: Augment) -> dict[str, Input]:
+        """The inputs it sends for ``a``, by name, in the order the graph is fed them (none: it
+        does not apply)."""
+
+    def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
+        """Its inputs for ``d``'s samples, added to ``sent`` (which holds the operations' before it)."""
+
+
+class Windows:
+    """The crop window, flip and output size of each sample (training, or tiles with padding),
+    with the cut and paste of a window reaching past the picture; else evaluation's framing of
+    whole tiles (resize, centre crop). ``crops.frame_inputs`` draws them."""
+
+    def inputs(self, a: Augment) -> dict[str, Input]:
+        if not a.windows:
+            return {"resize": FLOAT, "crop": FLOAT}
+        sent = {"start": FLOAT, "end": FLOAT, "flip": INT, "size": FLOAT}
+        return sent | ({name: FLOAT for name in PASTE_NAMES} if pads(a) else {})
+
+    def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
+        framed = frame_inputs(d.boxes, d.augment, d.seed, d.epoch, d.size, d.samples, d.keys, d.objects, d.iou)
+        sent.update(zip(self.inputs(d.augment), framed, strict=True))
+
+
+# The recipe's inputs (``draws.input_names`` picks those a recipe sends) and their dtypes
+RECIPE_INPUTS: Mapping[str, Input] = {
+    "interp": INT, "vflip": INT, "grayscale": INT, "jitter": INT, "order": INT,
+    **{name: FLOAT for name in JITTER_ADJUSTMENTS},
+    **{name: INT if name == "pd_order" else FLOAT for name in PHOTOMETRIC_INPUTS},
+}
+
+
+class RecipeDraws:
+    """A recipe's resize filter and, in training, its flips and pixel operations
+    (``draws.draw``): a horizontal flip probability other than 0.5 replaces the window's flip."""
+
+    def inputs(self, a: Augment) -> dict[str, Input]:
+        if a.recipe is None:
+            return {}
+        return {name: RECIPE_INPUTS[name] for name in input_names(a.recipe, a.train) if name in RECIPE_INPUTS}
+
+    def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
+        recipe = d.recipe
+        if recipe is None:
+            return
+        drawn = draw(recipe, d.seed, d.epoch, d.keys, train=d.augment.train)
+        if d.augment.windows and drawn.hflip is not None:
+            sent["flip"] = drawn.hflip
+        sent.update(drawn.inputs(recipe, d.augment.train))
+
+
+# An auto-augment policy's inputs and their dtypes
+POLICY_INPUTS: Mapping[str, Input] = {
+    name: Input(np.dtype(np.float32 if name in ("aa_param", "aa_matrix") else np.int32),
+                host_only=name in HOST_ONLY_INPUTS)
+    for name in INPUT_NAMES
+}
+
+
+class PolicyDraws:
+    """An auto-augment policy's ops, parameters and warps per op slot (``AutoAugment.draw``),
+    drawn at the epoch's size; training only."""
+
+    def inputs(self, a: Augment) -> dict[str, Input]:
+        policy = a.recipe.auto_augment if a.recipe is not None and a.train else None
+        return {} if policy is None else {name: POLICY_INPUTS[name] for name in policy.input_names()}
+
+    def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
+        names = self.inputs(d.augment)
+        if not names:
+            return
+        assert d.recipe is not None and d.recipe.auto_augment is not None
+        made = d.recipe.auto_augment.draw(d.seed, d.epoch, np.asarray(d.keys), d.size)
+        sent.update((name, np.ascontiguousarray(made[name])) for name in names)
+
+
+# Every per-sample operation, in the order the graph is fed their inputs
+OPERATIONS: tuple[Operation, ...] = (Windows(), RecipeDraws(), PolicyDraws())
+
+
+def inputs(a: Augment) -> dict[str, Input]:
+    """Every input the operations send for ``a``, by name, in the order the graph is fed them."""
+    sent: dict[str, Input] = {}
+    for operation in OPERATIONS:
+        sent |= operation.inputs(a)
+    return sent
+
+
+def sent_names(a: Augment) -> tuple[str, ...]:
+    """The names of the inputs the operations send for ``a``, in order."""
+    return tuple(inputs(a))
+
+
+def draw_inputs(d: Draw) -> dict[str, np.ndarray]:
+    """Every operation's inputs for ``d``'s samples, by name, in the order ``inputs`` declares
+    them, each of its declared dtype."""
+    sent: dict[str, np.ndarray] = {}
+    for operation in OPERATIONS:
+        operation.draw(d, sent)
+    declared = inputs(d.augment)
+    # the graph declares what ``inputs`` says: a draw of another name or dtype is a defect here
+    assert list(sent) == list(declared), (list(sent), list(declared))
+    assert all(sent[name].dtype == spec.dtype for name, spec in declared.items()), \
+        {name: str(sent[name].dtype) for name in declared}
+    return sent
+
+
+def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
+                 samples: np.ndarray, keys: np.ndarray, objects: StoreObjects | None = None,
+                 iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
+    """``draw_inputs`` for ``samples`` (at ``keys``) of ``epoch`` at ``size``: what a batch
+    carries to the graph beside its pixels, by name.
+
+    Parameters
+    ----------
+    boxes : numpy.ndarray or MixedArray
+        Every tile's picture (top, left, height, width).
+    a : Augment
+        The graph's settings.
+    seed, epoch, size : int
+        The Loader's seed, the epoch and its output side.
+    samples, keys : numpy.ndarray
+        The batch's samples and their positions in the epoch (of one store, the samples).
+    objects : tuple of numpy.ndarray, optional
+        The store's object offsets and rows, for a recipe's ``crop="iou"``.
+    iou : DrawnWindows, optional
+        The IoU crop's windows already drawn.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Each input by name.
+    """
+    return draw_inputs(Draw(boxes, a, seed, epoch, size, samples, keys, objects, iou))
