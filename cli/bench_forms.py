@@ -19,6 +19,8 @@ from tilefeed.cli.arguments import add_renamed, positive, positive_list, whole_n
 from tilefeed.cli.bench_options import (STEP_MS, WORKERS_HELP, data_args, form_parser, location, loop_args,
                                         out_arg)
 from tilefeed.cli.demo_data import cache_dir, demo_coco, demo_coco_store, demo_images, demo_store
+from tilefeed.preprocess.settings import Fit
+from tilefeed.store.format import Codec
 
 
 class BenchResult(Protocol):
@@ -99,8 +101,6 @@ PREPROCESS = Form(
 
 
 def _loader_options(p: argparse.ArgumentParser) -> None:
-    from tilefeed.store.format import CODECS
-
     data_args(p, count=4800)
     loop_args(p, rounds=5)
     p.add_argument("--peer", choices=("ffcv",), default=None,
@@ -110,7 +110,7 @@ def _loader_options(p: argparse.ArgumentParser) -> None:
                    help="the Python of the peer's own environment (FFCV pulls plain Pillow and "
                    "OpenCV, so it usually lives apart): e.g. .ffcv-venv/bin/python, which "
                    "make ffcv-venv builds")
-    p.add_argument("--codec", default="lz4", choices=[c for c in CODECS if c != "jpeg"],
+    p.add_argument("--codec", default="lz4", choices=[c.value for c in Codec if c is not Codec.JPEG],
                    help="codec of the lossless store made without --store (none: raw pixels, "
                    "as FFCV's raw store)")
     p.add_argument("--sizes", type=positive_list, default=None,
@@ -133,12 +133,12 @@ def _loader(args: argparse.Namespace) -> BenchResult:
     images = args.images or demo_images(args.count)
     if args.sizes:
         sizes = args.sizes
-        lossless = demo_store(images, size=args.tile, codec=args.codec, fit="crop")
-        jpeg = demo_store(images, size=args.tile, codec="jpeg", fit="crop")
+        lossless = demo_store(images, size=args.tile, codec=args.codec, fit=Fit.CROP)
+        jpeg = demo_store(images, size=args.tile, codec=Codec.JPEG, fit=Fit.CROP)
         return bench_sizes(lossless, jpeg, sizes, batch_size=args.batch_size, workers=args.workers,
                            rounds=args.rounds)
-    store = args.store or demo_store(images, codec=args.codec, fit="crop")  # the read path alone
-    jpeg_store = demo_store(images, codec="jpeg", fit="crop") if args.peer else None
+    store = args.store or demo_store(images, codec=args.codec, fit=Fit.CROP)  # the read path alone
+    jpeg_store = demo_store(images, codec=Codec.JPEG, fit=Fit.CROP) if args.peer else None
     return bench_loaders(images, store, batch_size=args.batch_size, workers=args.workers,
                          rounds=args.rounds, peer_python=args.peer_python if args.peer else None,
                          jpeg_store=jpeg_store, halves=_halves(store) if args.mixture else None)
@@ -193,7 +193,7 @@ def _cloud_options(p: argparse.ArgumentParser) -> None:
 def _cloud(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.cloud import bench_cloud
 
-    store = args.store or demo_store(args.images or demo_images(args.count), codec="jpeg",
+    store = args.store or demo_store(args.images or demo_images(args.count), codec=Codec.JPEG,
                                      shard_size=args.shard_size)
     return bench_cloud(store, batch_size=args.batch_size, step_ms=args.step_ms, latency_ms=args.latency_ms,
                        rate_mb=args.rate_mb, workers=args.workers, rounds=args.rounds)
@@ -233,7 +233,7 @@ def _parts_options(p: argparse.ArgumentParser) -> None:
 def _parts(args: argparse.Namespace) -> BenchResult:
     from tilefeed.bench.suites.parts import bench_parts
 
-    store = args.store or demo_store(args.images or demo_images(args.count), fit="crop")
+    store = args.store or demo_store(args.images or demo_images(args.count), fit=Fit.CROP)
     return bench_parts(store, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds)
 
 
@@ -260,7 +260,7 @@ def _stats(args: argparse.Namespace) -> BenchResult:
 
     images = args.images or demo_images(args.count)
     store = args.store or demo_store(images)
-    jpeg = demo_store(images, codec="jpeg")
+    jpeg = demo_store(images, codec=Codec.JPEG)
     return bench_stats(store, jpeg, batch_size=args.batch_size, workers=args.workers, rounds=args.rounds,
                        step_ms=args.step_ms, steps=args.steps)
 
@@ -418,7 +418,7 @@ def _gpu_report(args: argparse.Namespace) -> BenchResult:
     if not torch.cuda.is_available():
         raise ConfigError("gpu-report needs a CUDA device (torch.cuda.is_available() is False)")
     images = args.images or demo_images(args.count)
-    stores = {tile: demo_store(images, size=tile, codec="jpeg") for tile in tiles}
+    stores = {tile: demo_store(images, size=tile, codec=Codec.JPEG) for tile in tiles}
     report = gpu_report(images, stores, device=torch.device("cuda"), batch_size=args.batch_size,
                         batches=args.batches, workers=args.workers, model_steps=args.model_steps)
     if args.tests_xml:

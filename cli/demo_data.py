@@ -11,6 +11,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tilefeed.preprocess.settings import Fit
+from tilefeed.store.format import Codec
+
 if TYPE_CHECKING:
     from tilefeed.preprocess.writer import Summary
 
@@ -32,7 +35,7 @@ def demo_images(count: int, classes: int = 8) -> Path:
     return make_image_folder(folder, classes=classes, per_class=per_class)
 
 
-def demo_store(images: Path, size: int = 224, codec: str = "lz4", fit: str = "pad",
+def demo_store(images: Path, size: int = 224, codec: Codec = Codec.LZ4, fit: Fit = Fit.PAD,
                shard_size: int = 1024) -> Path:
     """The store made from ``images`` in the cache; preprocessing is skipped when it is complete."""
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
@@ -81,7 +84,7 @@ def demo_coco_store(images: Path, annotations: Path, size: int, masks: bool) -> 
 
     where = hashlib.sha256(str(images.resolve()).encode()).hexdigest()[:8]
     store = cache_dir() / f"{images.parent.name}-{where}-{size}-lz4-pad{'-masks' if masks else ''}"
-    s = cached(store, partial(preprocess, images, store, TileSettings(tile=size, fit="pad"),
+    s = cached(store, partial(preprocess, images, store, TileSettings(tile=size, fit=Fit.PAD),
                               targets=TargetOptions(annotations=str(annotations), instance_masks=masks),
                               progress=progress_bar(sys.stderr.isatty())))
     print(f"store: {store} ({'reused' if s.up_to_date else f'made in {s.seconds:.1f} s'})", flush=True)

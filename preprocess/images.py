@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from tilefeed.preprocess.plugins import register_plugins
-from tilefeed.preprocess.settings import RESAMPLERS, TileSettings, size_text
+from tilefeed.preprocess.settings import Fit, Icc, Mode, Resample, TileSettings, size_text
 from tilefeed.store.errors import one_line
 from tilefeed.store.object_storage import read_object
 from tilefeed.store.storage import is_url, redact
@@ -40,7 +40,7 @@ from tilefeed.store.storage import is_url, redact
 STRIP_BYTES = 8 << 20  # float64 working set of one strip of a 16-bit or float picture
 WIDE_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
-RESAMPLING = {name: Image.Resampling[name.upper()] for name in RESAMPLERS}  # --resample's filters
+RESAMPLING = {r: Image.Resampling[r.name] for r in Resample}  # --resample's filters, by name
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def load_tiles(path: str, settings: TileSettings, exact: bool = False) -> Tiles:
                 _check_png_checksums(source)
             im = _open_checked(im, settings, exact)
             im = _to_rgb(im, settings)
-            if settings.mode == "grid":
+            if settings.mode is Mode.GRID:
                 return _grid(im, settings)
             picture = im.size
             tile, box, where = _fit(im, settings)
@@ -179,10 +179,10 @@ def peak_bytes(width: int, height: int, mode: str, settings: TileSettings, *, tu
         conversion = 9 * px
     else:
         conversion = 4 * px
-    if settings.icc == "srgb":
+    if settings.icc is Icc.SRGB:
         conversion += 8 * px  # the profile's output, and an RGB copy of an RGBA picture
     tiles = 0
-    if settings.mode == "grid":
+    if settings.mode is Mode.GRID:
         t, stride = settings.tile, settings.stride
         tiles = len(grid_positions(height, t, stride)) * len(grid_positions(width, t, stride)) * t * t * 3
     return decoded * (2 if turned else 1) + conversion + tiles
@@ -199,7 +199,7 @@ def _open_checked(im: Image.Image, settings: TileSettings, exact: bool = False) 
         raise Rejected(f"corrupt: image size {width}x{height}")
     if getattr(im, "n_frames", 1) > 1:
         im.seek(0)  # animations: the first frame
-    if settings.mode == "resize" and im.format == "JPEG" and not exact:
+    if settings.mode is Mode.RESIZE and im.format == "JPEG" and not exact:
         # DCT scaling: libjpeg decodes at 1/2, 1/4 or 1/8 scale while both sides stay >= T,
         # which is enough for every fit mode and far cheaper than a full decode.
         im.draft("RGB", (settings.tile, settings.tile))
@@ -223,7 +223,7 @@ def _open_checked(im: Image.Image, settings: TileSettings, exact: bool = False) 
 def _to_rgb(im: Image.Image, settings: TileSettings) -> Image.Image:
     """RGB, or L for a greyscale picture (``_fit`` and ``_grid`` widen its tiles to RGB)."""
     mode = im.mode
-    if settings.icc == "srgb" and im.info.get("icc_profile") and mode in ("RGB", "RGBA", "CMYK", "L"):
+    if settings.icc is Icc.SRGB and im.info.get("icc_profile") and mode in ("RGB", "RGBA", "CMYK", "L"):
         im = _profile_to_srgb(im)
         mode = im.mode
     if mode in ("RGB", "L"):
@@ -335,9 +335,9 @@ def placement(width: int, height: int, settings: TileSettings) -> Placement:
     whole picture onto the tile; crop, the centre square (the short side) onto the tile; pad,
     the whole picture, its longer side T, centred (its other side rounded to whole pixels)."""
     t, w, h = settings.tile, width, height
-    if settings.fit == "stretch":
+    if settings.fit is Fit.STRETCH:
         return Placement((0.0, 0.0, float(w), float(h)), (t, t), (0, 0))
-    if settings.fit == "crop":
+    if settings.fit is Fit.CROP:
         side = min(w, h)
         return Placement(((w - side) / 2, (h - side) / 2, float(side), float(side)), (t, t), (0, 0))
     scale = t / max(w, h)
@@ -351,9 +351,9 @@ def _fit(im: Image.Image, settings: TileSettings) -> tuple[Image.Image, tuple[in
     resample = RESAMPLING[settings.resample]
     where = placement(*im.size, settings)
     x, y, w, h = where.box
-    if settings.fit in ("stretch", "crop"):
+    if settings.fit in (Fit.STRETCH, Fit.CROP):
         # crop: the short side scaled to T and the centre taken, in one resize over the source box
-        box = None if settings.fit == "stretch" else (x, y, x + w, y + h)
+        box = None if settings.fit is Fit.STRETCH else (x, y, x + w, y + h)
         return _rgb(im.resize((t, t), resample, box=box)), (0, 0, t, t), where
     # pad: the whole picture, its longer side T, centred on the background
     (nw, nh), (left, top) = where.size, where.at

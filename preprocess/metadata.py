@@ -21,7 +21,7 @@ from tilefeed.store import format as fmt
 from tilefeed.store.attrs import ArrayRecord, ShardedRecord, StoreAttrs, TargetsRecord
 from tilefeed.store.codec import COMPRESSORS
 from tilefeed.store.shard import sha256_files
-from tilefeed.preprocess.settings import StoreSettings, TargetKind, TileSettings, describe
+from tilefeed.preprocess.settings import Mode, StoreSettings, TargetKind, TileSettings, describe
 from tilefeed.preprocess.sources.source_list import decode_paths
 from tilefeed.preprocess.sources.finding import Listing
 
@@ -96,7 +96,7 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
         (root / fmt.MASKS).mkdir(exist_ok=True)
         os.replace(scratch / fmt.MASKS / "zarr.json", root / fmt.MASKS / "zarr.json")
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
-    names = [fmt.LABELS, fmt.SOURCES, *((fmt.ROWS, fmt.COLS) if tiles.mode == "grid" else ()), fmt.BOXES,
+    names = [fmt.LABELS, fmt.SOURCES, *((fmt.ROWS, fmt.COLS) if tiles.mode is Mode.GRID else ()), fmt.BOXES,
              *((fmt.FRAMES,) if target is not None else ())]
     arrays: dict[str, Any] = {name: _small_array(group, name, samples) for name in names}
     rows: dict[str, _RowWriter] = {}
@@ -204,8 +204,8 @@ def write_attrs(
 
     attrs = StoreAttrs(
         samples=samples, sources=len(listing) + len(listing.skipped), accepted=accepted,
-        rejected=len(rejects), tile=tiles.tile, codec=store.codec_name,
-        quality=store.quality if store.codec_name is fmt.Codec.JPEG else None, shard_size=store.shard_size,
+        rejected=len(rejects), tile=tiles.tile, codec=store.codec,
+        quality=store.quality if store.codec is fmt.Codec.JPEG else None, shard_size=store.shard_size,
         shards=len(shard_bytes), shard_bytes=tuple(shard_bytes),
         images_metadata_sha256=sha256_files([root / fmt.IMAGES / "zarr.json"]),
         classes=tuple(listing.classes), made=describe(tiles, store), rejects=tuple(rejects),

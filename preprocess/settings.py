@@ -1,4 +1,10 @@
-"""Validated settings of a preprocessing run."""
+"""Validated settings of a preprocessing run.
+
+Every option with a fixed set of values is a ``StrEnum`` (``Mode``, ``Fit``, ``Resample``,
+``Icc``, and the store's ``Codec``), parsed once by ``store.choices.choice`` in the records'
+``__post_init__``, so the writer and the workers compare members, and a misspelt value fails
+where it is given, naming the option and the values it takes.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +13,62 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
-from tilefeed.store.format import CODECS, MAX_SHARD_SIZE, TILE_SIDES, Codec, MaskKind
+from tilefeed.store.format import MAX_SHARD_SIZE, TILE_SIDES, Codec, MaskKind
 from tilefeed.store.host import available_memory, usable_cores
 
-MODES: Final = ("resize", "grid")
-FITS: Final = ("crop", "pad", "stretch")
-ICC: Final = ("ignore", "srgb")
-RESAMPLERS: Final = ("bilinear", "bicubic", "lanczos")  # antialiased; images.py maps each to PIL's filter
+
+class Mode(StrEnum):
+    """How a source image becomes tiles (``--mode``); a member equals its string.
+
+    ``RESIZE``: one tile per image, the picture fitted to it as ``Fit`` says. ``GRID``: the
+    picture cut into T x T windows every ``stride`` pixels, not resized (edge tiles padded with
+    the background).
+    """
+
+    RESIZE = "resize"
+    GRID = "grid"
+
+
+class Fit(StrEnum):
+    """How resize mode fits a picture to its square tile (``--fit``); a member equals its string.
+
+    ``CROP``: the centre square (the short side) scaled to the tile. ``PAD``: the whole picture,
+    its longer side the tile's, centred on the background, its box recorded. ``STRETCH``: the
+    whole picture scaled to the tile, its aspect distorted.
+    """
+
+    CROP = "crop"
+    PAD = "pad"
+    STRETCH = "stretch"
+
+
+class Resample(StrEnum):
+    """The antialiased filter that resizes a picture to its tile (``--resample``); a member
+    equals its string, and its name is that of PIL's ``Image.Resampling`` filter."""
+
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    LANCZOS = "lanczos"
+
+
+class Icc(StrEnum):
+    """What becomes of an embedded ICC colour profile (``--icc``); a member equals its string.
+
+    ``IGNORE``: the pixels as PIL's ``Image.convert('RGB')`` gives them, as a torchvision PIL
+    pipeline sees them. ``SRGB``: the pixels converted from their profile to sRGB (littlecms).
+    """
+
+    IGNORE = "ignore"
+    SRGB = "srgb"
+
+
+# plain strings, for the command line's choices
+MODES: Final = tuple(mode.value for mode in Mode)
+FITS: Final = tuple(fit.value for fit in Fit)
+RESAMPLERS: Final = tuple(resample.value for resample in Resample)
+ICC: Final = tuple(icc.value for icc in Icc)
 DEFAULT_MAX_PIXELS: Final = 178_956_970  # PIL's own decompression-bomb error threshold
 # What one worker may hold to decode and convert one image: a 16-bit 13000 x 13000 PNG needs
 # about 0.5 GB, an RGBA picture at the default --max-pixels about 1.6 GB.
@@ -29,32 +83,49 @@ _UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 @dataclass(frozen=True)
 class TileSettings:
     """How each source image becomes tiles. Part of the store's identity (a resume must match),
-    except ``worker_memory``, which like the worker count says what the machine gives: the most
-    memory one worker may hold to decode and convert one image (bytes); a larger image is a
-    reject naming its size."""
+    except ``worker_memory``, which like the worker count says what the machine gives.
 
-    tile: int = 256  # the tile side T, in pixels
-    mode: str = "resize"
-    fit: str = "pad"  # the whole picture, as torchvision's crops see it (tilefeed bench aspect)
-    stride: int = 0  # grid mode; 0 means the tile size (no overlap)
-    resample: str = "bicubic"
+    Attributes
+    ----------
+    tile : int, default 256
+        The tile side T, in pixels (``--tile``).
+    mode : Mode or str, default "resize"
+        One tile per image, or a grid of tiles (``--mode``); a ``Mode`` once made.
+    fit : Fit or str, default "pad"
+        How resize mode fits the picture to its tile (``--fit``); a ``Fit`` once made. The
+        default keeps the whole picture, as torchvision's crops see it (``tilefeed bench aspect``).
+    stride : int, default 0
+        Grid mode: pixels between tile origins (``--stride``); 0 means the tile side (no overlap).
+    resample : Resample or str, default "bicubic"
+        The resize filter (``--resample``); a ``Resample`` once made.
+    background : tuple of int, default (255, 255, 255)
+        The RGB value under transparent pixels, pad borders and grid edges (``--background``).
+    max_pixels : int, default DEFAULT_MAX_PIXELS
+        Larger images are rejects (``--max-pixels``); Pillow's own bomb check follows it.
+    icc : Icc or str, default "ignore"
+        What becomes of an embedded colour profile (``--icc``); an ``Icc`` once made.
+    worker_memory : int, default DEFAULT_WORKER_MEMORY
+        The most memory one worker may hold to decode and convert one image, in bytes
+        (``--worker-memory``); a larger image is a reject naming its size.
+    """
+
+    tile: int = 256
+    mode: Mode = Mode.RESIZE
+    fit: Fit = Fit.PAD
+    stride: int = 0
+    resample: Resample = Resample.BICUBIC
     background: tuple[int, int, int] = (255, 255, 255)
     max_pixels: int = DEFAULT_MAX_PIXELS
-    icc: str = "ignore"  # embedded colour profiles: ignore (as Image.convert) or convert to sRGB
+    icc: Icc = Icc.IGNORE
     worker_memory: int = DEFAULT_WORKER_MEMORY
 
     def __post_init__(self) -> None:
         low, high = TILE_SIDES
         if not low <= self.tile <= high:
             raise ConfigError(f"tile must be in {low}..{high} pixels (--tile), got {self.tile}")
-        if self.mode not in MODES:
-            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.fit not in FITS:
-            raise ConfigError(f"--fit must be one of {', '.join(FITS)}, got {self.fit!r}")
-        if self.resample not in RESAMPLERS:
-            raise ConfigError(
-                f"--resample must be one of {', '.join(RESAMPLERS)}, got {self.resample!r}"
-            )
+        object.__setattr__(self, "mode", choice(Mode, self.mode, "--mode"))
+        object.__setattr__(self, "fit", choice(Fit, self.fit, "--fit"))
+        object.__setattr__(self, "resample", choice(Resample, self.resample, "--resample"))
         if self.stride == 0:
             object.__setattr__(self, "stride", self.tile)
         if not 1 <= self.stride:
@@ -62,8 +133,7 @@ class TileSettings:
         if len(self.background) != 3 or not all(0 <= c <= 255 for c in self.background):
             raise ConfigError(f"--background must be three values in 0..255, got {self.background}")
         object.__setattr__(self, "background", tuple(int(c) for c in self.background))
-        if self.icc not in ICC:
-            raise ConfigError(f"--icc must be one of {', '.join(ICC)}, got {self.icc!r}")
+        object.__setattr__(self, "icc", choice(Icc, self.icc, "--icc"))
         if self.max_pixels < 1:
             raise ConfigError(f"--max-pixels must be positive, got {self.max_pixels}")
         if self.worker_memory < MIN_WORKER_MEMORY:
@@ -71,39 +141,45 @@ class TileSettings:
                               f"got {self.worker_memory} bytes")
 
     def identity(self) -> dict[str, Any]:
-        """The fields a resumed run must match."""
+        """The fields a resumed run must match, as plain JSON values (each option's string,
+        never its member): what the run's fingerprint hashes and the attributes' ``made``
+        records."""
         d = asdict(self)
         del d["worker_memory"]
+        d.update(mode=self.mode.value, fit=self.fit.value, resample=self.resample.value, icc=self.icc.value)
         return d
 
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """How tiles are stored. ``codec`` may be given as a string; it is a ``Codec`` once made."""
+    """How tiles are stored.
 
-    codec: Codec | str = Codec.LZ4
+    Attributes
+    ----------
+    codec : Codec or str, default "lz4"
+        The tile codec (``--codec``); a ``Codec`` once made.
+    quality : int, default 90
+        JPEG quality, for ``codec`` "jpeg" (``--quality``).
+    shard_size : int, default 1024
+        Tiles per shard file (``--shard-size``).
+    """
+
+    codec: Codec = Codec.LZ4
     quality: int = 90
-    shard_size: int = 1024  # tiles per shard
+    shard_size: int = 1024
 
     def __post_init__(self) -> None:
-        if self.codec not in CODECS:
-            raise ConfigError(f"--codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
-        object.__setattr__(self, "codec", Codec(self.codec))
+        object.__setattr__(self, "codec", choice(Codec, self.codec, "--codec"))
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"--quality must be in 1..100, got {self.quality}")
         if not 1 <= self.shard_size <= MAX_SHARD_SIZE:
             raise ConfigError(f"--shard-size must be in 1..{MAX_SHARD_SIZE} tiles, got {self.shard_size}")
 
-    @property
-    def codec_name(self) -> Codec:
-        """``codec`` typed as the ``Codec`` it is once made."""
-        return Codec(self.codec)
-
     def identity(self) -> dict[str, Any]:
         """The fields as plain JSON values (the codec's name a str, never the enum member): what
         the run's fingerprint hashes and the attributes' ``made`` records."""
         d = asdict(self)
-        d["codec"] = self.codec_name.value
+        d["codec"] = self.codec.value
         return d
 
 
@@ -211,12 +287,15 @@ def size_text(nbytes: int) -> str:
 
 
 def describe(tiles: TileSettings, store: StoreSettings) -> dict[str, Any]:
+    """The settings as the attributes' ``made`` records them: plain JSON values, without the
+    fields this mode or codec has no use for (resize mode's stride, grid mode's fit, a lossless
+    codec's quality)."""
     d = {**tiles.identity(), **store.identity()}
     d["background"] = list(tiles.background)
-    if tiles.mode == "resize":
+    if tiles.mode is Mode.RESIZE:
         del d["stride"]
     else:
         del d["fit"]
-    if store.codec_name is not Codec.JPEG:
+    if store.codec is not Codec.JPEG:
         del d["quality"]
     return d

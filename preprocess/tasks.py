@@ -27,7 +27,7 @@ from tilefeed.store import format as fmt
 from tilefeed.store.codec import TileCodec
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.store.errors import one_line
-from tilefeed.preprocess.settings import StoreSettings, TargetKind, TileSettings
+from tilefeed.preprocess.settings import Mode, StoreSettings, TargetKind, TileSettings
 from tilefeed.preprocess.sources.source_list import decode_paths, split_paths
 from tilefeed.preprocess.sources.targets import TargetJob
 from tilefeed.preprocess.targets import (TileTargets, place_grid, place_targets, read_targets, split_records,
@@ -260,7 +260,7 @@ def _placed_targets(targets: TargetJob, path: str, record: bytes, result: Tiles,
     reason."""
     try:
         found = read_targets(targets, path, record, result.size, len(result.placements))
-        if tiles.mode == "grid":
+        if tiles.mode is Mode.GRID:
             return place_grid(found, result.placements, tiles.tile, targets.masks)
         (where,) = result.placements
         return [place_targets(found, where, result.size, tiles.tile, targets.masks)]

@@ -155,6 +155,8 @@ def bench_aspect(*, train_count: int = 512, val_count: int = 256, epochs: int = 
                  batch: int = 32) -> AspectResult:
     from tilefeed.pipeline import Loader
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+    from tilefeed.preprocess.settings import Fit
+    from tilefeed.store.format import Codec
 
     accuracy: dict[str, list[float]] = {"torchvision's rule, original pictures": [],
                                         "tilefeed, aspect-true tiles (--fit pad)": [],
@@ -164,16 +166,17 @@ def bench_aspect(*, train_count: int = 512, val_count: int = 256, epochs: int = 
         train = make_dataset(root / "train", train_count, seed=1)
         val = _whole(make_dataset(root / "val", val_count, seed=2))
         stores = {}
-        for fit in ("pad", "crop"):
+        fits = (Fit.PAD, Fit.CROP)
+        for fit in fits:
             stores[fit] = root / f"store-{fit}"
-            preprocess(train, stores[fit], TileSettings(tile=WIDTH if fit == "pad" else HEIGHT, fit=fit),
-                       StoreSettings(codec="none"), workers=1)
+            preprocess(train, stores[fit], TileSettings(tile=WIDTH if fit is Fit.PAD else HEIGHT, fit=fit),
+                       StoreSettings(codec=Codec.NONE), workers=1)
         names = list(accuracy)
         for seed in range(seeds):
             rng = random.Random(seed)
             accuracy[names[0]].append(
                 _train(partial(_reference_epoch, train, batch, rng), epochs, seed, val))
-            for name, fit in zip(names[1:], ("pad", "crop"), strict=True):
+            for name, fit in zip(names[1:], fits, strict=True):
                 with Loader(stores[fit], batch, shuffle=True, seed=seed, train=True, size=SIDE) as loader:
                     accuracy[name].append(_train(partial(_loader_epoch, loader), epochs, seed, val))
     return AspectResult(seeds, accuracy)

@@ -33,10 +33,12 @@ from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, PhotometricDistort, Recipe
+from tilefeed.preprocess.settings import Fit
 from tilefeed.store.errors import ConfigError
+from tilefeed.store.format import Codec
 
-CODECS = ("lz4", "none", "jpeg")
-FITS = ("pad", "crop")
+CODECS = (Codec.LZ4, Codec.NONE, Codec.JPEG)
+FITS = (Fit.PAD, Fit.CROP)
 FILL = (123, 117, 104)
 # recipe name -> (the recipe, given the store's class count; None: evaluation framing)
 RECIPES: dict[str, Callable[[int], Recipe | None]] = {
@@ -250,7 +252,7 @@ def _same_targets(a: dict[int, Any], b: dict[int, Any]) -> bool:
         a[i].keys() == b[i].keys() and all(torch.equal(a[i][n], b[i][n]) for n in a[i]) for i in a)
 
 
-def make_stores(root: Path, *, count: int, tile: int) -> dict[tuple[str, str], Path]:
+def make_stores(root: Path, *, count: int, tile: int) -> dict[tuple[Codec, Fit], Path]:
     """A generated COCO-style set (shapes on photo-like backgrounds) preprocessed with its boxes
     and instance masks into one store per codec and fit; complete stores are reused."""
     from tilefeed.bench.fixtures.coco import make_coco_folder
@@ -270,7 +272,7 @@ def make_stores(root: Path, *, count: int, tile: int) -> dict[tuple[str, str], P
 
 
 def bench_device_graph(root: Path, *, count: int = 24, tile: int = 64, size: int = 48, cuda: bool = False,
-                       codecs: tuple[str, ...] = CODECS, fits: tuple[str, ...] = FITS,
+                       codecs: tuple[Codec, ...] = CODECS, fits: tuple[Fit, ...] = FITS,
                        recipes: tuple[str, ...] = tuple(RECIPES), outputs: tuple[str, ...] = tuple(OUTPUTS),
                        progress: Callable[[str], None] | None = None) -> DeviceGraphResult:
     """Run the matrix (see the module's docstring) on stores made under ``root``.
@@ -283,8 +285,12 @@ def bench_device_graph(root: Path, *, count: int = 24, tile: int = 64, size: int
         Generated pictures, the stores' tile side and the output side.
     cuda : bool
         Also run the graph on the current CUDA device (a column of its own).
-    codecs, fits, recipes, outputs : tuple of str
-        The matrix's rows to run (default: all of ``CODECS``, ``FITS``, ``RECIPES``, ``OUTPUTS``).
+    codecs : tuple of Codec
+        The store codecs to run (default: all of ``CODECS``).
+    fits : tuple of Fit
+        The tile fits to run (default: all of ``FITS``).
+    recipes, outputs : tuple of str
+        The recipes and outputs to run (default: all of ``RECIPES``, ``OUTPUTS``).
     progress : callable, optional
         Called with each cell's name as it starts.
 

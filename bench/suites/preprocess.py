@@ -20,6 +20,7 @@ from typing import Any
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess.images import Rejected, load_tiles
 from tilefeed.preprocess.sources.finding import find_sources
+from tilefeed.store.format import Codec
 
 
 WORKER_PHASES = ("decode", "encode", "write")  # the rest (copy, sync) overlap them locally
@@ -60,7 +61,7 @@ class PreprocessBenchResult:
         return "\n".join(lines)
 
 
-def bench_preprocess(images: Path, *, size: int = 224, codec: str = "lz4", rounds: int = 5,
+def bench_preprocess(images: Path, *, size: int = 224, codec: Codec = Codec.LZ4, rounds: int = 5,
                      log: bool = True) -> PreprocessBenchResult:
     sources = find_sources(images)
     tiles, store = TileSettings(tile=size), StoreSettings(codec=codec)

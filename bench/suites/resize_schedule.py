@@ -108,6 +108,8 @@ def bench_schedule(*, train_count: int = 512, val_count: int = 256, epochs: int 
                    batch: int = 32, low: int = 32, step: int = 16) -> ScheduleResult:
     from tilefeed.pipeline import Loader
     from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
+    from tilefeed.preprocess.settings import Fit
+    from tilefeed.store.format import Codec
 
     high = SIDE
     with tempfile.TemporaryDirectory(prefix="tilefeed-schedule-") as tmp:
@@ -115,7 +117,8 @@ def bench_schedule(*, train_count: int = 512, val_count: int = 256, epochs: int 
         train = make_dataset(root / "train", train_count, seed=1)
         val = _whole(make_dataset(root / "val", val_count, seed=2))
         store = root / "store"
-        preprocess(train, store, TileSettings(tile=WIDTH, fit="pad"), StoreSettings(codec="none"), workers=1)
+        preprocess(train, store, TileSettings(tile=WIDTH, fit=Fit.PAD), StoreSettings(codec=Codec.NONE),
+                   workers=1)
         costs = {size: _epoch_seconds(store, size, batch) for size in ramp_sizes(low, high, step)}
         result = ScheduleResult(seeds, low, high, costs)
         ramped, schedule = plan_ramp(costs, epochs * costs[high], low, high, step)

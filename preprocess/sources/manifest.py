@@ -72,7 +72,7 @@ def read_manifest(manifest: Path, options: SourceOptions, sink: SourceListWriter
     and chooses the label rule; the second resolves and lists the paths. The errors come in
     the order they did when the whole manifest was held: rows first, then paths (the first
     line at fault, a repeat included), then labels."""
-    rule = _label_rule(_rows(manifest), manifest, ClassLabels(options.labels))
+    rule = _label_rule(_rows(manifest), manifest, options.labels)
     repeats = None if options.allow_duplicates else SortedRuns(scratch / "repeats")
     resolve = _resolver(manifest, options)
     fault: tuple[int, SourceError] | None = None

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Final
 from urllib.parse import urlsplit
 
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.storage import OBJECT_SCHEMES
 
@@ -36,22 +37,29 @@ NOT_UTF8: Final = ("unusable name: not valid UTF-8 (its bytes are shown as \\xNN
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """How SRC is read. ``labels``: auto (integers if all are, names if none looks numeric),
-    int or names; the ``allow_*`` switches relax the rules that catch mistakes. ``buckets``:
-    the buckets a manifest's URL rows may name (``s3://name``, or a bare ``name`` in any object
-    store, or ``*`` for any); rows in other buckets are refused, as they would be read with
-    this machine's cloud credentials."""
+    """How SRC is read.
 
-    labels: ClassLabels | str = ClassLabels.AUTO  # a ClassLabels once made
+    Attributes
+    ----------
+    labels : ClassLabels or str, default "auto"
+        How a manifest's labels are read (``--labels``); a ``ClassLabels`` once made.
+    allow_duplicates, allow_outside, allow_empty_classes : bool, default False
+        Relax the rules that catch mistakes: a path a manifest lists twice, a manifest's path
+        outside its folder, a class folder with no files.
+    buckets : tuple of str, default ()
+        The buckets a manifest's URL rows may name (``s3://name``, or a bare ``name`` in any
+        object store, or ``*`` for any); rows in other buckets are refused, as they would be
+        read with this machine's cloud credentials.
+    """
+
+    labels: ClassLabels = ClassLabels.AUTO
     allow_duplicates: bool = False
     allow_outside: bool = False
     allow_empty_classes: bool = False
     buckets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.labels not in LABEL_RULES:
-            raise ConfigError(f"--labels must be one of {', '.join(LABEL_RULES)}, got {self.labels!r}")
-        object.__setattr__(self, "labels", ClassLabels(self.labels))
+        object.__setattr__(self, "labels", choice(ClassLabels, self.labels, "--labels"))
         allowed = []
         for bucket in self.buckets:
             text = bucket.strip().rstrip("/")
