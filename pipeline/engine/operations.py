@@ -160,8 +160,25 @@ class PolicyDraws:
         sent.update((name, np.ascontiguousarray(made[name])) for name in names)
 
 
+class PixelDraws:
+    """The recipe's pixel operations registered one module each (``pixel_ops.PIXEL_OPERATIONS``:
+    solarize), in training: each declares and draws its own inputs."""
+
+    def inputs(self, a: Augment) -> dict[str, Input]:
+        if a.recipe is None or not a.train:
+            return {}
+        return {name: Input(dtype) for op, _ in a.recipe.pixel_operations()
+                for name, dtype in op.inputs.items()}
+
+    def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
+        if d.recipe is None or not d.augment.train:
+            return
+        for op, settings in d.recipe.pixel_operations():
+            sent.update(op.draw(settings, d.seed, d.epoch, d.keys))
+
+
 # Every per-sample operation, in the order the graph is fed their inputs
-OPERATIONS: tuple[Operation, ...] = (Windows(), RecipeDraws(), PolicyDraws())
+OPERATIONS: tuple[Operation, ...] = (Windows(), RecipeDraws(), PolicyDraws(), PixelDraws())
 
 
 def inputs(a: Augment) -> dict[str, Input]:

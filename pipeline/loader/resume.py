@@ -33,7 +33,9 @@ from tilefeed.store.errors import ConfigError
 # auto-augment policies take torchvision's own magnitude tables (torch's linspace, an ulp off
 # numpy's at some bins: TrivialAugmentWide's translation at bin 15 moves 15 px, not 16), so a
 # version 7 state's epoch would not resume on the pixels it began with
-STATE_VERSION = 8
+# 9: a recipe may solarize (``pixel_ops``: torchvision's RandomSolarize), which its identity names
+# while on: a version 8 Loader would read such a state's recipe as one it cannot apply
+STATE_VERSION = 9
 
 
 @dataclass(frozen=True)

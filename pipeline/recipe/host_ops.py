@@ -40,12 +40,14 @@ from PIL import Image, ImageEnhance, ImageOps, ImageStat
 from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS
 from tilefeed.pipeline.recipe.policies import INPUT_NAMES, AutoAugment
 from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS, RANDOM_FILTERS, PolicyInterpolation, Op
+from tilefeed.pipeline.recipe.pixel_ops import PIXEL_OPERATIONS
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 # the per-sample inputs (``draws.input_names``) these kernels take: on the host-resize path the
 # batch source applies them and the graph declares none of them
 INPUTS: tuple[str, ...] = ("vflip", "grayscale", "jitter", "order", *JITTER_ADJUSTMENTS,
-                           *PHOTOMETRIC_INPUTS, *INPUT_NAMES)
+                           *PHOTOMETRIC_INPUTS, *INPUT_NAMES,
+                           *(name for op in PIXEL_OPERATIONS for name in op.inputs))
 SOLARIZE_ADD_BELOW = 128  # timm's solarize_add threshold: only pixels below it are raised
 _RESAMPLE = {PolicyInterpolation.NEAREST: Image.Resampling.NEAREST,
              PolicyInterpolation.BILINEAR: Image.Resampling.BILINEAR,
@@ -58,9 +60,10 @@ _RAMP = Image.frombytes("RGB", (256, 1), np.repeat(np.arange(256, dtype=np.uint8
 
 def applies(recipe: Recipe | None) -> bool:
     """``recipe`` has a pixel operation for these kernels (photometric distortion, vertical flip,
-    auto-augment, colour jitter or grayscale)."""
+    auto-augment, colour jitter, grayscale or one of ``PIXEL_OPERATIONS``)."""
     return recipe is not None and (recipe.vflip > 0 or recipe.grayscale > 0 or recipe.jitter is not None
-                                   or recipe.auto_augment is not None or recipe.distort is not None)
+                                   or recipe.auto_augment is not None or recipe.distort is not None
+                                   or bool(recipe.pixel_operations()))
 
 
 def sample(inputs: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
@@ -104,6 +107,8 @@ def apply(image: Image.Image, inputs: Mapping[str, Any], recipe: Recipe) -> Imag
         image = color_jitter(image, inputs["order"], factors)
     if "grayscale" in inputs and inputs["grayscale"]:
         image = grayscale(image)
+    for operation, settings in recipe.pixel_operations():
+        image = operation.host(image, inputs, settings)
     return image
 
 

@@ -65,6 +65,8 @@ def apply(images: Node, inputs: dict[str, Node], recipe: Recipe) -> Node:
             images = color_jitter(images, inputs["order"], _factors(inputs, ""))
     if "grayscale" in inputs:
         images = random_grayscale(images, inputs["grayscale"])
+    for operation, settings in recipe.pixel_operations():
+        images = operation.graph(images, inputs, settings)
     return images
 
 

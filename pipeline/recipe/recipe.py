@@ -22,7 +22,9 @@ from typing import Any
 
 from tilefeed.pipeline.recipe.batch_mix import BatchMix
 from tilefeed.pipeline.recipe.erasing import RandomErasing
+from tilefeed.pipeline.recipe.pixel_ops import PIXEL_OPERATIONS, PixelOperation
 from tilefeed.pipeline.recipe.policies import AutoAugment
+from tilefeed.pipeline.recipe.solarize import RandomSolarize
 from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
@@ -258,12 +260,17 @@ class Recipe:
         means all three. Instance masks are padded with 0, as those presets pad them, semantic
         masks with 255 (ignore). Those crops take
         no vertical flip and no auto-augment policy (refused).
+    solarize : RandomSolarize, optional
+        torchvision v2's ``RandomSolarize(threshold, p)`` (``pipeline.recipe.solarize``): each
+        sample's values at or above ``threshold`` inverted, with probability ``p``; the last
+        pixel operation.
 
     Notes
     -----
     In a sample the operations follow timm's and torchvision's training transforms: crop and
-    resize, photometric distortion, vertical flip, auto-augment, colour jitter, grayscale,
-    normalisation (with the horizontal flip), random erasing; then the batch is mixed. The
+    resize, photometric distortion, vertical flip, auto-augment, colour jitter, grayscale, then
+    the operations of ``pixel_ops.PIXEL_OPERATIONS`` (solarize), normalisation (with the
+    horizontal flip), random erasing; then the batch is mixed. The
     horizontal flip comes last in the graph rather than first: every auto-augment operation it
     does not commute with (shear, translate and rotate along x) has a sign drawn at even odds,
     so the samples' distribution is the same. The photometric distortion, which torchvision's ``ssd`` preset
@@ -271,7 +278,8 @@ class Recipe:
     brightness, saturation, hue and the channel order act pixel by pixel and commute with the
     cut, while contrast blends with the mean luma of what the sample shows of the picture rather
     than of the whole picture. A field added later takes a default that leaves today's samples
-    as they are, its own check in ``__post_init__``, a draw on a stream of its own and an op.
+    as they are, its own check in ``__post_init__``, a draw on a stream of its own and an op: a
+    pixel operation is one module and one line of ``pixel_ops.PIXEL_OPERATIONS``.
     """
 
     interpolation: Interpolation = Interpolation.BILINEAR
@@ -285,6 +293,7 @@ class Recipe:
     crop: Crop = Crop.RANDOM_RESIZED
     fill: tuple[int, int, int] = (0, 0, 0)
     photometric: PhotometricDistort | None = None
+    solarize: RandomSolarize | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "interpolation", choice(Interpolation, self.interpolation, "interpolation"))
@@ -298,7 +307,8 @@ class Recipe:
             raise ConfigError(f"photometric must be a PhotometricDistort or None, got {self.photometric!r}")
         if isinstance(self.auto_augment, str):
             object.__setattr__(self, "auto_augment", AutoAugment.parse(self.auto_augment))
-        for name, kind in (("auto_augment", AutoAugment), ("erasing", RandomErasing), ("mix", BatchMix)):
+        for name, kind in (("auto_augment", AutoAugment), ("erasing", RandomErasing), ("mix", BatchMix),
+                           ("solarize", RandomSolarize)):
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"{name} must be a {kind.__name__} or None, got {value!r}")
@@ -331,9 +341,16 @@ class Recipe:
         """The recipe as plain JSON-able values: what a resumed run must agree on."""
         plain = _plain(self)
         assert isinstance(plain, dict)
-        if plain["photometric"] is None:  # a recipe without it reads as it did before the field
-            del plain["photometric"]
+        # an operation added after the first saved states, while off, leaves the recipe reading
+        # as it did before its field
+        for name in ("photometric", *(op.field for op in PIXEL_OPERATIONS)):
+            if plain[name] is None:
+                del plain[name]
         return plain
+
+    def pixel_operations(self) -> list[tuple[PixelOperation, Any]]:
+        """The registered pixel operations this recipe applies, each with its settings, in order."""
+        return [(op, getattr(self, op.field)) for op in PIXEL_OPERATIONS if getattr(self, op.field) is not None]
 
 
 def _fill(value: Any) -> tuple[int, int, int]:

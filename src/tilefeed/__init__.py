@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, Interpolation, PhotometricDistort, Recipe
     from tilefeed.pipeline.recipe.batch_mix import MixStyle
     from tilefeed.pipeline.recipe.erasing import Fill
+    from tilefeed.pipeline.recipe.solarize import RandomSolarize
     from tilefeed.pipeline.recipe.policy_tables import Family, Policy, PolicyInterpolation, Table
     from tilefeed.pipeline.recipe.adapters import timm_options, torchvision_options
     from tilefeed.pipeline.options import Layout, Shuffle, Targets, TargetsLayout
@@ -66,6 +67,7 @@ _PUBLIC = {
     "MixStyle": ("tilefeed.pipeline.recipe.batch_mix", "MixStyle"),
     "Crop": ("tilefeed.pipeline.recipe.recipe", "Crop"),
     "Fill": ("tilefeed.pipeline.recipe.erasing", "Fill"),
+    "RandomSolarize": ("tilefeed.pipeline.recipe.solarize", "RandomSolarize"),
     **{name: ("tilefeed.pipeline.recipe.policy_tables", name)
        for name in ("Family", "Policy", "PolicyInterpolation", "Table")},
     **{name: ("tilefeed.pipeline.options", name) for name in ("Layout", "Shuffle", "Targets", "TargetsLayout")},
@@ -96,7 +98,8 @@ _PUBLIC = {
 __all__ = [
     "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop", "DaliMissingError",
     "Family", "Fill", "Framing", "Interpolation", "Layout", "Loader", "Mix", "MixStyle", "PhotometricDistort",
-    "Policy", "PolicyInterpolation", "RandomErasing", "Recipe", "RunResult", "Shuffle", "SourceError",
+    "Policy", "PolicyInterpolation", "RandomErasing", "RandomSolarize", "Recipe", "RunResult", "Shuffle",
+    "SourceError",
     "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
     "StoreWriteError", "Summary", "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset",
     "TileSettings", "TilefeedError", "__version__", "boxes_to_source", "dataset_samples", "make_coco_folder",
