@@ -11,12 +11,13 @@ if __name__ != "tilefeed.preprocess":  # the repository's folder imported as its
 
 from typing import TYPE_CHECKING, Any
 
-from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings
+from tilefeed.preprocess.settings import Fit, Icc, Mode, Resample, StoreSettings, TargetOptions, TileSettings
 
 if TYPE_CHECKING:
     from tilefeed.preprocess.writer import Summary, preprocess
 
-__all__ = ["StoreSettings", "Summary", "TargetOptions", "TileSettings", "preprocess"]
+__all__ = ["Fit", "Icc", "Mode", "Resample", "StoreSettings", "Summary", "TargetOptions", "TileSettings",
+           "preprocess"]
 
 
 def __getattr__(name: str) -> Any:

@@ -572,10 +572,10 @@ class Loader:
             return None
         # in place: the handed-over batch is fresh and the caller's
         erasing = None if recipe.erasing is None else replace(recipe.erasing, inplace=True)
-        mix = recipe.mix if self.mixup_enabled else None
-        if erasing is None and mix is None:
+        batch_mix = recipe.mix if self.mixup_enabled else None  # mixup/cutmix, not the mixing of stores
+        if erasing is None and batch_mix is None:
             return None
-        return BatchOps(erasing, mix, self.seed, plan.epoch, self.batch_size, self.rank, self.world_size,
+        return BatchOps(erasing, batch_mix, self.seed, plan.epoch, self.batch_size, self.rank, self.world_size,
                         before=sum(s.world_size * s.batches for s in plan.prior),
                         layout=self.layout.memory, positions=plan.positions)
 

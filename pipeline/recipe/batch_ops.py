@@ -33,7 +33,7 @@ class BatchOps:
     ----------
     erasing : RandomErasing or None
         Erasing of each sample (in place: a handed-over batch is fresh), keyed as the crops are.
-    mix : BatchMix or None
+    batch_mix : BatchMix or None
         Mixup/cutmix of the batch, keyed by the batch's global position (``batch_mix``'s rule
         for resume); None also where the Loader's ``mixup_enabled`` is off.
     seed, epoch : int
@@ -53,7 +53,7 @@ class BatchOps:
     """
 
     erasing: RandomErasing | None
-    mix: BatchMix | None
+    batch_mix: BatchMix | None
     seed: int
     epoch: int
     batch_size: int
@@ -72,8 +72,8 @@ class BatchOps:
             first = batch * self.batch_size
             keys = self.positions[first : first + len(images)]
             images = self.erasing.erase(images, keys, self.seed, self.epoch, self.layout)
-        if self.mix is not None:
+        if self.batch_mix is not None:
             position = batch_position(batch, self.rank, self.world_size, before=self.before)
-            images, out["labels"] = self.mix.apply(images, out["labels"].reshape(-1), self.seed, self.epoch,
-                                                   position, self.layout)
+            images, out["labels"] = self.batch_mix.apply(images, out["labels"].reshape(-1), self.seed,
+                                                         self.epoch, position, self.layout)
         out["images"] = images

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
         StoreWriteError,
         TilefeedError,
     )
-    from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings
+    from tilefeed.preprocess.settings import (Fit, Icc, Mode, Resample, StoreSettings, TargetOptions,
+                                              TileSettings)
     from tilefeed.preprocess.sources.scanning import SourceOptions
     from tilefeed.preprocess.writer import Summary, preprocess as preprocess_images
 
@@ -85,6 +86,7 @@ _PUBLIC = {
     "make_image_folder": ("tilefeed.bench.fixtures.generated", "make_image_folder"),
     "make_coco_folder": ("tilefeed.bench.fixtures.coco", "make_coco_folder"),
     "StoreSettings": ("tilefeed.preprocess.settings", "StoreSettings"),
+    **{name: ("tilefeed.preprocess.settings", name) for name in ("Fit", "Icc", "Mode", "Resample")},
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
     "TargetOptions": ("tilefeed.preprocess.settings", "TargetOptions"),
     "SourceOptions": ("tilefeed.preprocess.sources.scanning", "SourceOptions"),
@@ -96,15 +98,15 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop", "DaliMissingError",
-    "Family", "Fill", "Framing", "Interpolation", "Layout", "Loader", "Mix", "MixStyle", "PhotometricDistort",
-    "Policy", "PolicyInterpolation", "RandomErasing", "RandomSolarize", "Recipe", "RunResult", "Shuffle",
-    "SourceError",
-    "SourceOptions", "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings",
-    "StoreWriteError", "Summary", "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset",
-    "TileSettings", "TilefeedError", "__version__", "boxes_to_source", "dataset_samples", "make_coco_folder",
-    "make_image_folder", "map_boxes", "measure", "preprocess_images", "ramp", "source_to_output",
-    "timm_options", "torchvision_detection_loader", "torchvision_options", "watch",
+    "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop",
+    "DaliMissingError", "Family", "Fill", "Fit", "Framing", "Icc", "Interpolation", "Layout", "Loader",
+    "Mix", "MixStyle", "Mode", "PhotometricDistort", "Policy", "PolicyInterpolation", "RandomErasing",
+    "RandomSolarize", "Recipe", "Resample", "RunResult", "Shuffle", "SourceError", "SourceOptions",
+    "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings", "StoreWriteError",
+    "Summary", "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset", "TileSettings",
+    "TilefeedError", "boxes_to_source", "dataset_samples", "make_coco_folder", "make_image_folder",
+    "map_boxes", "measure", "preprocess_images", "ramp", "source_to_output", "timm_options",
+    "torchvision_detection_loader", "torchvision_options", "watch", "__version__",
 ]
 
 

@@ -153,15 +153,6 @@ def test_ramp_is_ffcvs_schedule(start: int, end: int, lo: int, hi: int) -> None:
     assert schedule.largest == hi
 
 
-def test_decode_scale_is_the_smallest_that_still_covers_the_output() -> None:
-    assert decode_scale(128, 128, 16, 128, 128) == 8
-    assert decode_scale(128, 96, 16, 128, 128) == 4  # the narrower side decides
-    assert decode_scale(64, 64, 32, 128, 128) == 2
-    assert decode_scale(63, 64, 32, 128, 128) == 1
-    assert decode_scale(100, 100, 13, 100, 100) == 8  # 100 / 8 rounds up to 13 decoded pixels
-    assert decode_scale(100, 100, 14, 100, 100) == 4
-
-
 @pytest.mark.parametrize("size", [16, 32, 48])
 def test_reduced_scale_decode_stays_above_35_db_of_a_full_decode_resized(
         big_jpeg_store: Path, size: int) -> None:

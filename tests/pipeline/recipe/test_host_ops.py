@@ -34,10 +34,6 @@ import torchvision.transforms.v2.functional as F
 from timm.data import auto_augment as timm_aa
 
 from tilefeed.pipeline import Loader, StoreReader
-from tilefeed.pipeline.engine.batch_source import HOST_USED
-from tilefeed.pipeline.engine.operations import inputs as sent
-from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.batch_source import graph_names
 from tilefeed.pipeline.recipe import host_ops
 from tilefeed.pipeline.recipe.draws import Draws, draw
 from tilefeed.pipeline.recipe.policies import AutoAugment
@@ -393,33 +389,6 @@ def test_jitter_flip_and_grayscale_equal_torchvisions_pil_kernels_and_are_near_d
     diff = np.abs(np.stack(ours) - dali)
     assert diff.max() <= worst and (diff > 0).mean() <= share and diff.mean() <= mean, \
         (diff.max(), (diff > 0).mean(), diff.mean())
-
-
-def test_the_host_path_leaves_the_graph_the_horizontal_flip_alone() -> None:
-    recipe = Recipe("random", hflip=0.3, vflip=0.5, grayscale=0.2,
-                    color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8), auto_augment="ta_wide",
-                    photometric=PhotometricDistort())
-    augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
-                      recipe=recipe)
-    assert graph_names(sent(augment), True) == ("flip",)
-    assert set(sent(augment)) - set(HOST_USED) == {"flip"}
-    assert "aa_op" in graph_names(sent(augment), False)  # a GPU graph applies them
-
-
-def test_a_random_filter_reaches_the_host_kernels_only() -> None:
-    """``aa_filter`` is sent with a random-interpolation policy's inputs, stays with the host
-    kernels on the host-resize path, and is not declared by a device graph (which warps every
-    slot bilinear); a fixed filter sends none."""
-    policy = AutoAugment.parse("rand-m9-mstd0.5")
-    augment = Augment(train=True, tile=32, normalize=False, half=False, channels_first=False, windows=True,
-                      recipe=Recipe(auto_augment=policy))
-    assert "aa_filter" in sent(augment) and "aa_filter" in HOST_USED
-    assert graph_names(sent(augment), True) == ("flip",)
-    device = graph_names(sent(augment), False)
-    assert "aa_op" in device and "aa_filter" not in device
-    bilinear = replace(policy, interpolation=PolicyInterpolation.BILINEAR)
-    fixed = replace(augment, recipe=Recipe(auto_augment=bilinear))
-    assert "aa_filter" not in sent(fixed)
 
 
 @pytest.mark.parametrize("interpolation", ["random", "bicubic"])
