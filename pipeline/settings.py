@@ -249,12 +249,15 @@ def _ratio(value: Any) -> tuple[float, float]:
     return (value[0], value[1])
 
 
-def _at_least(name: str, minimum: int, default: int | None = None) -> Callable[[Any], int | None]:
-    """An int option of at least ``minimum``; None stays None unless a ``default`` replaces it."""
+def _at_least(name: str, minimum: int) -> Callable[[Any], int]:
+    """An int option of at least ``minimum`` (None is refused as any other non-int is)."""
+    return lambda value: check_int(name, value, minimum)
+
+
+def _optional(name: str, minimum: int, default: int | None = None) -> Callable[[Any], int | None]:
+    """An int option of at least ``minimum``, or None (``default`` where one replaces it)."""
     def checked(value: Any) -> int | None:
-        if value is None:
-            return default
-        return check_int(name, value, minimum)
+        return default if value is None else check_int(name, value, minimum)
     return checked
 
 
@@ -291,7 +294,7 @@ class LoaderSettings:
     layout: Layout = option(lambda value: choice(Layout, value, "layout"))
     with_index: bool = option(bool)
     workers: int = option(_workers)  # DALI's CPU threads: DataLoader's num_workers
-    prefetch: int = option(_at_least("prefetch_factor", 1, default=2))  # DataLoader's prefetch_factor
+    prefetch: int = option(_optional("prefetch_factor", 1, default=2))  # DataLoader's prefetch_factor
     pin_memory: bool = option(bool)
     persistent_workers: bool = option(bool)
     indices: np.ndarray | None = option(_indices)  # unsorted, unchecked against the store: see subset()
@@ -304,14 +307,14 @@ class LoaderSettings:
     # credentials: never printed
     storage_options: dict[str, Any] | None = field(repr=False, metadata={"check": _given})
     cache_dir: str | Path | None = option(_given)
-    cache_limit: int | None = option(_at_least("cache_limit", 1))
+    cache_limit: int | None = option(_optional("cache_limit", 1))
     fast_idct: bool = option(bool)
     scaled_decode: bool = option(bool)
     stats: bool = option(bool)
     recipe: Recipe | None = option(_recipe)
     targets: frozenset[Targets] = option(parse_targets)  # what a batch holds besides its images
     targets_layout: TargetsLayout = option(lambda value: choice(TargetsLayout, value, "targets_layout"))
-    max_objects: int | None = option(_at_least("max_objects", 1))
+    max_objects: int | None = option(_optional("max_objects", 1))
     # rank and world size defaulted to 0 of 1 with no process group yet: checked again as each
     # epoch begins (``check_alone``), since a group (or a launcher's WORLD_SIZE) may say otherwise
     alone: bool = derived()

@@ -262,6 +262,14 @@ BASE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("error_iou_without_boxes", "plain", _recipe(crop="iou")),
     Scenario("error_mixing_uint8", "plain",
              lambda tf: {**_recipe(mix=tf.BatchMix(num_classes=5))(tf), "dtype": _torch().uint8}),
+    Scenario("error_seed_none", "plain", lambda tf: {"seed": None}),
+    Scenario("error_batch_size_none", "plain", lambda tf: {"batch_size": None}),
+    Scenario("error_layout", "plain", lambda tf: {"layout": "CHW"}),
+    Scenario("error_shuffle", "plain", lambda tf: {"shuffle": "random"}),
+    Scenario("error_targets", "boxes", lambda tf: {"targets": "keypoints"}),
+    Scenario("error_targets_layout", "boxes", lambda tf: {"targets": "boxes", "targets_layout": "list"}),
+    Scenario("error_mix_labels", "mix", lambda tf: {"store": _mix(labels="merge")(tf)}),
+    Scenario("error_two_bad_options", "plain", lambda tf: {"batch_size": 0, "layout": "CHW"}),
 )
 
 # Run again through the GPU's graph shape on DALI's CPU backend (TILEFEED_DEVICE_GRAPH=1).
@@ -437,8 +445,10 @@ def plain(value: Any) -> Any:
     import math
 
     if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        # a field left None reads as one absent: a record that gains an optional field (off by
+        # default) holds what it held before, as its identity() says too
         return {name: plain(getattr(value, name)) for name in value.__dataclass_fields__
-                if not name.startswith("_")}
+                if not name.startswith("_") and getattr(value, name) is not None}
     if isinstance(value, enum.Enum):
         return plain(value.value)
     if isinstance(value, dict):

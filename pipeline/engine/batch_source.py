@@ -37,10 +37,12 @@ Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indice
 # (sample indices, the keys their crops and flips are drawn from) -> per-sample inputs by name
 # (``operations.graph_inputs``)
 Extras = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-# What runs on a batch as it is handed over, given its outputs by name and its batch number in
-# the epoch's stretch (the recipe's erasing and mixing, a batch's boxes and masks): it may
-# replace entries or add its own. Each is a plain record of settings, compared for ``same``.
-PerBatch = Callable[[dict[str, Any], int], None]
+# What runs on a batch as it is handed over, given its outputs by name, its batch number in the
+# epoch's stretch and the inputs its operations drew for the graph (``operations.graph_inputs``,
+# by name: the targets frame the boxes and masks with them), e.g. the recipe's erasing and
+# mixing, a batch's boxes and masks: it may replace entries or add its own. Each is a plain
+# record of settings, compared for ``same``.
+PerBatch = Callable[[dict[str, Any], int, Mapping[str, np.ndarray]], None]
 
 
 # the per-sample extras a host resize uses itself (the window, the output side, the filter) and
@@ -106,6 +108,8 @@ class Tag:
     slot: int = -1  # the ring slot its pixels occupy (-1: none), free again once DALI is done
     timing: Timing | None = field(default=None, compare=False)  # where its time went (stats)
     per_batch: tuple[PerBatch, ...] = field(default=(), compare=False)  # its epoch's, for the hand-over
+    # what its operations drew, by name: drawn once, by the reader thread, and carried to the hand-over
+    inputs: dict[str, np.ndarray] = field(default_factory=dict, compare=False)
 
 
 def _cancel(futures: deque[tuple[Tag, Future[Batch]]]) -> list[Tag]:
@@ -264,7 +268,7 @@ class BatchSource:
         slot, images = self._buffer(len(chunk), side)
         timing = Timing() if self.timed else None
         tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing, epoch.per_batch)
-        return tag, self._pool.submit(self._read, chunk, keys, labels, images, epoch.extras, timing)
+        return tag, self._pool.submit(self._read, tag, chunk, keys, labels, images, epoch.extras)
 
     def _buffer(self, n: int, side: int) -> tuple[int, np.ndarray | None]:
         """A slot of the ring (or, handed out, fresh memory) for ``n`` tiles at ``side``."""
@@ -323,13 +327,15 @@ class BatchSource:
         with self.lock:
             return sum(fut.done() for _tag, fut in self._pending)
 
-    def _read(self, indices: np.ndarray, keys: np.ndarray, labels: np.ndarray | None, images: Any,
-              extras_of: Extras | None, timing: Timing | None) -> Batch:
+    def _read(self, tag: Tag, indices: np.ndarray, keys: np.ndarray, labels: np.ndarray | None, images: Any,
+              extras_of: Extras | None) -> Batch:
+        timing = tag.timing
         with Reading(timing):
             reader = self.reader
             if labels is None:
                 labels = reader.labels[indices]
             extras = extras_of(indices, keys) if extras_of is not None else {}
+            tag.inputs.update(extras)  # read at the hand-over, after this batch has left here
             began = time.perf_counter()
             if images is None:
                 # bytes() copies out of the map: DALI may hold inputs past this call

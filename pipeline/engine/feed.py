@@ -125,7 +125,7 @@ class Feed:
             out = {"images": torch.from_numpy(images), "labels": torch.from_numpy(labels),
                    "indices": torch.from_numpy(indices.copy())}
             for work in tag.per_batch:
-                work(out, tag.batch)
+                work(out, tag.batch, tag.inputs)
         else:
             tag, out, ready = self._take()
             if ready is not None:  # a GPU batch: the consumer's stream starts after its work
@@ -239,7 +239,7 @@ class Feed:
             if self.cast is not None:
                 out["images"] = out["images"].to(self.cast)
             for work in tag.per_batch:
-                work(out, tag.batch)
+                work(out, tag.batch, tag.inputs)
 
         if self._side is not None:
             return self._side.hand_over(outputs, self._host_tensor, finish, cast=self.cast is not None)

@@ -12,17 +12,14 @@ here, its draws in its own module, and one line of ``OPERATIONS``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from tilefeed.pipeline.engine.crops import PASTE_NAMES, StoreObjects, frame_inputs, pads
-from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS, draw, input_names
-from tilefeed.pipeline.recipe.policies import HOST_ONLY_INPUTS, INPUT_NAMES
-from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
+from tilefeed.pipeline.recipe import draws, policies
+from tilefeed.pipeline.recipe.recipe import Recipe
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.engine.augment import Augment
@@ -75,9 +72,9 @@ class Draw:
     objects: StoreObjects | None = None
     iou: DrawnWindows | None = None
 
-    @cached_property
+    @property
     def recipe(self) -> Recipe | None:
-        """The recipe whose draws apply: every one in training, the filter alone in evaluation."""
+        """The augment's recipe (its draws know training from evaluation: ``draws.draw``)."""
         return self.augment.recipe
 
 
@@ -108,14 +105,6 @@ class Windows:
         sent.update(zip(self.inputs(d.augment), framed, strict=True))
 
 
-# The recipe's inputs (``draws.input_names`` picks those a recipe sends) and their dtypes
-RECIPE_INPUTS: Mapping[str, Input] = {
-    "interp": INT, "vflip": INT, "grayscale": INT, "jitter": INT, "order": INT,
-    **{name: FLOAT for name in JITTER_ADJUSTMENTS},
-    **{name: INT if name == "pd_order" else FLOAT for name in PHOTOMETRIC_INPUTS},
-}
-
-
 class RecipeDraws:
     """A recipe's resize filter and, in training, its flips and pixel operations
     (``draws.draw``): a horizontal flip probability other than 0.5 replaces the window's flip."""
@@ -123,24 +112,16 @@ class RecipeDraws:
     def inputs(self, a: Augment) -> dict[str, Input]:
         if a.recipe is None:
             return {}
-        return {name: RECIPE_INPUTS[name] for name in input_names(a.recipe, a.train) if name in RECIPE_INPUTS}
+        return {name: Input(draws.INPUTS[name]) for name in draws.input_names(a.recipe, a.train)}
 
     def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
         recipe = d.recipe
         if recipe is None:
             return
-        drawn = draw(recipe, d.seed, d.epoch, d.keys, train=d.augment.train)
+        drawn = draws.draw(recipe, d.seed, d.epoch, d.keys, train=d.augment.train)
         if d.augment.windows and drawn.hflip is not None:
             sent["flip"] = drawn.hflip
         sent.update(drawn.inputs(recipe, d.augment.train))
-
-
-# An auto-augment policy's inputs and their dtypes
-POLICY_INPUTS: Mapping[str, Input] = {
-    name: Input(np.dtype(np.float32 if name in ("aa_param", "aa_matrix") else np.int32),
-                host_only=name in HOST_ONLY_INPUTS)
-    for name in INPUT_NAMES
-}
 
 
 class PolicyDraws:
@@ -149,7 +130,10 @@ class PolicyDraws:
 
     def inputs(self, a: Augment) -> dict[str, Input]:
         policy = a.recipe.auto_augment if a.recipe is not None and a.train else None
-        return {} if policy is None else {name: POLICY_INPUTS[name] for name in policy.input_names()}
+        if policy is None:
+            return {}
+        return {name: Input(policies.INPUTS[name], host_only=name in policies.HOST_ONLY_INPUTS)
+                for name in policy.input_names()}
 
     def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
         names = self.inputs(d.augment)
@@ -187,11 +171,6 @@ def inputs(a: Augment) -> dict[str, Input]:
     for operation in OPERATIONS:
         sent |= operation.inputs(a)
     return sent
-
-
-def sent_names(a: Augment) -> tuple[str, ...]:
-    """The names of the inputs the operations send for ``a``, in order."""
-    return tuple(inputs(a))
 
 
 def draw_inputs(d: Draw) -> dict[str, np.ndarray]:

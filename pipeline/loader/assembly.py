@@ -47,8 +47,8 @@ def advice(settings: LoaderSettings, reader: Reader) -> Advice:
     ----------
     settings : LoaderSettings
         The Loader's checked options.
-    reader : StoreReader or MixedReader
-        The store the Loader reads.
+    reader : Reader
+        The store (or mixture) the Loader reads.
 
     Returns
     -------

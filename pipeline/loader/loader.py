@@ -265,7 +265,8 @@ class Loader:
         max_objects: int | None = None,
         **dataloader_options: Any,
     ) -> None:
-        # every option as given, by name: the settings check them (their one table)
+        # every option as given, by name: the settings check them (their one table). First, while
+        # locals() holds the parameters alone (no super() here: it would add __class__)
         given = {name: value for name, value in locals().items()
                  if name not in ("self", "store", "dataloader_options")}
         require_dali()
@@ -458,10 +459,10 @@ class Loader:
         positions = np.asarray(samples, dtype=np.int64)
         located = self.sources.locate(epoch, positions)
         a, boxes, size, objects = self.augment, self.reader.boxes, self.size_of(epoch), self._store_objects
-        start, end, flip = window_inputs(boxes, a, self.seed, epoch, located, positions, size, objects)
-        if a.windows:  # the flip the graph is sent (a recipe's hflip other than 0.5 draws its own)
-            flip = graph_inputs(boxes, a, self.seed, epoch, size, located, positions, objects)["flip"]
-        return start, end, flip
+        if a.windows:  # what the graph is sent (a recipe's hflip other than 0.5 draws its own flip)
+            sent = graph_inputs(boxes, a, self.seed, epoch, size, located, positions, objects)
+            return sent["start"], sent["end"], sent["flip"]
+        return window_inputs(boxes, a, self.seed, epoch, located, positions, size, objects)
 
     def boxes_to_source(self, boxes: Sequence[Any], indices: Any, epoch: int | None = None) -> list[np.ndarray]:
         """Boxes on a batch's images (XYXY, output pixels: a detection model's predictions) in

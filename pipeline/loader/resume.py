@@ -8,7 +8,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-
 from tilefeed.pipeline.mixing.mix import Sources
 from tilefeed.pipeline.settings import LoaderSettings, check_int
 from tilefeed.pipeline.options import Shuffle
@@ -34,7 +33,8 @@ from tilefeed.store.errors import ConfigError
 # numpy's at some bins: TrivialAugmentWide's translation at bin 15 moves 15 px, not 16), so a
 # version 7 state's epoch would not resume on the pixels it began with
 # 9: a recipe may solarize (``pixel_ops``: torchvision's RandomSolarize), which its identity names
-# while on: a version 8 Loader would read such a state's recipe as one it cannot apply
+# while on: a version 8 Loader given such a state would refuse it as saved under another recipe,
+# where the version says what happened (a newer tilefeed saved it) and what to do
 STATE_VERSION = 9
 
 

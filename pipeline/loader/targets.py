@@ -44,7 +44,6 @@ from tilefeed.pipeline.targets.batches import FramedTargets, check_targets, fram
 from tilefeed.pipeline.targets.geometry import Framing
 from tilefeed.pipeline.targets.mapping import boxes_to_source
 from tilefeed.pipeline.targets.objects import Objects
-from tilefeed.pipeline.targets.windows import DrawnWindows
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.targets import StoreTargets
 
@@ -189,16 +188,8 @@ def sample_framing(reader: Reader, augment: Augment, seed: int, epoch: int, size
     Framing
         One framing per sample.
     """
-    inputs = _sent(reader, augment, seed, epoch, size, samples, keys, objects)
+    inputs = graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects)
     return _framing(augment, inputs, size, len(samples))
-
-
-def _sent(reader: Reader, augment: Augment, seed: int, epoch: int, size: int, samples: np.ndarray,
-          keys: np.ndarray, objects: StoreObjects | None,
-          iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
-    """The graph's per-sample inputs for ``samples``, by name (``iou``: the IoU crop's windows,
-    already drawn)."""
-    return graph_inputs(reader.boxes, augment, seed, epoch, size, samples, keys, objects, iou)
 
 
 def _framing(augment: Augment, inputs: Mapping[str, np.ndarray], size: int, n: int) -> Framing:
@@ -273,8 +264,8 @@ class BatchTargets:
     reader: Reader | None = field(default=None, compare=False)
     positions: np.ndarray = field(kw_only=True, compare=False)  # follows from the epoch's samples
 
-    def framed(self, samples: np.ndarray, keys: np.ndarray,
-               device: torch.device | None = None) -> FramedTargets:
+    def framed(self, samples: np.ndarray, keys: np.ndarray, device: torch.device | None = None,
+               inputs: Mapping[str, np.ndarray] | None = None) -> FramedTargets:
         """The targets of ``samples`` (store indices) in output pixels.
 
         Parameters
@@ -285,6 +276,9 @@ class BatchTargets:
             Their positions, which their crops are drawn from.
         device : torch.device, optional
             Where the masks are made (a CUDA device: on its current stream); default the host.
+        inputs : mapping of str to numpy.ndarray, optional
+            What the batch's operations drew for the graph (``operations.graph_inputs``), carried
+            with the batch to its hand-over; drawn here where not given.
 
         Returns
         -------
@@ -297,12 +291,13 @@ class BatchTargets:
         samples = np.asarray(samples, dtype=np.int64)
         stored = None if store.offsets is None or store.objects is None else (store.offsets, store.objects)
         crop = self.augment.recipe.crop if self.augment.train and self.augment.recipe is not None else None
-        # SSD's crop is drawn once: its windows frame the pixels and its keep marks the boxes
+        # SSD's crop: its keep marks the boxes; its windows frame the pixels, from the same draw
         drawn = (iou_windows(self.seed, self.epoch, samples, keys, reader.boxes[samples], stored,
                              zoom=crop is Crop.ZOOM_IOU)
                  if crop is not None and crop.against_boxes else None)
-        inputs = _sent(reader, self.augment, self.seed, self.epoch, self.size, samples, keys,
-                       stored if drawn is not None else None, drawn)
+        if not inputs:
+            inputs = graph_inputs(reader.boxes, self.augment, self.seed, self.epoch, self.size, samples, keys,
+                                  stored if drawn is not None else None, drawn)
         framing = _framing(self.augment, inputs, self.size, len(samples))
         objects = None
         if Targets.BOXES in self.asked and stored is not None:
@@ -327,13 +322,13 @@ class BatchTargets:
         # the pinned buffer is reused only once the copy is done (torch's host allocator waits)
         return tiles.to(device, non_blocking=True) if cuda else tiles
 
-    def __call__(self, out: dict[str, Any], batch: int) -> None:
+    def __call__(self, out: dict[str, Any], batch: int, inputs: Mapping[str, np.ndarray]) -> None:
         """Add batch ``batch``'s targets to the hand-over's ``out``, in ``layout``, on the device
-        of its images."""
+        of its images, framed by the ``inputs`` its graph was given."""
         samples = out["indices"].reshape(-1).cpu().numpy()
         first = batch * self.batch_size
         keys = self.positions[first : first + len(samples)]
         device = out["images"].device
-        framed = self.framed(samples, keys, device)
+        framed = self.framed(samples, keys, device, inputs)
         padded = self.layout is TargetsLayout.PADDED
         out[TARGETS] = framed.as_padded(self.max_objects, device) if padded else framed.as_dicts(device)

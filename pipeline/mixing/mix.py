@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.reading.reader import StoreReader
 
 
-
 @dataclass(frozen=True)
 class Mix:
     """Several stores read as one, each epoch taking ``weights`` shares of ``epoch_samples``.
@@ -123,7 +122,7 @@ class Mix:
             raise ConfigError(f"Mix {dict(zip(self.names, sizes, strict=True))} (sizes): {e}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: arrays are among the fields
 class Mixture:
     """A mixture opened: its reader, each store's subset (None: all of it) and its plan."""
 
@@ -183,7 +182,7 @@ class Mixture:
         return self.reader.labels[samples]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: an array is among the fields
 class OneStore:
     """One store read as a mixture of one source under the identity plan: an epoch's positions
     are the store's samples (of ``subset``, when the Loader was given ``indices``), each its own

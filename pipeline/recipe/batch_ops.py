@@ -15,6 +15,7 @@ ahead when the Loader is iterated again, and drop them when a setting changed (t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,10 +64,11 @@ class BatchOps:
     layout: Layout
     positions: np.ndarray = field(kw_only=True, compare=False)  # follows from the epoch's samples
 
-    def __call__(self, out: dict[str, torch.Tensor], batch: int) -> None:
+    def __call__(self, out: dict[str, torch.Tensor], batch: int, inputs: Mapping[str, np.ndarray]) -> None:
         """Apply the operations to batch ``batch`` of the stretch in ``out`` (``images``,
         ``labels``, ``indices`` as the graph gave them): ``images`` in place, ``labels`` replaced
-        by the soft targets where the batch is mixed."""
+        by the soft targets where the batch is mixed. ``inputs``, the batch's drawn graph inputs,
+        are not read: erasing and mixing draw their own."""
         images = out["images"]
         if self.erasing is not None:
             first = batch * self.batch_size

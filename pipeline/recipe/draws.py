@@ -10,7 +10,9 @@ size or another batch size sees exactly the parameters an uninterrupted run woul
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -37,6 +39,13 @@ CONTRAST_BEFORE, CONTRAST_AFTER = (0, 1, 2, 3), (0, 2, 3, 1)
 # the photometric distortion's per-sample graph inputs: the order (SKIP where an adjustment is not
 # applied), the four factors, the 3x3 channel permutation matrix (the identity where none)
 PHOTOMETRIC_INPUTS = ("pd_order", *(f"pd_{name}" for name in JITTER_ADJUSTMENTS), "pd_permutation")
+# every per-sample input a recipe's draws may send, with its dtype (``input_names`` picks a recipe's)
+INPUTS: Mapping[str, np.dtype] = MappingProxyType({
+    "interp": np.dtype(np.int32), "vflip": np.dtype(np.int32), "grayscale": np.dtype(np.int32),
+    "jitter": np.dtype(np.int32), "order": np.dtype(np.int32),
+    **{name: np.dtype(np.float32) for name in JITTER_ADJUSTMENTS},
+    **{name: np.dtype(np.int32 if name == "pd_order" else np.float32) for name in PHOTOMETRIC_INPUTS},
+})
 
 
 @dataclass(frozen=True)
@@ -112,12 +121,12 @@ class Draws:
 
     def inputs(self, recipe: Recipe, train: bool) -> dict[str, np.ndarray]:
         """The graph's per-sample inputs for ``recipe`` by name, in the order ``input_names``
-        names them, less the auto-augment policy's (which close that order: ``AutoAugment.draw``)."""
+        names them."""
         named = {"interp": self.interp, "vflip": self.vflip, "grayscale": self.grayscale,
                  "jitter": self.jitter, "order": self.order,
                  **{name: self.factors[:, k] for k, name in enumerate(JITTER_ADJUSTMENTS)},
                  **(self.photometric.named() if self.photometric is not None else {})}
-        return {name: np.ascontiguousarray(named[name]) for name in input_names(recipe, train) if name in named}
+        return {name: np.ascontiguousarray(named[name]) for name in input_names(recipe, train)}
 
 
 def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:
@@ -136,8 +145,6 @@ def input_names(recipe: Recipe, train: bool) -> tuple[str, ...]:
         names += [name for name, span in jitter.ranges().items() if span is not None]
     if recipe.distort is not None:
         names += PHOTOMETRIC_INPUTS
-    if recipe.auto_augment is not None:  # drawn by the policy itself (AutoAugment.draw)
-        names += recipe.auto_augment.input_names()
     return tuple(names)
 
 

@@ -37,16 +37,15 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps, ImageStat
 
-from tilefeed.pipeline.recipe.draws import PHOTOMETRIC_INPUTS
-from tilefeed.pipeline.recipe.policies import INPUT_NAMES, AutoAugment
+from tilefeed.pipeline.recipe import draws, policies
+from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS, RANDOM_FILTERS, PolicyInterpolation, Op
 from tilefeed.pipeline.recipe.pixel_ops import PIXEL_OPERATIONS
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
 # the per-sample inputs (``draws.input_names``) these kernels take: on the host-resize path the
 # batch source applies them and the graph declares none of them
-INPUTS: tuple[str, ...] = ("vflip", "grayscale", "jitter", "order", *JITTER_ADJUSTMENTS,
-                           *PHOTOMETRIC_INPUTS, *INPUT_NAMES,
+INPUTS: tuple[str, ...] = (*(name for name in draws.INPUTS if name != "interp"), *policies.INPUTS,
                            *(name for op in PIXEL_OPERATIONS for name in op.inputs))
 SOLARIZE_ADD_BELOW = 128  # timm's solarize_add threshold: only pixels below it are raised
 _RESAMPLE = {PolicyInterpolation.NEAREST: Image.Resampling.NEAREST,

@@ -12,12 +12,14 @@ registered operation that is off. A new one is its module and one line of ``PIXE
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from PIL import Image
 
 from tilefeed.pipeline.recipe.solarize import Solarize
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 class PixelOperation(Protocol):

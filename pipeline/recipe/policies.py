@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,11 @@ _PER_SLOT = 5
 # The geometric ops' filter under ``PolicyInterpolation.RANDOM``: a stream of its own, one uniform per
 # slot, so the op, magnitude and sign draws above keep their counters and values.
 FILTER_STREAM = "tilefeed.recipe.policies.filter"
-# Every per-sample input a policy may send (``AutoAugment.input_names`` picks its own).
-INPUT_NAMES: tuple[str, ...] = ("aa_op", "aa_param", "aa_matrix", "aa_filter")
+# Every per-sample input a policy may send, with its dtype (``AutoAugment.input_names`` picks its own).
+INPUTS: Mapping[str, np.dtype] = MappingProxyType({
+    "aa_op": np.dtype(np.int32), "aa_param": np.dtype(np.float32), "aa_matrix": np.dtype(np.float32),
+    "aa_filter": np.dtype(np.int32)})
+INPUT_NAMES: tuple[str, ...] = tuple(INPUTS)
 # The inputs only the host kernels read: DALI's warp has no cubic filter, so the graph warps every
 # slot bilinear and is not sent the drawn filter (an unread input would still be fed to DALI).
 HOST_ONLY_INPUTS: tuple[str, ...] = ("aa_filter",)

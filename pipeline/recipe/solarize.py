@@ -13,13 +13,16 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-from PIL import Image, ImageOps
 
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.store.errors import ConfigError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 STREAM = "tilefeed.recipe.solarize"  # the solarize draw stream (planning.counters.stream_seed)
 INPUT = "solarize"  # the per-sample threshold the graph and the host kernels read
@@ -53,7 +56,7 @@ class Solarize:
     """The solarize operation of a recipe (``recipe.pixel_ops``' contract)."""
 
     field = "solarize"  # the Recipe field that holds its settings
-    inputs: Mapping[str, np.dtype] = {INPUT: np.dtype(np.float32)}
+    inputs: Mapping[str, np.dtype] = MappingProxyType({INPUT: np.dtype(np.float32)})
 
     def draw(self, settings: RandomSolarize, seed: int, epoch: int, keys: np.ndarray) -> dict[str, np.ndarray]:
         """Each sample's threshold: ``settings.threshold`` where its uniform falls below ``p``
@@ -69,6 +72,8 @@ class Solarize:
 
     def host(self, image: Image.Image, inputs: Mapping[str, Any], settings: RandomSolarize) -> Image.Image:
         """PIL's solarize of one RGB picture at the sample's threshold."""
+        from PIL import ImageOps
+
         threshold = float(inputs[INPUT])
         # PIL compares each value with the threshold: a float works, as torchvision passes it one
         return image if threshold >= NEVER else ImageOps.solarize(image, threshold)  # type: ignore[arg-type]

@@ -59,6 +59,9 @@ def test_an_alias_and_its_option_are_one_setting(store: Path) -> None:
     ("targets", "labels", "targets must be one of boxes, masks, got 'labels'"),
     ("shuffle", "random", "shuffle must be True, False or one of global, shard, none, got 'random'"),
     ("dtype", torch.int32, "dtype must be one of"),
+    ("seed", None, "seed must be an int >= 0, got None"),
+    ("shuffle_window", None, "shuffle_window must be an int >= 1, got None"),
+    ("cache_limit", 0, "cache_limit must be an int >= 1, got 0"),
 ])
 def test_a_bad_choice_is_named_with_the_values_it_takes(store: Path, option: str, value: object,
                                                          message: str) -> None:
@@ -67,6 +70,8 @@ def test_a_bad_choice_is_named_with_the_values_it_takes(store: Path, option: str
 
 
 def test_the_first_bad_option_in_the_signature_is_the_one_named(store: Path) -> None:
+    with pytest.raises(ConfigError, match="^batch_size must be an int >= 1, got None"):
+        Loader(store, None, layout="CHW")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="^batch_size"):
         Loader(store, 0, layout="CHW")
     with pytest.raises(ConfigError, match="^layout"):

@@ -4,6 +4,7 @@ drawn parameters, a resumed epoch is the same bit for bit, and a resume under an
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -204,9 +205,9 @@ def test_erasing_and_mixing_run_on_the_feeding_thread(store: Path, monkeypatch: 
     threads: list[threading.Thread] = []
     original = BatchOps.__call__
 
-    def recorded(self: BatchOps, out: dict[str, torch.Tensor], batch: int) -> None:
+    def recorded(self: BatchOps, out: dict[str, torch.Tensor], batch: int, inputs: Any) -> None:
         threads.append(threading.current_thread())
-        original(self, out, batch)
+        original(self, out, batch, inputs)
 
     monkeypatch.setattr(BatchOps, "__call__", recorded)
     with Loader(store, 4, recipe=Recipe(erasing=RandomErasing(p=1.0)), **FLOAT) as loader:
