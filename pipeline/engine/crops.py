@@ -153,27 +153,28 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
 def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
                  samples: np.ndarray, keys: np.ndarray,
                  objects: StoreObjects | None = None,
-                 iou: DrawnWindows | None = None) -> tuple[np.ndarray, ...]:
-    """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``.
+                 iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
+    """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``, by name.
 
-    With windows: (start, end, flip, output [h, w]), then for a crop that pads
-    (``PASTE_NAMES``) the cut inside the picture, its output size and the paste's anchor.
-    Without (evaluation framing of whole tiles by fixed ops): (resize [h, w], centre crop
-    [h, w]). The size travels as an input, so one graph serves every size. ``iou``: the IoU
-    crop's windows already drawn (``window_inputs``).
+    With windows: ``start``, ``end``, ``flip`` and the output ``size`` [h, w], then for a crop
+    that pads (``PASTE_NAMES``) the cut inside the picture, its output size and the paste's
+    anchor. Without (evaluation framing of whole tiles by fixed ops): ``resize`` [h, w] and the
+    centre ``crop`` [h, w]. The size travels as an input, so one graph serves every size.
+    ``iou``: the IoU crop's windows already drawn (``window_inputs``).
     """
     n = len(samples)
-    if a.windows:
-        start, end, flip = window_inputs(boxes, a, seed, epoch, samples, keys, size, objects, iou)
-        framed = (start, end, flip, np.full((n, 2), size, np.float32))
-        if not pads(a):
-            return framed
+    if not a.windows:
+        return {"resize": np.full((n, 2), a.resize_to(size), np.float32),
+                "crop": np.full((n, 2), size, np.float32)}
+    start, end, flip = window_inputs(boxes, a, seed, epoch, samples, keys, size, objects, iou)
+    framed = {"start": start, "end": end, "flip": flip, "size": np.full((n, 2), size, np.float32)}
+    if pads(a):
         # the window's part inside the picture, resized to its share of the output, then
         # pasted in place on the fill (the slice's anchor is minus its place)
         cut = pasted(start, end, boxes[samples], size)
         paste = (cut.cut_start, cut.cut_end, cut.cut_size, -cut.place)
-        return (*framed, *(v.astype(np.float32) for v in paste))
-    return np.full((n, 2), a.resize_to(size), np.float32), np.full((n, 2), size, np.float32)
+        framed.update(zip(PASTE_NAMES, (v.astype(np.float32) for v in paste), strict=True))
+    return framed
 
 
 def pads(a: Augment) -> bool:

@@ -101,8 +101,8 @@ class Windows:
         return sent | ({name: FLOAT for name in PASTE_NAMES} if pads(a) else {})
 
     def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
-        framed = frame_inputs(d.boxes, d.augment, d.seed, d.epoch, d.size, d.samples, d.keys, d.objects, d.iou)
-        sent.update(zip(self.inputs(d.augment), framed, strict=True))
+        a = d.augment
+        sent.update(frame_inputs(d.boxes, a, d.seed, d.epoch, d.size, d.samples, d.keys, d.objects, d.iou))
 
 
 class RecipeDraws:
