@@ -20,10 +20,10 @@ import numpy as np
 from numcodecs import Blosc, Zstd, blosc
 from numcodecs.abc import Codec as Compressor
 
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError, TileDecodeError, one_line
 from tilefeed.store.format import (
     CODEC_TABLE,
-    CODECS,
     JPEG_CODEC_ID,
     JPEG_SUBSAMPLING,
     TILE_SIDES,
@@ -68,9 +68,7 @@ class TileCodec:
     _kind: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.name not in CODECS:
-            raise ConfigError(f"codec must be one of {', '.join(CODECS)}, got {self.name!r}")
-        codec = Codec(self.name)
+        codec = choice(Codec, self.name, "codec")
         object.__setattr__(self, "name", codec)
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality must be in 1..100, got {self.quality}")
