@@ -35,7 +35,8 @@ from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, Sources, open_sources
-from tilefeed.pipeline.options import DATALOADER_ONLY, IMAGENET_MEAN, IMAGENET_STD, Layout, Shuffle
+from tilefeed.pipeline.options import (DATALOADER_ONLY, IMAGENET_MEAN, IMAGENET_STD, Layout, Shuffle,
+                                      TargetsLayout)
 from tilefeed.pipeline.settings import LoaderSettings, check_alone, check_int, require_dali
 from tilefeed.pipeline.planning.order import batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
@@ -228,7 +229,7 @@ class Loader:
         store: str | Path | StoreReader | Mix,
         batch_size: int,
         *,
-        shuffle: bool | str = True,
+        shuffle: bool | Shuffle | str = True,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -238,7 +239,7 @@ class Loader:
         size: int | Schedule | None = None,
         crop_pct: float | None = None,
         dtype: torch.dtype = torch.float32,
-        layout: str = "NCHW",
+        layout: Layout | str = "NCHW",
         with_index: bool = False,
         num_workers: int | None = None,
         workers: int | None = None,
@@ -261,7 +262,7 @@ class Loader:
         stats: bool = True,
         recipe: Recipe | None = None,
         targets: str | Iterable[str] | None = None,
-        targets_layout: str = "dicts",
+        targets_layout: TargetsLayout | str = "dicts",
         max_objects: int | None = None,
         **dataloader_options: Any,
     ) -> None:
