@@ -12,7 +12,10 @@ here, its draws in its own module, and one line of ``OPERATIONS``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -165,12 +168,14 @@ class PixelDraws:
 OPERATIONS: tuple[Operation, ...] = (Windows(), RecipeDraws(), PolicyDraws(), PixelDraws())
 
 
-def inputs(a: Augment) -> dict[str, Input]:
-    """Every input the operations send for ``a``, by name, in the order the graph is fed them."""
+@functools.lru_cache(maxsize=64)  # an Augment is hashable (the graph pool keys on it)
+def inputs(a: Augment) -> Mapping[str, Input]:
+    """Every input the operations send for ``a``, by name, in the order the graph is fed them:
+    worked out once per ``Augment``, not per batch."""
     sent: dict[str, Input] = {}
     for operation in OPERATIONS:
         sent |= operation.inputs(a)
-    return sent
+    return MappingProxyType(sent)
 
 
 def draw_inputs(d: Draw) -> dict[str, np.ndarray]:

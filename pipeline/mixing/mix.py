@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from tilefeed.pipeline.reading.mixed import LabelRule, label_rule
+from tilefeed.pipeline.reading.mixed import LabelRule
 from tilefeed.pipeline.mixing.plan import MixturePlan, finite_weight, is_weight
 from tilefeed.pipeline.options import Shuffle
 from tilefeed.pipeline.settings import LoaderSettings, store_subset
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.storage import is_url
 
@@ -110,7 +111,7 @@ class Mix:
             unknown = sorted(set(self.background) - set(stores))
             raise ConfigError(f"Mix background names stores it does not hold: {unknown}")
         object.__setattr__(self, "background", tuple(sorted(set(self.background))))
-        object.__setattr__(self, "labels", label_rule(self.labels, "Mix labels"))
+        object.__setattr__(self, "labels", choice(LabelRule, self.labels, "Mix labels"))
         object.__setattr__(self, "stores", stores)
         object.__setattr__(self, "names", tuple(stores))
 

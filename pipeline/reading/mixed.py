@@ -49,11 +49,6 @@ LABEL_RULES: Final = tuple(rule.value for rule in LabelRule)  # plain strings, f
 SHOWN: Final = 8  # classes of a list an error message shows
 
 
-def label_rule(rule: LabelRule | str, what: str = "labels") -> LabelRule:
-    """``rule`` as a ``LabelRule``; a ConfigError naming ``what`` (the option) for any other value."""
-    return choice(LabelRule, rule, what)
-
-
 def combine_labels(classes: Sequence[Sequence[str]], names: Sequence[str],
                    rule: LabelRule | str = LabelRule.SAME) -> tuple[list[str], list[np.ndarray]]:
     """The class list of a mixture of sources with ``classes`` (one list each, sources called
@@ -68,7 +63,7 @@ def combine_labels(classes: Sequence[Sequence[str]], names: Sequence[str],
     if len(classes) != len(names):
         raise ValueError(f"classes and names must have the same length, got {len(classes)} and {len(names)}")
     lists = [list(c) for c in classes]
-    rule = label_rule(rule)
+    rule = choice(LabelRule, rule, "labels")
     if rule is LabelRule.SAME:
         for name, other in zip(names[1:], lists[1:], strict=True):
             if other != lists[0]:
@@ -229,7 +224,7 @@ class MixedReader:
         # runs of the smallest shard size lie within at most two shards of any one source
         self.shard_size: int = min(r.shard_size for r in self.sources)
         self.padded = any(r.padded for r in self.sources)
-        self.rule = label_rule(labels)  # checked here, after the stores, as combine_labels did
+        self.rule = choice(LabelRule, labels, "labels")  # checked here, after the stores, as combine_labels did
         self.classes, self._lookups = combine_labels([r.classes for r in self.sources], self.names, self.rule)
         self.locations = tuple(r.location for r in self.sources)
         self.location = "mixture of " + ", ".join(
