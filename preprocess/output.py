@@ -182,7 +182,7 @@ def remove_store(out: Storage) -> list[str]:
     """Remove what a tilefeed writer makes; returns the names of the other entries, left alone."""
     left = []
     for name in out.top_level():
-        if name not in fmt.WRITTEN:
+        if not fmt.written(name):
             left.append(name)
         else:
             out.remove(name)

@@ -33,7 +33,15 @@ from tilefeed.store.format import (
     OBJECT_OFFSETS,
     OBJECTS,
     FRAMES,
+    FIELD_DTYPES,
+    MAX_FIELDS,
+    MAX_TEXT_BYTES,
+    MAX_TEXTS,
+    PAIR_NAME,
+    PAIRS_VERSION,
     READ_VERSIONS,
+    TEXT_CHUNK,
+    TEXT_PREFIX,
     ROW_WIDTH,
     MAX_PATH_BYTES,
     MAX_SHARD_SIZE,
@@ -48,6 +56,9 @@ from tilefeed.store.format import (
     Codec,
     MaskKind,
     ceil_div,
+    field_array,
+    is_pair_array,
+    text_array,
     index_nbytes,
     shard_count,
     small_chunk_path,
@@ -150,6 +161,7 @@ class ArrayRecord:
     chunks: int
     sha256: str  # of the chunk files, in order
     metadata_sha256: str
+    data_type: str = ""  # a field's (the attributes' ``fields``) or "string" for captions; '' otherwise
 
     @property
     def row(self) -> int:
@@ -159,7 +171,12 @@ class ArrayRecord:
 
     @property
     def dtype(self) -> str:
-        return SMALL_DTYPES[self.name]
+        return self.data_type or SMALL_DTYPES[self.name]
+
+    @property
+    def max_row_bytes(self) -> int:
+        """The most UTF-8 bytes one row of a string array holds."""
+        return MAX_TEXT_BYTES if self.name.startswith(TEXT_PREFIX) else MAX_PATH_BYTES
 
     def chunk_path(self, root: Path, index: int) -> Path:
         return small_chunk_path(root, self.name, index, self.ndim)
@@ -176,13 +193,18 @@ class ArrayRecord:
     def max_chunk_file(self) -> int:
         """The largest a chunk file can be: zstd's worst case over the decoded chunk (strings:
         each a path and its length), and the crc32c."""
-        decoded = self.decoded_chunk_bytes or 4 + self.chunk * (4 + MAX_PATH_BYTES)
+        decoded = self.decoded_chunk_bytes or 4 + self.chunk * (4 + self.max_row_bytes)
         return decoded + (decoded >> 7) + 512 + CRC_NBYTES
 
     @classmethod
-    def from_dict(cls, name: str, f: _Fields, samples: int, sources: int, objects: int = 0) -> ArrayRecord:
+    def from_dict(cls, name: str, f: _Fields, samples: int, sources: int, objects: int = 0,
+                  data_type: str = "") -> ArrayRecord:
         if name == SOURCE_PATHS:  # one per source read, the skipped ones aside
             length, most = f.whole("length", 1, sources), PATHS_CHUNK
+        elif is_pair_array(name):  # as source_paths (their lengths are compared once all are read)
+            length = f.whole("length", 1, sources)
+            most = TEXT_CHUNK if name.startswith(TEXT_PREFIX) else PATHS_CHUNK if data_type == "string" \
+                else SMALL_CHUNK
         elif name == OBJECT_OFFSETS:
             length, most = f.equal("length", samples + 1, "one per sample and one more"), SMALL_CHUNK
         elif name == OBJECTS:
@@ -195,7 +217,8 @@ class ArrayRecord:
         return cls(name=name, length=length, chunk=chunk,
                    ndim=f.equal("ndim", 2 if name in ROW_WIDTH else 1, f"the dimensions of {name}"),
                    chunks=f.equal("chunks", ceil_div(length, chunk), "ceil(length / chunk)"),
-                   sha256=f.text("sha256", hex64=True), metadata_sha256=f.text("metadata_sha256", hex64=True))
+                   sha256=f.text("sha256", hex64=True), metadata_sha256=f.text("metadata_sha256", hex64=True),
+                   data_type=data_type)
 
     def to_dict(self) -> dict[str, Any]:
         return {"length": self.length, "chunk": self.chunk, "ndim": self.ndim, "chunks": self.chunks,
@@ -331,6 +354,11 @@ class StoreAttrs:
     targets: TargetsRecord | None = None  # version 3: what a store made from a source with targets holds
     masks: ShardedRecord | None = None  # present exactly when ``targets.masks`` is
     version: int = FORMAT_VERSION  # the version read (a version-2 store's record says 2)
+    # version 4: the caption names (arrays text.NAME), the metadata fields (name, dtype; arrays
+    # field.NAME), and whether ``labels`` are class labels (False: all 0, the one class "image")
+    texts: tuple[str, ...] = ()
+    fields: tuple[tuple[str, str], ...] = ()
+    labelled: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", Codec(self.codec))
@@ -371,8 +399,10 @@ class StoreAttrs:
             if version < 3:
                 raise f.fail("targets", "must be absent in a version-2 store")
             targets = TargetsRecord.from_dict(f.child("targets"))
+        texts, fields, labelled = _pairs(f, version)
         arrays = f.child("arrays")
-        _array_names(arrays, targets)
+        _array_names(arrays, targets, texts, fields)
+        dtypes = {**{text_array(n): "string" for n in texts}, **{field_array(n): t for n, t in fields}}
         images = arrays.child(IMAGES)
         images.equal("chunks", shards, "the shard count")
         shard_bytes = tuple(images.values("shard_bytes", int))
@@ -385,12 +415,14 @@ class StoreAttrs:
             classes=tuple(f.values("classes", str, low=1)), made=_made(f), rejects=rejects,
             fingerprint=f.text("fingerprint"), digest=f.text("digest", hex64=True),
             arrays={name: ArrayRecord.from_dict(name, arrays.child(name), samples, sources,
-                                                targets.objects if targets else 0)
+                                                targets.objects if targets else 0, dtypes.get(name, ""))
                     for name in arrays.d if name not in (IMAGES, MASKS)},
             shard_sha256=images.digests("shard_sha256", shards) if "shard_sha256" in images.d else None,
             targets=targets, version=int(version),
             masks=ShardedRecord.from_dict(arrays.child(MASKS), shards) if MASKS in arrays.d else None,
+            texts=texts, fields=fields, labelled=labelled,
         )
+        store._check_pair_lengths(arrays)
         store._check_shard_bytes(images)
         if store.masks is not None:
             store._check_mask_bytes(arrays.child(MASKS))
@@ -404,13 +436,15 @@ class StoreAttrs:
         images["metadata_sha256"] = self.images_metadata_sha256
         sharded = {IMAGES: images, **({MASKS: self.masks.to_dict()} if self.masks is not None else {})}
         targets = {"targets": self.targets.to_dict()} if self.targets is not None else {}
+        pairs = {"texts": list(self.texts), "fields": [{"name": n, "dtype": t} for n, t in self.fields],
+                 "labelled": self.labelled} if self.version >= PAIRS_VERSION else {}
         return {
             "format": FORMAT_NAME, "version": self.version, "samples": self.samples,
             "sources": self.sources, "accepted": self.accepted, "rejected": self.rejected,
             "tile": [self.tile, self.tile, 3], "codec": self.codec.value, "quality": self.quality,
             "shard_size": self.shard_size, "shards": self.shards, "classes": list(self.classes),
             "made": dict(self.made), "rejects": [{"path": p, "reason": r} for p, r in self.rejects],
-            "fingerprint": self.fingerprint, **targets,
+            "fingerprint": self.fingerprint, **targets, **pairs,
             "arrays": {**sharded, **{name: rec.to_dict() for name, rec in self.arrays.items()}},
             "digest": self.digest,
         }
@@ -430,6 +464,18 @@ class StoreAttrs:
                 raise images.fail("shard_bytes", f"entry {shard} must be {'' if exact else 'at least '}"
                                   f"{least} ({self.held(shard)} tiles and the index)")
 
+
+    def _check_pair_lengths(self, arrays: _Fields) -> None:
+        """Each caption and field array holds one row per source listed, as source_paths does."""
+        listed = self.arrays[SOURCE_PATHS].length
+        for name, rec in self.arrays.items():
+            if is_pair_array(name) and rec.length != listed:
+                raise arrays.child(name).fail("length", f"must be {listed} (one per source, as {SOURCE_PATHS})")
+
+    @property
+    def pair_arrays(self) -> tuple[str, ...]:
+        """The caption and field arrays, captions first, in the attributes' order."""
+        return (*(text_array(n) for n in self.texts), *(field_array(n) for n, _ in self.fields))
 
     def _check_mask_bytes(self, masks: _Fields) -> None:
         """Each masks shard holds its index and a chunk per tile, of one byte at least and its
@@ -476,11 +522,46 @@ def _made(f: _Fields) -> dict[str, Any]:
     return dict(made)
 
 
-def _array_names(arrays: _Fields, targets: TargetsRecord | None) -> None:
-    """Array names come from the fixed set: a name is a path under the store root, and
-    ``../elsewhere`` or ``/etc`` would have a reader look outside it. The targets' arrays are
-    present exactly when ``targets`` says so."""
-    known = (IMAGES, MASKS, *SMALL_ARRAYS)
+def _pairs(f: _Fields, version: int) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], bool]:
+    """The caption names, the fields (name, dtype) and whether labels are class labels: absent
+    before version 4 (no captions or fields, labelled), each checked from version 4 on."""
+    if version < PAIRS_VERSION:
+        for key in ("texts", "fields", "labelled"):
+            if key in f.d:
+                raise f.fail(key, f"must be absent in a version-{version} store")
+        return (), (), True
+    names = f.values("texts", str)
+    if len(names) > MAX_TEXTS or len(set(names)) != len(names) or not all(PAIR_NAME.fullmatch(n) for n in names):
+        raise f.fail("texts", f"must list at most {MAX_TEXTS} distinct names of letters, digits and _")
+    value = f.get("fields")
+    why = (f"must list at most {MAX_FIELDS} distinct {{name, dtype}} objects, names of letters, digits and _, "
+           f"dtypes one of {', '.join(FIELD_DTYPES)}")
+    if not isinstance(value, list) or len(value) > MAX_FIELDS:
+        raise f.fail("fields", why)
+    fields: list[tuple[str, str]] = []
+    for entry in value:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if (not isinstance(name, str) or not PAIR_NAME.fullmatch(name) or dtype not in FIELD_DTYPES
+                or name in dict(fields)):
+            raise f.fail("fields", why)
+        fields.append((name, str(dtype)))
+    labelled = f.get("labelled")
+    if not isinstance(labelled, bool):
+        raise f.fail("labelled", "must be true or false")
+    return tuple(names), tuple(fields), labelled
+
+
+def _array_names(arrays: _Fields, targets: TargetsRecord | None, texts: tuple[str, ...] = (),
+                 fields: tuple[tuple[str, str], ...] = ()) -> None:
+    """Array names come from the fixed set and the captions and fields the attributes name: a
+    name is a path under the store root, and ``../elsewhere`` or ``/etc`` would have a reader
+    look outside it. The targets', captions' and fields' arrays are present exactly when the
+    attributes say so."""
+    pairs = (*(text_array(n) for n in texts), *(field_array(n) for n, _ in fields))
+    known = (IMAGES, MASKS, *SMALL_ARRAYS, *pairs)
+    for name in pairs:
+        arrays.get(name)
     for name in arrays.d:
         if name not in known:
             raise StoreFormatError(f"{arrays.where}: attribute 'arrays' names {short_repr(name)}, not one of "

@@ -29,6 +29,7 @@ before anything is allocated or decompressed.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -40,10 +41,13 @@ from typing_extensions import Buffer
 import crc32c as _crc32c
 
 FORMAT_NAME: Final = "tilefeed"
-# 3: optional targets (boxes, masks and frames); 2: every array checksummed and digested, still
-# read (it holds no targets); 1 is refused (rebuild it)
-FORMAT_VERSION: Final = 3
-READ_VERSIONS: Final = (2, 3)
+# 4: optional captions and metadata fields per source, and stores without class labels (a store
+# with neither is still written as version 3); 3: optional targets (boxes, masks and frames);
+# 2: every array checksummed and digested, still read (it holds no targets); 1 is refused
+FORMAT_VERSION: Final = 4
+PAIRS_VERSION: Final = 4  # the first version with captions, fields and unlabelled stores
+TILES_VERSION: Final = 3  # what a store of tiles, labels and targets alone is written as
+READ_VERSIONS: Final = (2, 3, 4)
 ATTRS_KEY: Final = "tilefeed"  # group attribute holding the store description; written last
 
 IMAGES: Final = "images"
@@ -61,6 +65,13 @@ MASKS: Final = "masks"  # (N, T, T) uint8, one tile per chunk, sharded exactly a
 TARGET_ARRAYS: Final = (OBJECT_OFFSETS, OBJECTS, FRAMES)  # the targets' arrays read whole
 SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, BOXES, SOURCE_PATHS, *TARGET_ARRAYS)  # read whole
 SHARDED_ARRAYS: Final = (IMAGES, MASKS)  # one tile per chunk, in shard files
+# Captions and metadata fields (version 4): one row per *source*, as source_paths, so sample i's
+# is row ``sources[i]``. Their names are the user's (``caption``, ``width``, ``uid``), held in
+# the attributes' ``texts`` and ``fields`` and checked against PAIR_NAME, so an array name
+# (a path under the store root) is never ``..`` or ``/etc``.
+TEXT_PREFIX: Final = "text."  # text.caption: UTF-8 strings
+FIELD_PREFIX: Final = "field."  # field.width: int64, float64 or UTF-8 strings
+PAIR_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 JPEG_CODEC_ID: Final = "tilefeed.jpeg"
 JPEG_SUBSAMPLING: Final = "4:4:4"  # full chroma: tiles are training data, not thumbnails
@@ -117,8 +128,13 @@ EMPTY_CHUNK: Final = 2**64 - 1  # offset and nbytes of a chunk that is not writt
 TILE_SIDES: Final = (8, 8192)  # the tile sides a writer makes (--tile)
 MAX_SHARD_SIZE: Final = 1_000_000  # tiles per shard (--shard-size)
 SMALL_CHUNK: Final = 1 << 18  # rows per chunk of the per-sample arrays
-PATHS_CHUNK: Final = 1 << 16  # rows per chunk of source_paths
-MAX_PATH_BYTES: Final = 4096  # one source path, as the OS allows it (PATH_MAX)
+PATHS_CHUNK: Final = 1 << 16  # rows per chunk of source_paths and of string fields
+MAX_PATH_BYTES: Final = 4096  # one source path, as the OS allows it (PATH_MAX); one string field
+TEXT_CHUNK: Final = 1 << 13  # rows per chunk of a caption array: at most 256 MiB decoded
+MAX_TEXT_BYTES: Final = 1 << 15  # one caption, UTF-8 (a longer one is a reject at preprocess time)
+MAX_TEXTS: Final = 16  # caption names a store may hold
+MAX_FIELDS: Final = 64  # metadata fields a store may hold
+FIELD_DTYPES: Final = ("int64", "float64", "string")
 MAX_METADATA_BYTES: Final = 64 << 20  # one zarr.json (the group's lists every rejected source)
 MAX_NESTING: Final = 16  # tilefeed's own documents nest 6 deep
 SMALL_DTYPES: Final = {LABELS: "int64", SOURCES: "int64", ROWS: "int32", COLS: "int32",
@@ -177,6 +193,29 @@ def shard_path(root: Path, shard: int, array: str = IMAGES) -> Path:
 
 def index_nbytes(tiles_per_shard: int) -> int:
     return 16 * tiles_per_shard + CRC_NBYTES
+
+
+def text_array(name: str) -> str:
+    """The array that holds the captions named ``name``."""
+    return TEXT_PREFIX + name
+
+
+def field_array(name: str) -> str:
+    """The array that holds the metadata field ``name``."""
+    return FIELD_PREFIX + name
+
+
+def is_pair_array(name: str) -> bool:
+    """True for a caption or field array's name of the form the format allows."""
+    for prefix in (TEXT_PREFIX, FIELD_PREFIX):
+        if name.startswith(prefix) and PAIR_NAME.fullmatch(name[len(prefix):]):
+            return True
+    return False
+
+
+def written(name: str) -> bool:
+    """True for a top-level entry a tilefeed writer makes (``remove_store`` clears these only)."""
+    return name in WRITTEN or is_pair_array(name)
 
 
 def small_chunk_path(root: Path, name: str, index: int, ndim: int = 1) -> Path:

@@ -21,6 +21,7 @@ from typing import Any, Final
 from tilefeed.preprocess.sources.bucket import scan_bucket
 from tilefeed.preprocess.sources.folders import scan_tree
 from tilefeed.preprocess.sources.manifest import read_manifest
+from tilefeed.preprocess.sources.pairs import PairTable
 from tilefeed.preprocess.sources.scanning import BATCH, Scan, SourceOptions, shown, utf8
 from tilefeed.preprocess.sources.source_list import SourceList, SourceListWriter
 from tilefeed.preprocess.sources.targets import TargetSource, scan_targets
@@ -39,6 +40,8 @@ class Listing(Scan):
 
     files: SourceList
     targets: TargetSource | None = None
+    # image-text sources: each listed source's captions, fields and member, in list order
+    pairs: PairTable | None = None
 
     def __len__(self) -> int:
         return len(self.files)
