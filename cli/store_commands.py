@@ -73,6 +73,10 @@ def format_info(d: StoreInfo, max_rejects: int = 20) -> str:
         listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
         lines.insert(5, f"targets    {kinds}: {t['objects']} objects, {len(names)} categories"
                      + (f" ({listed})" if names else ""))
+    if d.texts or d.fields:
+        fields = ", ".join(f"{printable(f['name'])} ({f['dtype']})" for f in d.fields) or "none"
+        lines.insert(5, f"texts      {', '.join(map(printable, d.texts)) or 'none'}; fields {fields}"
+                     + ("" if d.labelled else "; no class labels"))
     for r in d.rejects[:max_rejects]:
         lines.append(f"rejected   {printable(r['path'])}: {printable(r['reason'])}")
     if len(d.rejects) > max_rejects:

@@ -1,6 +1,7 @@
 """The words the Loader's options are made of, below every room that reads them.
 
 The enums a Loader option takes (``Layout``, ``Shuffle``, ``Targets``, ``TargetsLayout``), the
+captions a batch carries (``TextChoice``, from ``text``), the
 ImageNet normalisation its ``mean`` and ``std`` default to, and the DataLoader options it has no
 use for (``DATALOADER_ONLY``). They live on the bottom floor of ``pipeline/`` so that the order,
 the recipe, the targets, the engine and the settings all speak the same members, parsed once
@@ -9,11 +10,14 @@ where the caller's value comes in (``store.choices.choice``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from tilefeed.store.choices import choice
+from tilefeed.store.errors import ConfigError
+from tilefeed.store.format import PAIR_NAME
 
 IMAGENET_MEAN: Final = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # 0..255 units, as the graph applies them
 IMAGENET_STD: Final = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -96,3 +100,62 @@ DATALOADER_ONLY: Final = {
     "timeout": "the Loader has no worker processes to time out",
     "multiprocessing_context": "the Loader's workers are threads, not processes",
 }
+
+
+@dataclass(frozen=True)
+class TextChoice:
+    """Which captions a batch carries: one name, or several with their weights (a pick per sample).
+
+    Attributes
+    ----------
+    names : tuple of str
+        The caption names, in the order given.
+    weights : tuple of float
+        Their weights (1.0 for a single name), positive.
+    """
+
+    names: tuple[str, ...]
+    weights: tuple[float, ...]
+
+    def identity(self) -> list[Any]:
+        """What a saved state names: the names and weights."""
+        return [list(self.names), list(self.weights)]
+
+
+def parse_text(value: Any) -> TextChoice | None:
+    """``Loader(text=...)``: None, a caption name, or a mapping of names to positive weights."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {value: 1.0}
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError(f"text must be a caption name or a dict of caption names to weights, got {value!r}")
+    names, weights = [], []
+    for name, weight in value.items():
+        if not isinstance(name, str) or not PAIR_NAME.fullmatch(name):
+            raise ConfigError(f"text names a caption by its store name (letters, digits and _), got {name!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+            raise ConfigError(f"text's weight for {name!r} must be a positive number, got {weight!r}")
+        names.append(name)
+        weights.append(float(weight))
+    return TextChoice(tuple(names), tuple(weights))
+
+
+def parse_fields(value: Any) -> tuple[str, ...]:
+    """``Loader(fields=...)``: field names (a single name, or a sequence of them)."""
+    if value is None:
+        return ()
+    names = (value,) if isinstance(value, str) else tuple(value)
+    for name in names:
+        if not isinstance(name, str) or not PAIR_NAME.fullmatch(name):
+            raise ConfigError(f"fields names store fields (letters, digits and _), got {name!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"fields names a field twice: {list(names)}")
+    return names
+
+
+def parse_tokenizer(value: Any) -> Callable[[list[str]], Any] | None:
+    """``Loader(tokenizer=...)``: None or a callable from a list of str to a tensor."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"tokenizer must be a callable from a list of str to a tensor, got {type(value).__name__}")
+    return value  # type: ignore[no-any-return]

@@ -16,7 +16,8 @@ import operator
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from dataclasses import fields as table
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,18 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.device import dali_extra, default_device
-from tilefeed.pipeline.options import DATALOADER_ONLY, Layout, Shuffle, Targets, TargetsLayout, parse_targets
+from tilefeed.pipeline.options import (
+    DATALOADER_ONLY,
+    Layout,
+    Shuffle,
+    Targets,
+    TargetsLayout,
+    TextChoice,
+    parse_fields,
+    parse_targets,
+    parse_text,
+    parse_tokenizer,
+)
 from tilefeed.pipeline.planning.sizes import Schedule, check_size
 from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.store.choices import choice
@@ -261,6 +273,12 @@ def _optional(name: str, minimum: int, default: int | None = None) -> Callable[[
     return checked
 
 
+def _labels(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"labels must be True, False or None, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
 def _recipe(value: Any) -> Recipe | None:
     if value is not None and not isinstance(value, Recipe):
         raise ConfigError(f"recipe must be a tilefeed Recipe or None, got {type(value).__name__}")
@@ -315,6 +333,10 @@ class LoaderSettings:
     targets: frozenset[Targets] = option(parse_targets)  # what a batch holds besides its images
     targets_layout: TargetsLayout = option(lambda value: choice(TargetsLayout, value, "targets_layout"))
     max_objects: int | None = option(_optional("max_objects", 1))
+    text: TextChoice | None = option(parse_text)  # the captions a batch carries (loader.pairs)
+    tokenizer: Callable[[list[str]], Any] | None = field(repr=False, metadata={"check": parse_tokenizer})
+    fields: tuple[str, ...] = option(parse_fields)  # the metadata fields a batch carries
+    labels: bool | None = option(_labels)  # None: class labels where the store has them and no text is asked
     # rank and world size defaulted to 0 of 1 with no process group yet: checked again as each
     # epoch begins (``check_alone``), since a group (or a launcher's WORLD_SIZE) may say otherwise
     alone: bool = derived()
@@ -330,7 +352,7 @@ class LoaderSettings:
         for name, dataloader_name in ALIASES.items():
             given[name] = _alias(dataloader_name, given.pop(dataloader_name, None), name, given.get(name))
         values: dict[str, Any] = {}
-        for f in fields(cls):
+        for f in table(cls):
             check = f.metadata["check"]
             if check is not None:
                 values[f.name] = check(given.pop(f.name))
@@ -365,5 +387,9 @@ def _together(values: dict[str, Any]) -> None:
     if recipe is not None and recipe.per_batch and values["dtype"] == torch.uint8 and values["train"]:
         raise ConfigError("random erasing and mixup/cutmix act on the normalised batch: give a float "
                           "dtype (float32, float16 or bfloat16), not uint8")  # evaluation: the filter alone
+    if values["tokenizer"] is not None and values["text"] is None:
+        raise ConfigError("tokenizer needs text=: name the captions it tokenises")
+    if values["text"] is not None and values["targets"]:
+        raise ConfigError("text and targets cannot be asked together: a batch carries captions or boxes and masks")
     if values["targets"] and recipe is not None and values["train"]:
         _targets_with(recipe)

@@ -24,6 +24,7 @@ from tilefeed.store.shard import sha256_files
 from tilefeed.preprocess.settings import Mode, StoreSettings, TargetKind, TileSettings, describe
 from tilefeed.preprocess.sources.source_list import decode_paths
 from tilefeed.preprocess.sources.finding import Listing
+from tilefeed.preprocess.sources.pairs import PairTable
 
 
 _WIDTH = {name: (width,) for name, width in fmt.ROW_WIDTH.items()}  # rows of several values
@@ -110,22 +111,54 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
     for writer in rows.values():
         writer.close()
     chunk = min(len(listing), fmt.PATHS_CHUNK)
-    group.create_array(fmt.SOURCE_PATHS, shape=(len(listing),), dtype=np.dtypes.StringDType(),
-                       chunks=(chunk,), overwrite=True, **zarr_codecs.small_array_codecs())
+    _string_array(group, fmt.SOURCE_PATHS, len(listing), chunk)
     for index, first in enumerate(range(0, len(listing), chunk)):
-        path = fmt.small_chunk_path(root, fmt.SOURCE_PATHS, index)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(_paths_chunk(decode_paths(listing.files.read(first, chunk)), chunk))
-    return [*names, *rows, fmt.SOURCE_PATHS]
+        _write_chunk(root, fmt.SOURCE_PATHS, index, _paths_chunk(decode_paths(listing.files.read(first, chunk)), chunk))
+    return [*names, *rows, fmt.SOURCE_PATHS, *(_write_pairs(root, group, listing.pairs) if listing.pairs else ())]
 
 
-def _small_array(group: object, name: str, length: int) -> object:
+def _write_pairs(root: Path, group: object, pairs: PairTable) -> list[str]:
+    """The captions' and fields' arrays, one row per listed source, streamed from the scan's
+    table one array and one chunk at a time; their names, captions first."""
+    names = []
+    for name, text in [*((n, True) for n in pairs.texts), *((n, False) for n, _ in pairs.fields)]:
+        array = fmt.text_array(name) if text else fmt.field_array(name)
+        dtype = "string" if text else dict(pairs.fields)[name]
+        if dtype == "string":
+            chunk = min(pairs.count, fmt.TEXT_CHUNK if text else fmt.PATHS_CHUNK)
+            _string_array(group, array, pairs.count, chunk)
+            for index, values in enumerate(pairs.column(name, text, chunk)):
+                _write_chunk(root, array, index, _paths_chunk(list(values), chunk))
+        else:
+            writer = _RowWriter(_small_array(group, array, pairs.count, dtype), fmt.SMALL_CHUNK)
+            for values in pairs.column(name, text, fmt.SMALL_CHUNK):
+                writer.add(values)
+            writer.close()
+        names.append(array)
+    return names
+
+
+def _string_array(group: object, name: str, length: int, chunk: int) -> None:
+    """The document of a string array beside the tiles (its chunks are written by ``_write_chunk``)."""
+    from tilefeed.store import zarr_codecs
+
+    group.create_array(name, shape=(length,), dtype=np.dtypes.StringDType(),  # type: ignore[attr-defined]
+                       chunks=(chunk,), overwrite=True, **zarr_codecs.small_array_codecs())
+
+
+def _write_chunk(root: Path, name: str, index: int, data: bytes) -> None:
+    path = fmt.small_chunk_path(root, name, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _small_array(group: object, name: str, length: int, dtype: str | None = None) -> object:
     """An array beside the tiles, chunked along its rows (an array of no rows: chunks of one)."""
     from tilefeed.store import zarr_codecs
 
     width = _WIDTH.get(name, ())
     return group.create_array(  # type: ignore[attr-defined]
-        name, shape=(length, *width), dtype=fmt.SMALL_DTYPES[name],
+        name, shape=(length, *width), dtype=dtype or fmt.SMALL_DTYPES[name],
         chunks=(max(1, min(length, fmt.SMALL_CHUNK)), *width),
         overwrite=True, **zarr_codecs.small_array_codecs())
 
@@ -134,7 +167,7 @@ _VLEN_UTF8 = VLenUTF8()
 
 
 def _paths_chunk(paths: list[str], chunk: int) -> bytes:
-    """One chunk of source_paths, encoded as zarr encodes it (the array's codecs: vlen-utf8,
+    """One chunk of a string array (source_paths, captions), encoded as zarr encodes it (the array's codecs: vlen-utf8,
     zstd, crc32c; a last chunk filled up with the fill value, ""), without the conversions
     zarr makes of a string array first, which cost more than the encoding itself."""
     values = np.full(chunk, "", dtype=object)
@@ -212,9 +245,18 @@ def write_attrs(
         fingerprint=fingerprint, arrays={name: _array_record(root, name) for name in names},
         digest="",  # sealed() sets it
         shard_sha256=tuple(shard_sha256), targets=targets, masks=masks,
+        **_pairs_attrs(listing.pairs),
     ).sealed()
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
     group.update_attributes({fmt.ATTRS_KEY: attrs.to_dict()})  # last: this write marks the store complete
+
+
+def _pairs_attrs(pairs: PairTable | None) -> dict[str, Any]:
+    """The attributes of a store of captions and fields (version 4); a store without them is
+    written as version 3, as it was before they existed."""
+    if pairs is None:
+        return {"version": fmt.TILES_VERSION}
+    return {"version": fmt.PAIRS_VERSION, "texts": pairs.texts, "fields": pairs.fields, "labelled": pairs.labelled}
 
 
 def _array_record(root: Path, name: str) -> ArrayRecord:
@@ -225,4 +267,5 @@ def _array_record(root: Path, name: str) -> ArrayRecord:
     ndim = len(meta["shape"])
     chunks = fmt.small_chunk_paths(root, name, length, chunk, ndim)
     return ArrayRecord(name=name, length=length, chunk=chunk, ndim=ndim, chunks=len(chunks),
-                       sha256=sha256_files(chunks), metadata_sha256=sha256_files([root / name / "zarr.json"]))
+                       sha256=sha256_files(chunks), metadata_sha256=sha256_files([root / name / "zarr.json"]),
+                       data_type=meta["data_type"] if fmt.is_pair_array(name) else "")

@@ -231,9 +231,12 @@ def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Poo
     or the size of each source's label file or mask). The sizes are stat()s, taken by the
     workers (a stat costs more than the rest of a source's hashing); the driver hashes."""
     h = hashlib.sha256()
-    h.update(json.dumps([fmt.FORMAT_VERSION, tiles.identity(), store.identity(), listing.classes]).encode())
+    version = fmt.TILES_VERSION if listing.pairs is None else fmt.PAIRS_VERSION
+    h.update(json.dumps([version, tiles.identity(), store.identity(), listing.classes]).encode())
     if listing.targets is not None:  # the annotations (COCO: the file's bytes) and the category table
         h.update(json.dumps(["targets", listing.targets.identity, listing.targets.categories]).encode())
+    if listing.pairs is not None:  # every source's captions, fields and where its bytes lie
+        h.update(json.dumps(["pairs", listing.pairs.digest, listing.pairs.texts, listing.pairs.fields]).encode())
     job = listing.targets.job if listing.targets is not None else None
     blocks: deque[tuple[int, bytes, Future[bytes]]] = deque()
     firsts = iter(range(0, len(listing), PLAN_BLOCK))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from tilefeed.store import format as fmt
 from tilefeed.store.arrays import array_problems, boxes_problem, labels_problem, read_small_array
+from tilefeed.store.pairs import read_pairs
 from tilefeed.store.attrs import StoreAttrs
 from tilefeed.store.codec import TileCodec
 from tilefeed.store.documents import load_attrs
@@ -69,6 +70,12 @@ class StoreInfo:
     targets : dict or None
         A store with targets: ``boxes`` (bool), ``masks`` (None, "semantic" or "instance"),
         ``objects`` (how many), ``categories`` (each ``id`` and ``name``); None without.
+    texts : list of str
+        The caption names the store holds (empty without captions).
+    fields : list of dict
+        Each metadata field's ``name`` and ``dtype`` (int64, float64 or string).
+    labelled : bool
+        The labels are class labels (False: an image-text store without them).
     """
 
     path: str
@@ -87,6 +94,9 @@ class StoreInfo:
     made: dict[str, Any]
     rejects: list[dict[str, str]]
     targets: dict[str, Any] | None = None
+    texts: list[str] = field(default_factory=list)
+    fields: list[dict[str, str]] = field(default_factory=list)
+    labelled: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, in this order: ``tilefeed info --json``'s object."""
@@ -105,7 +115,9 @@ def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> St
     on_disk = (remote.bytes if remote is not None
                else sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink()))
     return StoreInfo(path=name, format=f"{attrs['format']} v{attrs['version']}", bytes=on_disk,
-                     targets=attrs.get("targets"), **{key: attrs[key] for key in RECORDED})
+                     targets=attrs.get("targets"), texts=list(attrs.get("texts", [])),
+                     fields=list(attrs.get("fields", [])), labelled=attrs.get("labelled", True),
+                     **{key: attrs[key] for key in RECORDED})
 
 
 def printable(text: str) -> str:
@@ -187,10 +199,12 @@ def _problems(store: str | Path, root: Path, remote: RemoteStore | None, deep: b
 
 
 def _small_array_problems(root: Path, meta: StoreAttrs) -> list[str]:
-    """Labels that name no class, boxes outside their tile."""
+    """Labels that name no class, boxes outside their tile, captions and fields that do not
+    decode (strings not UTF-8 or too long, a NUL in a caption)."""
     try:
         labels = read_small_array(root, meta, fmt.LABELS)
         boxes = read_small_array(root, meta, fmt.BOXES)
+        read_pairs(root, meta)
     except CorruptChunkError as e:
         return [str(e)]
     found = [(fmt.LABELS, labels_problem(labels, len(meta.classes))),

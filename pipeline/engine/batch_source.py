@@ -90,6 +90,9 @@ class Epoch:
     size: int = 0
     labels: np.ndarray | None = None
     per_batch: tuple[PerBatch, ...] = ()  # applied in order as each batch is handed over
+    # (ids, positions) -> what a batch carries besides its tensors out of the graph (captions,
+    # tokens, fields: ``loader.pairs``), made on the reader thread
+    carry: Callable[[np.ndarray, np.ndarray], dict[str, Any]] | None = None
 
     def same(self, other: Epoch) -> bool:
         return (self.number == other.number and self.size == other.size and self.per_batch == other.per_batch
@@ -110,6 +113,8 @@ class Tag:
     per_batch: tuple[PerBatch, ...] = field(default=(), compare=False)  # its epoch's, for the hand-over
     # what its operations drew, by name: drawn once, by the reader thread, and carried to the hand-over
     inputs: dict[str, np.ndarray] = field(default_factory=dict, compare=False)
+    # what it carries past the graph to the consumer (``Epoch.carry``), made by the reader thread
+    carried: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def _cancel(futures: deque[tuple[Tag, Future[Batch]]]) -> list[Tag]:
@@ -268,7 +273,7 @@ class BatchSource:
         slot, images = self._buffer(len(chunk), side)
         timing = Timing() if self.timed else None
         tag = Tag(self.generation, epoch.number, batch, batch == batches - 1, slot, timing, epoch.per_batch)
-        return tag, self._pool.submit(self._read, tag, chunk, keys, labels, images, epoch.extras)
+        return tag, self._pool.submit(self._read, tag, chunk, keys, labels, images, epoch.extras, epoch.carry)
 
     def _buffer(self, n: int, side: int) -> tuple[int, np.ndarray | None]:
         """A slot of the ring (or, handed out, fresh memory) for ``n`` tiles at ``side``."""
@@ -328,7 +333,8 @@ class BatchSource:
             return sum(fut.done() for _tag, fut in self._pending)
 
     def _read(self, tag: Tag, indices: np.ndarray, keys: np.ndarray, labels: np.ndarray | None, images: Any,
-              extras_of: Extras | None) -> Batch:
+              extras_of: Extras | None, carry: Callable[[np.ndarray, np.ndarray], dict[str, Any]] | None = None,
+              ) -> Batch:
         timing = tag.timing
         with Reading(timing):
             reader = self.reader
@@ -336,6 +342,8 @@ class BatchSource:
                 labels = reader.labels[indices]
             extras = extras_of(indices, keys) if extras_of is not None else {}
             tag.inputs.update(extras)  # read at the hand-over, after this batch has left here
+            if carry is not None:  # captions and their tokens: here, off the training loop's thread
+                tag.carried.update(carry(indices, keys))
             began = time.perf_counter()
             if images is None:
                 # bytes() copies out of the map: DALI may hold inputs past this call

@@ -126,6 +126,7 @@ class Feed:
                    "indices": torch.from_numpy(indices.copy())}
             for work in tag.per_batch:
                 work(out, tag.batch, tag.inputs)
+            out.update(tag.carried)
         else:
             tag, out, ready = self._take()
             if ready is not None:  # a GPU batch: the consumer's stream starts after its work
@@ -240,6 +241,7 @@ class Feed:
                 out["images"] = out["images"].to(self.cast)
             for work in tag.per_batch:
                 work(out, tag.batch, tag.inputs)
+            out.update(tag.carried)
 
         if self._side is not None:
             return self._side.hand_over(outputs, self._host_tensor, finish, cast=self.cast is not None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
 from pathlib import Path
@@ -35,6 +35,8 @@ from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, Sources, open_sources
+from tilefeed.pipeline.loader.pairs import FIELDS, TEXTS, BatchPairs, PairColumns, gather_columns
+from tilefeed.pipeline.reading.mixed import MixedReader
 from tilefeed.pipeline.options import (DATALOADER_ONLY, IMAGENET_MEAN, IMAGENET_STD, Layout, Shuffle,
                                       TargetsLayout)
 from tilefeed.pipeline.settings import LoaderSettings, check_alone, check_int, require_dali
@@ -196,6 +198,24 @@ class Loader:
     max_objects : int, optional
         The padded layout's slots per image; default the batch's largest count. An image with
         more is an error, never cut.
+    text : str or dict of str to float, optional
+        From an image-text store (``tilefeed preprocess`` of WebDataset shards, parquet or a
+        caption table): each batch carries its samples' captions, a list of str, right after
+        the images: ``images, texts = batch`` as open_clip unpacks it. A dict of caption names
+        to weights picks one name per sample per epoch by weight, from (seed, epoch, sample)
+        alone, an empty pick falling to the next name in that sample's drawn order (open_clip's
+        ``--json-text-key-probs``). Part of the resume state's identity.
+    tokenizer : callable, optional
+        With ``text``: called with each batch's list of captions on a reader thread, never on
+        the training loop's (``open_clip.get_tokenizer(name)``, a Hugging Face tokenizer's
+        call returning a tensor); the batch then carries its result, a ``(B, L)`` tensor, in
+        the captions' place. Texts, tokens and fields stay on the host.
+    fields : str or sequence of str, optional
+        Metadata fields the store holds (``tilefeed preprocess --fields``): each batch appends
+        a dict of field name to a tensor (numbers) or a list of str, after the texts and labels.
+    labels : bool, optional
+        Whether a batch carries class labels. Default: yes, unless ``text`` is given or the
+        store holds no class labels; True on a store without them is an error.
     recipe : Recipe, optional
         A training recipe (``pipeline.recipe.Recipe``): the resize filter, horizontal and vertical
         flip probabilities, auto-augment policy, colour jitter, random grayscale and random
@@ -264,6 +284,10 @@ class Loader:
         targets: str | Iterable[str] | None = None,
         targets_layout: TargetsLayout | str = "dicts",
         max_objects: int | None = None,
+        text: str | Mapping[str, float] | None = None,
+        tokenizer: Callable[[list[str]], Any] | None = None,
+        fields: str | Sequence[str] | None = None,
+        labels: bool | None = None,
         **dataloader_options: Any,
     ) -> None:
         # every option as given, by name: the settings check them (their one table). First, while
@@ -288,6 +312,7 @@ class Loader:
         """Everything on the open store: order, crops, ledger, the first reads, the graph."""
         schedule: int | Schedule = int(self.reader.tile) if s.size is None else s.size
         self.augment = augment(s, self.reader.tile, self.reader.padded)
+        self._pairs = self._pair_columns(s)
         if s.targets:
             check_store_targets(self.reader, s.targets)
         _ = self._store_objects  # a crop="iou" without boxes fails here, not at the first batch
@@ -306,6 +331,18 @@ class Loader:
         # a bucket store starts fetching the first epoch's shards now, while the graph is built
         self.reader.will_read(self.next_epoch_indices().numpy())
         self._take_graph()
+
+    def _pair_columns(self, s: LoaderSettings) -> PairColumns | None:
+        """The captions and fields of every sample read (None: none asked); settles whether
+        batches carry class labels (``labels``)."""
+        reader = self.reader
+        stores = (list(zip(reader.names, reader.sources, strict=True)) if isinstance(reader, MixedReader)
+                  else [(reader.location, reader)])
+        labelled = all(r.meta.labelled for _, r in stores)
+        self.labels = s.labels if s.labels is not None else s.text is None and (labelled or bool(s.targets))
+        if s.text is None and not s.fields and not (s.labels and not labelled):
+            return None
+        return gather_columns(stores, s.text, s.fields, bool(s.labels))
 
     @cached_property
     def _store_objects(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -551,8 +588,11 @@ class Loader:
         extras = partial(graph_inputs, self.reader.boxes, self.augment, self.seed, plan.epoch, plan.size,
                          objects=self._store_objects)
         per_batch = tuple(op for op in (self._batch_ops(plan), self._batch_targets(plan)) if op is not None)
+        s = self.settings
+        carry = (None if self._pairs is None
+                 else BatchPairs(self._pairs, s.text, s.tokenizer, self.seed, plan.epoch))
         return Epoch(plan.epoch, plan.indices, plan.positions, extras, plan.size,
-                     self.sources.epoch_labels(plan.indices), per_batch)
+                     self.sources.epoch_labels(plan.indices), per_batch, carry)
 
     def _batch_targets(self, plan: OpenEpoch) -> BatchTargets | None:
         """The boxes and masks of ``plan``'s batches (None: none asked), made as each batch is
@@ -585,14 +625,21 @@ class Loader:
         images = out["images"]  # cast, erased and mixed by the feed, off this thread
         if self.layout is Layout.CHANNELS_LAST:  # HWC from DALI, seen as NCHW: no copy, no transpose
             images = images.permute(0, 3, 1, 2)
-        labels = out.get(TARGETS)  # boxes and masks, where asked, in place of the image labels
-        if labels is None:
-            labels = out["labels"]
-            if not labels.is_floating_point():  # class indices, one a sample (mixing gives soft targets)
-                labels = labels.reshape(-1)
+        batch: list[Any] = [images]
+        if TEXTS in out:  # open_clip's order: images, texts
+            batch.append(out[TEXTS])
+        if self.labels:
+            labels = out.get(TARGETS)  # boxes and masks, where asked, in place of the image labels
+            if labels is None:
+                labels = out["labels"]
+                if not labels.is_floating_point():  # class indices, one a sample (mixing gives soft targets)
+                    labels = labels.reshape(-1)
+            batch.append(labels)
+        if FIELDS in out:
+            batch.append(out[FIELDS])
         if self.with_index:
-            return images, labels, out["indices"].reshape(-1)
-        return images, labels
+            batch.append(out["indices"].reshape(-1))
+        return tuple(batch)
 
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -35,7 +35,9 @@ from tilefeed.store.errors import ConfigError
 # 9: a recipe may solarize (``pixel_ops``: torchvision's RandomSolarize), which its identity names
 # while on: a version 8 Loader given such a state would refuse it as saved under another recipe,
 # where the version says what happened (a newer tilefeed saved it) and what to do
-STATE_VERSION = 9
+# 10: a batch may carry captions picked by weight from (seed, epoch, sample) and metadata
+# fields: the state names which, since an epoch resumed under others would carry other texts
+STATE_VERSION = 10
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ def identity(settings: LoaderSettings, sources: Sources) -> dict[str, Any]:
             # another would deliver other samples than the run it continues
             "recipe": None if settings.recipe is None else settings.recipe.identity(),
             "targets": sorted(t.value for t in settings.targets) or None,
-            "targets_layout": settings.targets_layout.value if settings.targets else None}
+            "targets_layout": settings.targets_layout.value if settings.targets else None,
+            "text": None if settings.text is None else settings.text.identity(),
+            "fields": list(settings.fields) or None}
 
 
 def saved(settings: LoaderSettings, mine: dict[str, Any], epoch: int, segments: list[Segment],
