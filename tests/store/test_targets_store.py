@@ -120,7 +120,7 @@ def test_a_version_2_store_is_read_and_has_no_targets(tmp_path: Path) -> None:
     assert verify(out, deep=True) == []
     assert info(out).format == "tilefeed v2" and info(out).targets is None
     assert "targets" not in run_cli("info", str(out)).stdout
-    for version, match in ((1, "rebuild it"), (4, "upgrade tilefeed")):
+    for version, match in ((1, "rebuild it"), (fmt.FORMAT_VERSION + 1, "upgrade tilefeed")):
         edit_attrs(out, lambda a, v=version: a.update(version=v))  # type: ignore[misc]
         with pytest.raises(StoreFormatError, match=match):
             StoreReader(out)

@@ -156,7 +156,7 @@ def test_a_bad_shuffle_or_layout_is_refused_in_the_same_words(store: Path) -> No
 def test_a_state_of_another_version_is_refused_with_what_to_do(store: Path) -> None:
     with Loader(store, 4, seed=1) as loader:
         state = loader.state_dict()
-        assert state["version"] == STATE_VERSION == 9
+        assert state["version"] == STATE_VERSION == 10
         loader.load_state_dict(json.loads(json.dumps(state)))  # its own version loads
         # what tilefeed wrote before the order changed: version 2, and version 1 without segments;
         # version 3, before sizes could change between epochs; version 4, before mixtures
@@ -169,15 +169,16 @@ def test_a_state_of_another_version_is_refused_with_what_to_do(store: Path) -> N
         untargeted = {k: v for k, v in state.items() if k not in ("targets", "targets_layout")} | {"version": 6}
         unfilled = dict(state, version=7)  # before a recipe named its fill
         unsolarized = dict(state, version=8)  # before a recipe could solarize
+        captionless = {k: v for k, v in state.items() if k not in ("text", "fields")} | {"version": 9}
         for saved, says in ((older, "2"), (first, "1"), (sizeless, "3"), (unmixed, "4"), (plain, "5"),
-                            (untargeted, "6"), (unfilled, "7"), (unsolarized, "8"),
-                            (dict(state, version=10), "10"),
+                            (untargeted, "6"), (unfilled, "7"), (unsolarized, "8"), (captionless, "9"),
+                            (dict(state, version=11), "11"),
                             (unmarked, "None")):
             with pytest.raises(ConfigError) as refused:
                 loader.load_state_dict(saved)
             message = str(refused.value)
             assert "\n" not in message
-            assert f"state_dict is version {says}, this Loader reads version 9" in message
+            assert f"state_dict is version {says}, this Loader reads version 10" in message
             assert "start the epoch afresh" in message and "tilefeed that saved it" in message
         assert loader.next_epoch_indices().tolist() == loader.epoch_indices(0).tolist()  # nothing loaded
 

@@ -84,7 +84,7 @@ def test_a_solarized_epoch_resumes_exactly(store: Path, shape: str) -> None:
         it = iter(first)
         next(it), next(it)
         state = first.state_dict()
-    assert state["version"] == STATE_VERSION == 9 and state["recipe"]["solarize"]["threshold"] == 64
+    assert state["version"] == STATE_VERSION == 10 and state["recipe"]["solarize"]["threshold"] == 64
     with Loader(store, 8, recipe=recipe, **options) as rest:  # type: ignore[arg-type]
         rest.load_state_dict(state)
         resumed = [batch[0] for batch in rest]
