@@ -85,6 +85,42 @@ def write_folder(root: Path, classes: int = 3, per_class: int = 5, size: tuple[i
     return root
 
 
+def caption_of(key: str, name: str = "caption") -> str:
+    """What ``write_caption_table`` wrote as caption ``name`` of the picture ``key``: every
+    ``synthetic`` of an odd picture is empty (a caption a sample lacks)."""
+    if name == "synthetic" and int(key.split(".")[0]) % 2:
+        return ""
+    return f"{name} of picture {key} é"
+
+
+def write_caption_table(root: Path, count: int = 24, size: tuple[int, int] = (40, 32), seed: int = 0) -> Path:
+    """``count`` pictures and a caption table (TSV, open_clip's ``filepath`` column) beside them:
+    captions ``caption`` and ``synthetic`` (``caption_of``), fields ``uid`` (text), ``score``
+    (a number) and ``width`` (whole numbers). Returns the table."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["filepath\tcaption\tsynthetic\tuid\tscore\twidth"]
+    for i in range(count):
+        key = f"{i:03d}.jpg"
+        photo(seed * 1000 + i, *size).save(root / key, quality=92)
+        lines.append(f"{key}\t{caption_of(key)}\t{caption_of(key, 'synthetic')}\tu{i:04d}\t{i / 4}\t{40 + i}")
+    table = root / "captions.tsv"
+    table.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return table
+
+
+def make_pairs_store(root: Path, count: int = 24, shard_size: int = 8, codec: str = "lz4") -> Path:
+    """An image-text store of ``write_caption_table``'s pictures: 32x32 tiles, captions
+    ``caption`` and ``synthetic``, fields ``uid``, ``score`` and ``width``, no class labels."""
+    from tilefeed.preprocess.sources.scanning import PairOptions
+
+    table = write_caption_table(root / "src", count)
+    out = root / f"pairs-{codec}"
+    preprocess(table, out, TileSettings(tile=32, fit="crop"), StoreSettings(codec=codec, shard_size=shard_size),
+               workers=1, pairs=PairOptions(source="table", caption_key=("caption", "synthetic"),
+                                            fields=("uid", "score", "width")))
+    return out
+
+
 def tree_bytes(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes()

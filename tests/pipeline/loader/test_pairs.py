@@ -1,0 +1,147 @@
+"""Captions, tokens and fields out of the Loader: each sample's by its picture's key, exactly once
+an epoch over ranks, the weighted pick drawn from (seed, epoch, sample) alone and replayed by a
+resumed epoch, the tokenizer on a reader thread, and a one-line refusal for what a store lacks."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tilefeed.pipeline import Loader, Mix, StoreReader
+from tilefeed.pipeline.loader.pairs import pick
+from tilefeed.pipeline.options import TextChoice, parse_text
+from tilefeed.pipeline.reading.reader import source_paths
+from tilefeed.store.errors import ConfigError
+from tests.helpers import caption_of, make_pairs_store
+
+SAMPLES = 24
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pairs_store(tmp_path_factory.mktemp("pairs"), SAMPLES)
+
+
+def keys_of(store: Path, ids: torch.Tensor) -> list[str]:
+    """The source file name of each sample: the key its captions were written under."""
+    with StoreReader(store) as reader:
+        return [Path(p).name for p in source_paths(reader, ids.numpy())]
+
+
+def number(key: str) -> int:
+    return int(key.split(".")[0])
+
+
+def test_captions_and_fields_follow_their_picture_by_key(store: Path) -> None:
+    seen: list[int] = []
+    for rank in range(2):
+        loader = Loader(store, 5, text="caption", fields=("uid", "score", "width"), with_index=True, seed=3,
+                        rank=rank, world_size=2, size=32)
+        for images, texts, fields, ids in loader:
+            keys = keys_of(store, ids)
+            assert images.shape[1:] == (3, 32, 32)
+            assert texts == [caption_of(k) for k in keys]
+            assert fields["uid"] == [f"u{number(k):04d}" for k in keys]
+            assert fields["score"].dtype == torch.float64
+            assert fields["score"].tolist() == [number(k) / 4 for k in keys]
+            assert fields["width"].dtype == torch.int64
+            assert fields["width"].tolist() == [40 + number(k) for k in keys]
+            seen += ids.tolist()
+    assert sorted(seen) == list(range(SAMPLES))  # every sample once over the two ranks
+
+
+def test_a_batch_is_images_and_texts_as_open_clip_unpacks_it(store: Path) -> None:
+    loader = Loader(store, 8, text="caption", size=32)
+    batch = next(iter(loader))
+    assert len(batch) == 2 and isinstance(batch[1], list) and all(isinstance(t, str) for t in batch[1])
+    # without text, an unlabelled store's batch holds its images alone; fields come after
+    assert len(next(iter(Loader(store, 8, size=32)))) == 1
+    images, fields = next(iter(Loader(store, 8, fields="uid", size=32)))
+    assert list(fields) == ["uid"]
+
+
+def test_the_tokenizer_runs_on_a_reader_thread_on_the_picked_captions(store: Path) -> None:
+    threads: set[str] = set()
+
+    def tokenizer(texts: list[str]) -> torch.Tensor:
+        threads.add(threading.current_thread().name)
+        return torch.tensor([[len(t), sum(map(ord, t))] for t in texts])
+
+    loader = Loader(store, 6, text="caption", tokenizer=tokenizer, with_index=True, size=32)
+    for _, tokens, ids in loader:
+        expected = [[len(c), sum(map(ord, c))] for c in (caption_of(k) for k in keys_of(store, ids))]
+        assert tokens.tolist() == expected
+    assert threads and threading.main_thread().name not in threads
+
+
+def test_the_weighted_pick_takes_each_name_at_its_weight_and_falls_past_an_empty_one() -> None:
+    count = 20_000
+    texts = {"a": np.array([f"a{i}" for i in range(count)], dtype="T"),
+             "b": np.array([f"b{i}" if i % 2 == 0 else "" for i in range(count)], dtype="T")}
+    choice = TextChoice(("a", "b"), (3.0, 1.0))
+    ids = np.arange(count)
+    picked = pick(texts, choice, 7, 0, ids, ids)
+    even = np.array([p.startswith("b") for p in picked[::2]])
+    assert abs(even.mean() - 0.25) < 0.02  # weight 1 of 4 where both exist
+    assert all(p.startswith("a") for p in picked[1::2])  # an empty pick falls to the next name
+    assert picked == pick(texts, choice, 7, 0, ids, ids)  # a function of (seed, epoch, position)
+    assert picked != pick(texts, choice, 7, 1, ids, ids)  # drawn anew each epoch
+    assert picked != pick(texts, choice, 8, 0, ids, ids)
+
+
+def test_a_resumed_epoch_carries_the_captions_the_interrupted_one_would_have(store: Path) -> None:
+    options = dict(text={"caption": 1.0, "synthetic": 1.0}, fields=("uid",), with_index=True, seed=5, size=32)
+    whole = [(t, f["uid"], i.tolist()) for _, t, f, i in Loader(store, 4, **options)]
+    first = Loader(store, 4, **options)
+    it = iter(first)
+    got = [next(it) for _ in range(2)]
+    state = first.state_dict()
+    assert state["text"] == [["caption", "synthetic"], [1.0, 1.0]]
+    resumed = Loader(store, 4, **options)
+    resumed.load_state_dict(state)
+    rest = [(t, f["uid"], i.tolist()) for _, t, f, i in resumed]
+    assert [(t, f["uid"], i.tolist()) for _, t, f, i in got] + rest == whole
+    assert any(t.startswith("synthetic") for batch in whole for t in batch[0])  # both names drawn
+    other = Loader(store, 4, **{**options, "text": "caption"})
+    with pytest.raises(ConfigError, match="text"):
+        other.load_state_dict(state)
+
+
+def test_a_mix_of_image_text_stores_carries_each_sample_s_own_captions(store: Path, tmp_path: Path) -> None:
+    small = make_pairs_store(tmp_path, 10)
+    loader = Loader(Mix({"big": store, "small": small}, weights={"big": 1, "small": 1}), 6, text="caption",
+                    fields="uid", with_index=True, size=32)
+    stores = {0: store, 1: small}
+    drawn = set()
+    for _, texts, fields, ids in loader:
+        source, local = loader.reader.source_of(ids.numpy())
+        for k, (s, i) in enumerate(zip(source.tolist(), local.tolist(), strict=True)):
+            key = keys_of(stores[s], torch.tensor([i]))[0]
+            assert texts[k] == caption_of(key) and fields["uid"][k] == f"u{number(key):04d}"
+            drawn.add(s)
+    assert drawn == {0, 1}
+
+
+def test_what_a_store_lacks_is_refused_in_one_line(store: Path) -> None:
+    for options, says in (({"labels": True}, "holds no class labels"),
+                          ({"text": "nope"}, "holds no caption named 'nope' (it holds: caption, synthetic)"),
+                          ({"fields": ("nope",)}, "holds no field 'nope'"),
+                          ({"tokenizer": str.split}, "tokenizer needs text="),
+                          ({"text": {"caption": 0}}, "positive number"),
+                          ({"text": "../x"}, "letters, digits and _"),
+                          ({"text": "caption", "targets": "boxes"}, "cannot be asked together")):
+        with pytest.raises(ConfigError) as refused:
+            Loader(store, 4, **options)
+        assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_parse_text_takes_a_name_or_weights() -> None:
+    assert parse_text("caption") == TextChoice(("caption",), (1.0,))
+    assert parse_text({"a": 2, "b": 0.5}) == TextChoice(("a", "b"), (2.0, 0.5))
+    assert parse_text(None) is None
+    with pytest.raises(ConfigError):
+        parse_text({})
