@@ -10,6 +10,7 @@ where the caller's value comes in (``store.choices.choice``).
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -159,3 +160,99 @@ def parse_tokenizer(value: Any) -> Callable[[list[str]], Any] | None:
     if value is not None and not callable(value):
         raise ConfigError(f"tokenizer must be a callable from a list of str to a tensor, got {type(value).__name__}")
     return value  # type: ignore[no-any-return]
+
+
+# what ``where=`` may say: comparisons of fields with values, joined by and/or/not
+_COMPARE: Final = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn)
+MAX_WHERE_CHARS: Final = 10_000
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: a callable may be the test
+class Where:
+    """Which samples a Loader reads, decided once when it opens from their metadata fields
+    (``Loader(where=...)``): an expression (``text``, parsed and checked here; ``tree`` its
+    syntax) or a callable (``test``) from a dict of field arrays to a boolean array.
+
+    Attributes
+    ----------
+    text : str
+        The expression as given ('' for a callable).
+    tree : ast.Expression or None
+        Its syntax, checked to hold only what the expression language allows.
+    test : callable or None
+        The callable given.
+    names : tuple of str
+        The fields the expression reads (every field of the store for a callable).
+    """
+
+    text: str = ""
+    tree: ast.Expression | None = None
+    test: Callable[[Mapping[str, Any]], Any] | None = None
+    names: tuple[str, ...] = ()
+
+
+def parse_where(value: Any) -> Where | None:
+    """``Loader(where=...)``: None, a callable, or an expression of the language the image-text
+    page documents: ``field OP value`` with OP one of ``== != < <= > >=``, ``field in [v, ...]``
+    or ``field in file('ids.txt')`` (``not in`` too), chained comparisons, joined by ``and``,
+    ``or``, ``not`` and parentheses. Anything else is refused in one line naming it."""
+    if value is None:
+        return None
+    if callable(value):
+        return Where(test=value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"where must be an expression (str) or a callable over the fields, got {value!r}")
+    if len(value) > MAX_WHERE_CHARS:
+        raise ConfigError(f"where's expression is longer than {MAX_WHERE_CHARS} characters")
+    try:
+        tree = ast.parse(value.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ConfigError(f"where: {e.msg} in {value!r}") from None
+    names: list[str] = []
+    _check_where(tree.body, names, value)
+    return Where(text=value, tree=tree, names=tuple(dict.fromkeys(names)))
+
+
+def _check_where(node: ast.AST, names: list[str], text: str) -> None:
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(f"where: {what} is not part of the expression language (comparisons of "
+                           f"fields with values, in [...] or in file('...'), and/or/not), in {text!r}")
+
+    if isinstance(node, ast.BoolOp):
+        for value in node.values:
+            _check_where(value, names, text)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        _check_where(node.operand, names, text)
+    elif isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        for op, right in zip(node.ops, node.comparators, strict=True):
+            if not isinstance(op, _COMPARE):
+                raise refuse(type(op).__name__)
+            if isinstance(op, (ast.In, ast.NotIn)) and not _is_members(right):
+                raise refuse("'in' something other than a list or file('...')")
+        if not any(isinstance(side, ast.Name) for side in sides):
+            raise refuse("a comparison of no field")
+        for side in sides:
+            if isinstance(side, ast.Name):
+                if not PAIR_NAME.fullmatch(side.id):
+                    raise refuse(f"the name {side.id!r}")
+                names.append(side.id)
+            elif not (_is_value(side) or _is_members(side)):
+                raise refuse(ast.unparse(side))
+    else:
+        raise refuse(ast.unparse(node) if isinstance(node, ast.expr) else type(node).__name__)
+
+
+def _is_value(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)) and not isinstance(
+        node.value, bool)
+
+
+def _is_members(node: ast.AST) -> bool:
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return all(_is_value(item) for item in node.elts)
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "file"
+            and len(node.args) == 1 and not node.keywords and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str))

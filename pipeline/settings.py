@@ -36,6 +36,8 @@ from tilefeed.pipeline.options import (
     parse_targets,
     parse_text,
     parse_tokenizer,
+    parse_where,
+    Where,
 )
 from tilefeed.pipeline.planning.sizes import Schedule, check_size
 from tilefeed.pipeline.recipe.recipe import Recipe
@@ -337,6 +339,7 @@ class LoaderSettings:
     tokenizer: Callable[[list[str]], Any] | None = field(repr=False, metadata={"check": parse_tokenizer})
     fields: tuple[str, ...] = option(parse_fields)  # the metadata fields a batch carries
     labels: bool | None = option(_labels)  # None: class labels where the store has them and no text is asked
+    where: Where | None = option(parse_where)  # the samples read, by their fields (mixing.where)
     # rank and world size defaulted to 0 of 1 with no process group yet: checked again as each
     # epoch begins (``check_alone``), since a group (or a launcher's WORLD_SIZE) may say otherwise
     alone: bool = derived()

@@ -216,6 +216,15 @@ class Loader:
     labels : bool, optional
         Whether a batch carries class labels. Default: yes, unless ``text`` is given or the
         store holds no class labels; True on a store without them is an error.
+    where : str or callable, optional
+        Read only the samples whose metadata fields pass this test, decided once when the
+        Loader opens, before anything is decoded: an expression (``"width >= 256 and uid in
+        file('subset.txt')"``: comparisons of fields with values, ``in`` a list or a file of
+        ids one a line, ``and``, ``or``, ``not``) or a callable given a dict of field arrays
+        (one value a sample) returning a boolean array. The samples that pass are the store's
+        subset (of each store, in a ``Mix``), as ``indices`` makes one: ``len()`` counts them,
+        and order, sharding, the ledger and resume hold over them (a state saved under another
+        filter is refused).
     recipe : Recipe, optional
         A training recipe (``pipeline.recipe.Recipe``): the resize filter, horizontal and vertical
         flip probabilities, auto-augment policy, colour jitter, random grayscale and random
@@ -288,6 +297,7 @@ class Loader:
         tokenizer: Callable[[list[str]], Any] | None = None,
         fields: str | Sequence[str] | None = None,
         labels: bool | None = None,
+        where: str | Callable[[Mapping[str, np.ndarray]], Any] | None = None,
         **dataloader_options: Any,
     ) -> None:
         # every option as given, by name: the settings check them (their one table). First, while

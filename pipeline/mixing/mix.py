@@ -30,6 +30,7 @@ import numpy as np
 from tilefeed.pipeline.reading.mixed import LabelRule
 from tilefeed.pipeline.mixing.plan import MixturePlan, finite_weight, is_weight
 from tilefeed.pipeline.options import Shuffle
+from tilefeed.pipeline.mixing.where import narrowed
 from tilefeed.pipeline.settings import LoaderSettings, store_subset
 from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
@@ -265,7 +266,7 @@ def open_sources(store: str | Path | StoreReader | Mix, settings: LoaderSettings
         return open_mix(store, settings)
     reader = open_reader(store, settings)
     try:
-        return OneStore(reader, settings.subset(len(reader)))
+        return OneStore(reader, narrowed(reader, settings.where, settings.subset(len(reader)), reader.location))
     except BaseException:
         if reader is not store:  # the caller's own reader stays open
             reader.close()
@@ -287,7 +288,8 @@ def open_mix(mix: Mix, settings: LoaderSettings) -> Mixture:
             opened.append(open_reader(store if is_url(store) else StoreReader(store), settings))
         reader = MixedReader(opened, list(mix.names), mix.labels, mix.background)
         given = mix.indices or {}
-        subsets = tuple(None if n not in given else store_subset(given[n], len(r), f"Mix indices of {n!r}")
+        subsets = tuple(narrowed(r, settings.where, None if n not in given else store_subset(
+                            given[n], len(r), f"Mix indices of {n!r}"), n)
                         for n, r in zip(mix.names, opened, strict=True))
         sizes = [len(r) if s is None else len(s) for r, s in zip(opened, subsets, strict=True)]
         return Mixture(mix, reader, subsets, mix.plan(sizes, settings.seed))

@@ -145,3 +145,51 @@ def test_parse_text_takes_a_name_or_weights() -> None:
     assert parse_text(None) is None
     with pytest.raises(ConfigError):
         parse_text({})
+
+
+def test_where_keeps_the_samples_whose_fields_pass_exactly_once_over_ranks(store: Path, tmp_path: Path) -> None:
+    ids_file = tmp_path / "subset.txt"
+    ids_file.write_text("u0001\nu0004\n\nu0007\nu0010\nu0013\nu0016\nu0019\nu0022\nu9999\n")
+    where = f"(score >= 0.5 and uid in file('{ids_file}')) or width == 40"
+    expected = {0, 4, 7, 10, 13, 16, 19, 22}  # u0001 fails the score (0.25); u0000's width is 40
+    seen: list[str] = []
+    for rank in range(2):
+        loader = Loader(store, 2, where=where, fields="uid", with_index=True, rank=rank, world_size=2, size=32)
+        assert loader.sources.per_epoch == len(expected)
+        for _, fields, ids in loader:
+            assert fields["uid"] == [f"u{number(k):04d}" for k in keys_of(store, ids)]
+            seen += fields["uid"]
+    assert sorted(seen) == [f"u{i:04d}" for i in sorted(expected)]
+    by_function = Loader(store, 4, where=lambda f: f["width"] % 3 == 0, fields="width", size=32)
+    assert sorted(w for _, f in by_function for w in f["width"].tolist()) == [w for w in range(40, 64) if w % 3 == 0]
+
+
+def test_an_epoch_resumed_under_where_on_another_world_size_delivers_the_rest_once(store: Path) -> None:
+    options = dict(where="score > 1", text="caption", with_index=True, seed=2, size=32)
+    first = Loader(store, 3, rank=0, world_size=2, **options)
+    it = iter(first)
+    done = [next(it)[2].tolist() for _ in range(2)]
+    state = first.state_dict()
+    # the other rank's first two batches were handed over too: a state speaks for every rank
+    other = iter(Loader(store, 3, rank=1, world_size=2, **options))
+    done += [next(other)[2].tolist() for _ in range(2)]
+    resumed = Loader(store, 3, **options)  # one process now
+    resumed.load_state_dict(state)
+    rest = [i for _, texts, ids in resumed for i in ids.tolist()]
+    delivered = sorted(i for batch in done for i in batch) + rest
+    assert sorted(delivered) == [i for i in range(SAMPLES) if i / 4 > 1]
+    refiltered = Loader(store, 3, **{**options, "where": "score > 2"})
+    with pytest.raises(ConfigError) as refused:
+        refiltered.load_state_dict(state)
+    assert "\n" not in str(refused.value)
+
+
+def test_where_refuses_what_it_cannot_evaluate_in_one_line(store: Path) -> None:
+    for where, says in (("nope > 1", "holds no field 'nope'"), ("uid > 3", "compared with a number"),
+                        ("score > 100", "keeps no sample"), ("__import__('os')", "not part of the expression"),
+                        ("score + 1 > 2", "not part of the expression"),
+                        ("uid in file('/nonexistent/ids.txt')", "cannot be read"),
+                        (lambda f: [True], "boolean array")):
+        with pytest.raises(ConfigError) as refused:
+            Loader(store, 4, where=where)
+        assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
