@@ -71,6 +71,14 @@ class Mix:
         targets is refused in a Loader that asks for them. Every other store of the mixture must
         hold the targets asked; category ids are kept as each store numbers them, and stores that
         name one id differently are refused.
+    replacement : bool, default False
+        Draw each position's sample with replacement from its store (open_clip's
+        ``--dataset-resampled``): each store still fills its weight's share of the epoch's
+        positions, exactly, but which of its samples is a draw of (seed, epoch, position), the
+        same across resume and world sizes, so a sample may come twice in an epoch or not at
+        all (exactly-once does not apply). open_clip's ``--train-data-upsampling-factors`` are
+        weights of each store's size times its factor, ``--train-num-samples`` is
+        ``epoch_samples``.
     """
 
     stores: Mapping[str, str | Path]
@@ -79,6 +87,7 @@ class Mix:
     labels: LabelRule | str = LabelRule.SAME  # a LabelRule once made
     indices: Mapping[str, Any] | None = None
     background: Collection[str] = ()  # a sorted tuple once made
+    replacement: bool = False
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +120,8 @@ class Mix:
         if not set(self.background) <= set(stores):
             unknown = sorted(set(self.background) - set(stores))
             raise ConfigError(f"Mix background names stores it does not hold: {unknown}")
+        if not isinstance(self.replacement, bool):
+            raise ConfigError(f"Mix replacement must be True or False, got {self.replacement!r}")
         object.__setattr__(self, "background", tuple(sorted(set(self.background))))
         object.__setattr__(self, "labels", choice(LabelRule, self.labels, "Mix labels"))
         object.__setattr__(self, "stores", stores)
@@ -119,7 +130,7 @@ class Mix:
     def plan(self, sizes: list[int], seed: int) -> MixturePlan:
         weights = sizes if self.weights is None else [self.weights[n] for n in self.names]
         try:
-            return MixturePlan(sizes, weights, seed, self.epoch_samples)
+            return MixturePlan(sizes, weights, seed, self.epoch_samples, self.replacement)
         except ValueError as e:
             raise ConfigError(f"Mix {dict(zip(self.names, sizes, strict=True))} (sizes): {e}") from None
 
@@ -165,6 +176,8 @@ class Mixture:
                      "labels": self.reader.rule.value, "shard_size": self.reader.shard_size, "subsets": subsets}
         if self.mix.background:  # which stores' images hold no objects decides a batch's targets
             described["background"] = list(self.mix.background)
+        if self.mix.replacement:  # other draws entirely
+            described["replacement"] = True
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:

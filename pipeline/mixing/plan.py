@@ -88,6 +88,8 @@ from typing import Any, Final, TypeAlias
 
 import numpy as np
 
+from tilefeed.pipeline.planning.counters import uniforms
+
 from tilefeed.pipeline.planning.order import CHUNK, EpochOrder, Shuffle
 
 # cycles whose scans a stream keeps: the epochs in flight at once lie in a few neighbouring cycles
@@ -261,6 +263,9 @@ class MixturePlan:
     weights: Sequence[Weight]
     seed: int
     epoch_samples: int | None = None
+    # each position's sample drawn with replacement from its source (open_clip's
+    # --dataset-resampled): a function of (seed, source, epoch, item), no visit streams
+    replacement: bool = False
     quotas: tuple[int, ...] = field(init=False)
     # each source's visit stream, None where its quota is a whole number of passes
     streams: tuple[VisitStream | None, ...] = field(init=False, repr=False, compare=False)
@@ -287,7 +292,8 @@ class MixturePlan:
         if total < 1:
             raise ValueError(f"epoch_samples must be >= 1, got {total}")
         quotas = largest_remainder(weights, total)
-        streams = tuple(VisitStream(size, quota % size, _stream_seed(self.seed, s)) if size and quota % size
+        streams = tuple(VisitStream(size, quota % size, _stream_seed(self.seed, s))
+                        if size and quota % size and not self.replacement
                         else None for s, (size, quota) in enumerate(zip(sizes, quotas, strict=True)))
         for name, value in (("sizes", sizes), ("weights", weights), ("epoch_samples", total),
                             ("quotas", quotas), ("streams", streams)):
@@ -319,8 +325,12 @@ class MixturePlan:
             picked = np.flatnonzero(source == s)
             if not picked.size:
                 continue
-            passes = quota // size * size
             items = item[picked]
+            if self.replacement:  # uniform over the source's samples, drawn for this epoch and item
+                draws = uniforms(_stream_seed(self.seed, s), epoch, items, 1)[:, 0]
+                sample[picked] = np.minimum((draws * size).astype(np.int64), size - 1)
+                continue
+            passes = quota // size * size
             extra = items >= passes
             sample[picked[~extra]] = items[~extra] % size
             if stream is not None and extra.any():

@@ -193,3 +193,31 @@ def test_where_refuses_what_it_cannot_evaluate_in_one_line(store: Path) -> None:
         with pytest.raises(ConfigError) as refused:
             Loader(store, 4, where=where)
         assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
+
+
+def test_a_resampled_mix_draws_the_same_on_any_world_size_and_after_resume(store: Path, tmp_path: Path) -> None:
+    small = make_pairs_store(tmp_path, 10)
+    mix = Mix({"big": store, "small": small}, weights={"big": 24 * 1, "small": 10 * 3}, epoch_samples=40,
+              replacement=True)
+    options = dict(text="caption", with_index=True, seed=4, size=32, shuffle=False)
+
+    def delivered(world: int) -> list[int]:
+        ids: list[int] = []
+        for rank in range(world):
+            ids += [i for _, _, b in Loader(mix, 5, rank=rank, world_size=world, **options) for i in b.tolist()]
+        return sorted(ids)
+
+    one = delivered(1)
+    assert one == delivered(2) and len(one) == 40
+    loader = Loader(mix, 5, **options)
+    source, _ = loader.reader.source_of(np.array(one))
+    assert np.bincount(source).tolist() == [18, 22]  # the weights' shares of 40, exactly: 24:30
+    assert len(set(one)) < 40  # with replacement, a sample comes again
+    loader.set_epoch(1)
+    assert sorted(i for _, _, b in loader for i in b.tolist()) != one  # drawn anew each epoch
+    first = Loader(mix, 5, **options)
+    run = iter(first)
+    head = [i for _ in range(3) for i in next(run)[2].tolist()]
+    resumed = Loader(mix, 5, **options)
+    resumed.load_state_dict(first.state_dict())
+    assert sorted(head + [i for _, _, b in resumed for i in b.tolist()]) == one
