@@ -7,7 +7,8 @@ checks under test are the ones no checksum makes, not the checksums themselves.
 ``python -m tests.store.hostile_store_cases HONEST WORK SUITE BUDGET_MB SECONDS`` runs each case of
 SUITE on a copy of the honest store under WORK and prints one JSON line per case: what ``verify --deep``,
 ``info``, the StoreReader (every tile and label; for the targets suites every object row,
-frame and mask tile too) and, for JPEG stores, zarr-python made of it,
+frame and mask tile too; for the pairs suites every caption and field, by ``read_pairs`` and by
+a Loader's epoch) and, for JPEG stores, zarr-python made of it,
 how long that took, and any file outside the store that was opened. Memory beyond BUDGET_MB over
 the warmed-up process is refused by the kernel (RLIMIT_AS), so an allocation sized by a hostile
 number shows up as a MemoryError rather than a slow machine.
@@ -511,6 +512,104 @@ def targets_control_cases() -> list[Case]:
     ]
 
 
+# -- stores of captions and fields (version 4): their string chunks, their attributes ------------------
+CAPTION = fmt.text_array("caption")
+
+
+def vlen_body(items: list[bytes], count: int | None = None) -> bytes:
+    """A vlen-utf8 chunk as zarr writes it (before zstd): the item count (``count``: another
+    than the items'), then each item's byte length and bytes, whatever those bytes are."""
+    head = struct.pack("<I", len(items) if count is None else count)
+    return head + b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+def strings_of(store: Path, name: str) -> list[bytes]:
+    """A string array's values as written (one chunk), UTF-8."""
+    from tilefeed.store.attrs import store_attrs
+    from tilefeed.store.pairs import read_strings
+
+    return [str(v).encode() for v in read_strings(store, store_attrs(attrs_of(store), store), name)]
+
+
+def write_strings(store: Path, name: str, body: bytes) -> None:
+    """A string array's one chunk rewritten from a vlen-utf8 ``body`` (zstd, as preprocess
+    writes it), re-signed."""
+    write_small_chunk(store, name, 0, bytes(COMPRESSORS["zstd"].encode(np.frombuffer(body, np.uint8))))
+
+
+def _edit_strings(name: str, change: Callable[[list[bytes]], object],
+                  count: Callable[[list[bytes]], int] | None = None) -> Callable[[Path], None]:
+    def craft(s: Path) -> None:
+        items = strings_of(s, name)
+        change(items)
+        write_strings(s, name, vlen_body(items, count(items) if count is not None else None))
+    return craft
+
+
+def _row0(value: bytes) -> Callable[[list[bytes]], None]:
+    def change(items: list[bytes]) -> None:
+        items[0] = value
+    return change
+
+
+def _strings_truncated(s: Path) -> None:
+    """The item list cut 10 bytes short of the last string's end, the header count kept."""
+    body = vlen_body(strings_of(s, CAPTION))
+    write_strings(s, CAPTION, body[:-10])
+
+
+def _captions_short(s: Path) -> None:
+    """text.caption one row shorter than source_paths: its chunk, zarr.json and record agree."""
+    items = strings_of(s, CAPTION)[:-1]
+    rows = len(items)
+    edit_array_doc(s, CAPTION, lambda d: (d.update(shape=[rows]),
+                                          d["chunk_grid"]["configuration"].update(chunk_shape=[rows])))
+    edit_attrs(s, lambda a: a["arrays"][CAPTION].update(length=rows, chunk=rows))
+    write_strings(s, CAPTION, vlen_body(items))
+
+
+def pairs_cases() -> list[Case]:
+    """Crafted stores of captions and fields (format version 4), each re-signed."""
+    return [
+        ("caption not UTF-8", _edit_strings(CAPTION, _row0(b"caption \xff\xfe of a picture"))),
+        ("caption holding a NUL", _edit_strings(CAPTION, _row0(b"caption\0of a picture"))),
+        ("caption of 40 KiB", _edit_strings(CAPTION, _row0(b"x" * (40 << 10)))),
+        ("vlen header declares 10**9 strings", _edit_strings(CAPTION, lambda v: None, lambda v: 10**9)),
+        ("caption chunk zstd bomb", lambda s: write_small_chunk(s, CAPTION, 0, zstd_rle(2 << 30))),
+        ("vlen item list truncated", _strings_truncated),
+        ("texts naming ../x", lambda s: edit_attrs(s, lambda a: a["texts"].append("../x"))),
+        ("texts naming a caption without its array", lambda s: edit_attrs(
+            s, lambda a: a["texts"].append("alt"))),
+        ("texts listing 10**6 names", lambda s: edit_attrs(s, lambda a: a.update(
+            texts=[f"t{i}" for i in range(10**6)]))),
+        ("fields dtype int8", lambda s: edit_attrs(s, lambda a: a["fields"][2].update(dtype="int8"))),
+        ("field.width zarr.json float64", lambda s: edit_array_doc(
+            s, fmt.field_array("width"), lambda d: d.update(data_type="float64", fill_value=0.0))),
+        ("text.caption a row shorter than source_paths", _captions_short),
+        ("version 3, texts present", lambda s: edit_attrs(s, lambda a: a.update(version=3))),
+        ("string field of 10 KiB", _edit_strings(fmt.field_array("uid"), _row0(b"u" * (10 << 10)))),
+    ]
+
+
+def pairs_control_cases() -> list[Case]:
+    """The pairs harness's controls: the honest store, a copy whose every caption and field chunk
+    is written again with the same values and re-signed (both read honestly), and one whose
+    first caption says something else (valid: ``verify`` finds it sound, the reader's
+    comparison must call it wrong)."""
+    def resigned(s: Path) -> None:
+        for name in (CAPTION, fmt.text_array("synthetic"), fmt.field_array("uid")):
+            write_strings(s, name, vlen_body(strings_of(s, name)))
+        for name in (fmt.field_array("score"), fmt.field_array("width")):
+            values = small_values(s, name)  # little-endian, as written
+            write_small_chunk(s, name, 0, bytes(COMPRESSORS["zstd"].encode(values.tobytes())))
+
+    return [
+        ("honest", lambda s: None),
+        ("re-signed", resigned),
+        ("first caption changed", _edit_strings(CAPTION, lambda v: v.__setitem__(0, v[0] + b" and a cat"))),
+    ]
+
+
 # -- the property: every attribute field, every chunk --------------------------------------------------
 def leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
     """The path of every field in the attributes, containers included."""
@@ -669,6 +768,63 @@ def _read(store: Path, tiles: np.ndarray, labels: np.ndarray,
     return "honest", ""
 
 
+PAIR_FIELDS = ("uid", "score", "width")  # every field make_pairs_store writes
+
+
+def _pairs_read(store: Path) -> dict[str, list[Any]]:
+    """Every caption and field array as ``read_pairs`` serves it, one row a source."""
+    from tilefeed.store.documents import load_attrs
+    from tilefeed.store.pairs import read_pairs
+
+    pairs = read_pairs(store, load_attrs(store))
+    served = {fmt.text_array(n): v.tolist() for n, v in pairs.texts.items()}
+    return served | {fmt.field_array(n): v.tolist() for n, v in pairs.fields.items()}
+
+
+def _pairs_loaded(store: Path) -> list[tuple[Any, ...]]:
+    """One epoch of a Loader's captions and fields, one (caption, *fields) a sample, by id."""
+    from tilefeed.pipeline import Loader
+
+    by_id: dict[int, tuple[Any, ...]] = {}
+    with Loader(store, 4, text="caption", fields=PAIR_FIELDS, with_index=True) as loader:
+        for _, texts, fields, ids in loader:
+            columns = [fields[n] if isinstance(fields[n], list) else fields[n].tolist() for n in PAIR_FIELDS]
+            for k, i in enumerate(ids.tolist()):
+                by_id[i] = (texts[k], *(c[k] for c in columns))
+    return [by_id[i] for i in sorted(by_id)]
+
+
+def _read_pairs(store: Path, tiles: np.ndarray, labels: np.ndarray,
+                honest: dict[str, list[Any]]) -> tuple[str, str]:
+    """The StoreReader's tiles and labels, then every caption and field ``read_pairs`` serves,
+    each compared with the honest store's (the first array that differs named)."""
+    outcome = _read(store, tiles, labels)
+    if outcome[0] != "honest":
+        return outcome
+    try:
+        served = _pairs_read(store)
+    except Exception as e:  # noqa: BLE001
+        return _one_line(e)
+    for name in sorted(served.keys() | honest.keys()):
+        if served.get(name) != honest.get(name):
+            return "wrong", name
+    return "honest", ""
+
+
+def _load_pairs(store: Path, honest: list[tuple[Any, ...]]) -> tuple[str, str]:
+    """A Loader's captions and fields over one epoch, compared with the honest store's."""
+    try:
+        served = _pairs_loaded(store)
+    except Exception as e:  # noqa: BLE001
+        return _one_line(e)
+    if len(served) != len(honest):
+        return "wrong", f"{len(served)} samples"
+    for i, (a, b) in enumerate(zip(served, honest, strict=True)):
+        if a != b:
+            return "wrong", f"sample {i}"
+    return "honest", ""
+
+
 def _zarr(store: Path, tiles: np.ndarray) -> tuple[str, str]:
     """zarr-python's own read of the tiles (only JPEG tiles decode through tilefeed's codec)."""
     import zarr
@@ -774,11 +930,15 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
         labels = reader.labels.copy()
         targets = _targets(reader)
         jpeg = reader.codec.name == "jpeg"
+    pairs = suite in ("pairs", "pairs-control")
+    # the honest captions and fields (and the Loader's modules warmed up)
+    honest_pairs = (_pairs_read(honest), _pairs_loaded(honest)) if pairs else None
     _verify(honest), _info(honest), _zarr(honest, tiles) if jpeg else None
     cases = {"rows": lambda: row_cases(attrs_of(honest)["codec"]), "fields": lambda: field_cases(honest),
              "bytes": lambda: byte_cases(honest), "ledger": ledger_cases,
              "targets": targets_cases, "targets-control": targets_control_cases,
-             "semantic": semantic_cases, "boxes": boxes_cases}[suite]()
+             "semantic": semantic_cases, "boxes": boxes_cases,
+             "pairs": pairs_cases, "pairs-control": pairs_control_cases}[suite]()
     (work / "outside").mkdir(parents=True, exist_ok=True)
     watch = _Watch(work)
     with open("/proc/self/status") as f:
@@ -795,6 +955,10 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
         try:
             if suite == "ledger":
                 result: dict[str, Any] = {"case": name, "audit": _audit(store)}
+            elif honest_pairs is not None:
+                result = {"case": name, "verify": _verify(store), "info": _info(store),
+                          "reader": _read_pairs(store, tiles, labels, honest_pairs[0]),
+                          "loader": _load_pairs(store, honest_pairs[1])}
             else:
                 result = {"case": name, "verify": _verify(store), "info": _info(store),
                           "reader": _read(store, tiles, labels, targets)}
@@ -813,7 +977,7 @@ def _fresh(honest: Path, work: Path, suite: str, n: int) -> Path:
     """A copy of the honest store for case ``n``. The property's cases each change one file in
     place, so one copy serves them all, its files put back as they were (copying a tree per case
     costs more than the case)."""
-    if suite in ("rows", "ledger", "targets", "targets-control", "semantic", "boxes"):
+    if suite in ("rows", "ledger", "targets", "targets-control", "semantic", "boxes", "pairs", "pairs-control"):
         store = work / f"case-{n}"
         store.mkdir() if suite == "ledger" else shutil.copytree(honest, store)
         return store

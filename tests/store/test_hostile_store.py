@@ -218,6 +218,61 @@ def test_the_targets_harness_reads_the_honest_store_and_tells_a_changed_one(hone
         ("box moved a pixel", ["sound", ""], ["wrong", "objects"])]
 
 
+# What each crafted store of captions and fields is refused for: the array or attribute named, and why.
+PAIRS = {
+    "caption not UTF-8": ["text.caption/c/0: holds a string that is not valid UTF-8"],
+    "caption holding a NUL": ["text.caption/c/0: caption 0 holds a NUL character"],
+    "caption of 40 KiB": ["text.caption/c/0: string 0 is longer than 32768 UTF-8 bytes"],
+    "vlen header declares 10**9 strings": ["text.caption/c/0: its vlen header does not declare its 24 strings"],
+    "caption chunk zstd bomb": ["text.caption/c/0: declares 2147483648 decoded bytes"],
+    "vlen item list truncated": ["text.caption/c/0: its strings do not decode"],
+    "texts naming ../x": ["attribute 'texts' must list", "'../x'"],
+    "texts naming a caption without its array": ["attribute 'arrays.text.alt' is missing"],
+    "texts listing 10**6 names": ["attribute 'texts' must list at most 16"],
+    "fields dtype int8": ["attribute 'fields' must list", "dtypes one of int64, float64, string"],
+    "field.width zarr.json float64": ["field.width/zarr.json: data_type is 'float64'"],
+    "text.caption a row shorter than source_paths": ["'arrays.text.caption.length' must be 24"],
+    "version 3, texts present": ["attribute 'texts' must be absent in a version-3 store"],
+    "string field of 10 KiB": ["field.uid/c/0: string 0 is longer than 4096 UTF-8 bytes"],
+}
+
+
+@pytest.fixture(scope="module")
+def honest_pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An image-text store: 24 pictures, captions ``caption`` and ``synthetic``, fields ``uid``
+    (strings), ``score`` (float64) and ``width`` (int64), no class labels."""
+    from tests.helpers import make_pairs_store
+
+    return make_pairs_store(tmp_path_factory.mktemp("honest-pairs"), 24)
+
+
+def test_every_crafted_pairs_store_is_refused_in_one_line(honest_pairs: Path, tmp_path: Path) -> None:
+    """verify --deep, the readers of every caption and field (``read_pairs`` after the
+    StoreReader's tiles and labels) and a Loader asked for a caption and every field refuse each
+    store in one line naming the array or attribute; no string is allocated by a declared size."""
+    results = run_cases(honest_pairs, tmp_path, "pairs", ROWS_BUDGET_MB, ROWS_SECONDS)
+    assert [r["case"] for r in results] == list(PAIRS)
+    for r in results:
+        _bounded(r, ROWS_SECONDS)
+        for reader in ("verify", "reader", "loader"):
+            outcome, message = r[reader]
+            assert outcome == "refused", (r["case"], reader, r[reader])
+            assert all(name in message for name in PAIRS[r["case"]]), (r["case"], reader, message)
+        assert r["info"][0] in ("refused", "ok"), r
+
+
+def test_the_pairs_harness_reads_the_honest_store_and_tells_a_changed_one(honest_pairs: Path,
+                                                                          tmp_path: Path) -> None:
+    """The controls: the honest store's captions and fields are read back, so is a copy whose
+    every caption and field chunk is written again with the same values and re-signed, and a
+    valid caption changed is told from the honest one by both readers."""
+    results = run_cases(honest_pairs, tmp_path, "pairs-control", ROWS_BUDGET_MB, ROWS_SECONDS)
+    assert [(r["case"], r["verify"], r["reader"], r["loader"]) for r in results] == [
+        ("honest", ["sound", ""], ["honest", ""], ["honest", ""]),
+        ("re-signed", ["sound", ""], ["honest", ""], ["honest", ""]),
+        ("first caption changed", ["sound", ""], ["wrong", "text.caption"], ["wrong", "sample 0"])]
+
+
 # What ``tilefeed audit`` makes of each hostile ledger: refused, or answered without a table or a
 # set sized by the largest id or the world size a file states.
 LEDGER = {
