@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tilefeed.cli.arguments import HelpFormatter, add_renamed, positive
 from tilefeed.cli.storage_options import add_storage_option, shown, storage_options
-from tilefeed.preprocess.sources.scanning import LABEL_RULES
+from tilefeed.preprocess.sources.scanning import LABEL_RULES, SOURCE_KINDS
 from tilefeed.preprocess.settings import DEFAULT_MAX_PIXELS, FITS, ICC, MODES, RESAMPLERS, parse_size
 from tilefeed.store.format import CODECS
 
@@ -50,13 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("src", metavar="SRC",
                    help="folder with one subfolder per class, or a manifest (.csv or .jsonl of "
-                   "path,label; relative paths resolve against the manifest's folder)")
+                   "path,label; relative paths resolve against the manifest's folder); or image-text "
+                   "samples: WebDataset tar shards (a .tar, a folder of them, a brace pattern such as "
+                   "'shards/{00000..00009}.tar', or a .txt list of tar paths), parquet files (a .parquet "
+                   "or a folder of them), or a caption table (.tsv, .csv or .jsonl of image path and "
+                   "caption); see --source")
     p.add_argument("out", metavar="OUT", help="store to create: a new or empty folder, or an "
                    "object-store URL (s3://bucket/prefix, gs://, az://)")
     _tile_args(p)
     _store_args(p)
     _source_args(p)
     _target_args(p)
+    _pair_args(p)
     p.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a tilefeed store already at OUT (other folders are never touched)")
@@ -153,10 +158,44 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                    "a mask per image beside its boxes, of the file's category ids (no classes.txt)")
 
 
+def _pair_args(p: argparse.ArgumentParser) -> None:
+    """What an image-text SRC is and where its captions are (``PairOptions``)."""
+    g = p.add_argument_group("image-text sources (captions and metadata fields stored per image)")
+    g.add_argument("--source", choices=SOURCE_KINDS, default="auto",
+                   help="what SRC is: auto decides from SRC (tars or a brace pattern or a .txt list: "
+                   "webdataset; .parquet: parquet; .tsv, or a .csv/.jsonl whose header names the caption "
+                   "column and no label column: table; other .csv/.jsonl: manifest; a folder of class "
+                   "folders: folders) and says what it chose; name it where SRC could be two of these")
+    g.add_argument("--image-key", default="jpg;png;webp;jpeg", metavar="EXTS",
+                   help="a tar sample's image: the first of its members with one of these extensions, in "
+                   "this order, ';'-separated (open_clip's --image-key)")
+    g.add_argument("--caption-key", default="caption", metavar="NAMES",
+                   help="the captions kept, comma-separated: in a tar, caption is the .txt member and other "
+                   "names are fields of the .json member; in a parquet file or a table, column names. A "
+                   "sample with none of them is rejected")
+    g.add_argument("--fields", default=None, metavar="NAMES",
+                   help="the metadata fields kept per sample, comma-separated (a tar's .json fields, columns); "
+                   "default: key, width, height, original_width, original_height (img2dataset's)")
+    g.add_argument("--image-column", default=None, metavar="NAME",
+                   help="parquet: the column holding each image (binary, or a struct of bytes and path); "
+                   "default: the column Hugging Face datasets marks as an Image, else image")
+    g.add_argument("--csv-img-key", default="filepath", metavar="NAME",
+                   help="caption table: the column of image paths (open_clip's --csv-img-key)")
+    g.add_argument("--csv-caption-key", default="title", metavar="NAME",
+                   help="caption table: the column of captions, stored as the caption named caption "
+                   "(open_clip's --csv-caption-key)")
+    g.add_argument("--csv-separator", default="\t", metavar="CHAR",
+                   help="caption table: the column separator, a tab by default whatever the file's suffix "
+                   "(open_clip's --csv-separator)")
+    g.add_argument("--label-key", default=None, metavar="NAME",
+                   help="a class label per sample (a .json field or a column; integers >= 0); without it "
+                   "the store is unlabelled: one class, image, every label 0")
+
+
 def run(args: argparse.Namespace) -> int:
     from tilefeed.cli.progress import progress_bar
     from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings
-    from tilefeed.preprocess.sources.scanning import SourceOptions
+    from tilefeed.preprocess.sources.scanning import PairOptions, SourceOptions
     from tilefeed.preprocess.writer import preprocess
 
     tiles = TileSettings(
@@ -171,10 +210,15 @@ def run(args: argparse.Namespace) -> int:
                           buckets=tuple(args.allow_bucket))
     targets = TargetOptions(annotations=args.annotations, instance_masks=args.instance_masks, yolo=args.yolo,
                             masks=args.masks, max_annotations_size=args.max_annotations_size)
+    pairs = PairOptions(source=args.source, image_key=args.image_key, caption_key=args.caption_key,
+                        fields=args.fields, image_column=args.image_column, csv_img_key=args.csv_img_key,
+                        csv_caption_key=args.csv_caption_key, csv_separator=args.csv_separator,
+                        label_key=args.label_key)
     summary = preprocess(
         args.src, args.out, tiles, store, workers=args.processes, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
         source_options=rules, storage_options=storage_options(args), targets=targets,
+        pairs=pairs,
     )
     if not args.quiet:
         _print_summary(summary, args)

@@ -77,17 +77,22 @@ class Rejected(Exception):
     """A source image that cannot enter the store; str() is the one-line reason."""
 
 
-def load_tiles(path: str, settings: TileSettings, exact: bool = False) -> Tiles:
+def load_tiles(path: str, settings: TileSettings, exact: bool = False, data: bytes | None = None) -> Tiles:
     """Decode ``path`` and cut it into tiles; raises Rejected with the reason on any bad input.
 
     ``exact`` (an image with targets): decoded at full size, without JPEG DCT scaling (which
     rounds an odd side up, so its pixels no longer map exactly onto the annotations'), and
     without its EXIF orientation: annotations are made in the stored pixels' coordinates, as
-    pycocotools and torchvision's ``CocoDetection`` read them."""
+    pycocotools and torchvision's ``CocoDetection`` read them. ``data``: the image's bytes,
+    already read (a tar member, a parquet row); ``path`` then only names it, and the bytes go
+    through the same checks a file's do."""
     register_plugins()  # once per process, on first use: importing changes nothing of PIL's
     source: str | io.BytesIO = path
     try:
-        if is_url(path):
+        if data is not None:
+            source = io.BytesIO(data)
+            size = len(data)
+        elif is_url(path):
             source = io.BytesIO(read_object(path))
             size = len(source.getbuffer())
         else:

@@ -178,8 +178,10 @@ class Scheduler:
             first = part * self.part_size
             source = self.listing.targets
             job, records = (None, b"") if source is None else (source.job, source.read(first, self.part_size))
+            pairs = self.listing.pairs
+            members = b"" if pairs is None else pairs.read(first, self.part_size)
             args = (self.out, self.work, part, first, self.listing.files.read(first, self.part_size),
-                    self.tiles, self.store, self._take_ready(), job, records, False)
+                    self.tiles, self.store, self._take_ready(), job, records, members, False)
             self.inflight.send(Task("part", part, tasks.run_part, args))
         if self.ready:
             shards = self._take_ready()

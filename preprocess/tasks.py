@@ -28,6 +28,7 @@ from tilefeed.store.codec import TileCodec
 from tilefeed.preprocess.images import Rejected, Tiles, load_tiles
 from tilefeed.store.errors import one_line
 from tilefeed.preprocess.settings import Mode, StoreSettings, TargetKind, TileSettings
+from tilefeed.preprocess.sources.pairs import members as pair_members
 from tilefeed.preprocess.sources.source_list import decode_paths, split_paths
 from tilefeed.preprocess.sources.targets import TargetJob
 from tilefeed.preprocess.targets import (TileTargets, place_grid, place_targets, read_targets, split_records,
@@ -152,6 +153,7 @@ class ShardSpec(NamedTuple):
 def write_part(
     out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
     store: StoreSettings, isolate: bool = False, targets: TargetJob | None = None, records: bytes = b"",
+    members: bytes = b"",
 ) -> PartWritten:
     """Decode one part's sources, write their chunk bytes, then the part's record.
 
@@ -168,12 +170,20 @@ def write_part(
     (``preprocess.targets``), or the image is rejected with the reason; the part then writes
     its objects (``.objects``), its mask chunks (``.masks``) and a ``TARGET_RECORD`` table
     (``.targets``) beside its tiles.
+
+    ``members``: the part's lines of the scan's pair table (image-text sources). A source held
+    inside another file (a tar member, a parquet row) is read from it here (``member_bytes``)
+    and decoded from those bytes; any failure to read it rejects that source alone.
     """
     blosc.use_threads = False  # a worker process of the writer's: its parallelism is the pool's
     codec = TileCodec(store.codec, tiles.tile, store.quality)
     names = decode_paths(paths)
     exact = targets is not None
     per_source = split_records(records, len(names)) if targets is not None else []
+    held = pair_members(members) if members else [None] * len(names)
+    if len(held) != len(names):
+        raise ValueError(f"part {part}: {len(held)} members for {len(names)} sources")
+    parquet = _ParquetRows()
     rows: list[tuple[int, int, int, int, list[int]]] = []
     placed: list[TileTargets] = []
     rejects: list[tuple[int, str, str]] = []
@@ -183,7 +193,14 @@ def write_part(
         for k, path in enumerate(names):
             t0 = clock()
             try:
-                result = load_isolated(path, tiles, exact) if isolate else load_tiles(path, tiles, exact)
+                member = held[k]
+                data = None if member is None else member_bytes(member, parquet)
+                if isinstance(data, str):  # a parquet row that names a file instead of holding bytes
+                    path_read, data = data, None
+                else:
+                    path_read = path
+                result = (load_isolated(path_read, tiles, exact, data) if isolate
+                          else load_tiles(path_read, tiles, exact, data))
                 if targets is not None:
                     placed.extend(_placed_targets(targets, path, per_source[k], result, tiles))
             except Rejected as e:
@@ -270,16 +287,58 @@ def _placed_targets(targets: TargetJob, path: str, record: bytes, result: Tiles,
         raise Rejected(f"bad annotation: {type(e).__name__}: {one_line(e)}") from None
 
 
+class _ParquetRows:
+    """A part's reader of parquet members, made on its first one (pyarrow loads then)."""
+
+    def __init__(self) -> None:
+        self.reader: Any = None
+
+    def read(self, member: dict[str, Any]) -> bytes | str:
+        if self.reader is None:
+            from tilefeed.preprocess.sources.parquet import MemberReader
+
+            self.reader = MemberReader()
+        return self.reader.read(member)  # type: ignore[no-any-return]
+
+
+def member_bytes(member: dict[str, Any], parquet: _ParquetRows) -> bytes | str:
+    """The bytes of a source held inside another file: a tar member (one ``pread``) or a parquet
+    row (its row group's image column, kept for the part's next rows); a parquet row whose
+    bytes are null gives the path of the file it names instead.
+
+    Raises
+    ------
+    Rejected
+        The member cannot be read, with the reason.
+    """
+    try:
+        if "tar" in member:
+            from tilefeed.preprocess.sources.webdataset import read_member
+
+            return read_member(member)
+        if "parquet" in member:
+            return parquet.read(member)
+        raise ValueError(f"a member of no known kind: {sorted(member)}")
+    except FileNotFoundError:
+        raise Rejected("missing: the file holding it is not found") from None
+    except OSError as e:
+        raise Rejected(f"unreadable: {e.strerror or one_line(e)}") from None
+    except MemoryError:
+        raise Rejected("too large: out of memory while reading it") from None
+    except Exception as e:  # noqa: BLE001 - anything reading one member fails with: this source only
+        raise Rejected(f"unreadable: {type(e).__name__}: {one_line(e)}") from None
+
+
 def run_part(
     out: Storage, work: str, part: int, first: int, paths: bytes, tiles: TileSettings,
     store: StoreSettings, shards: list[ShardSpec], targets: TargetJob | None = None, records: bytes = b"",
-    isolate: bool = False,
+    members: bytes = b"", isolate: bool = False,
 ) -> dict[str, Any]:
     """Worker task: the shards that were ready when it was sent, then one part
     (``write_part``): one task, not two, for the driver to send and take back; a ``TaskDone``.
     ``isolate`` comes last: the pool sets it when it sends a part again after a worker died."""
     written = tuple(write_shard(out, work, spec) for spec in shards)
-    done = write_part(out, work, part, first, paths, tiles, store, isolate, targets, records)
+    done = write_part(out, work, part, first, paths, tiles, store, isolate, targets, records, members)
     return TaskDone(done, written).to_dict()
 
 
@@ -322,10 +381,10 @@ def read_part(out: Storage, work: str, part: int) -> tuple[PartRecord, np.ndarra
     return record, np.frombuffer(data, dtype=TILE_RECORD)
 
 
-def load_isolated(path: str, tiles: TileSettings, exact: bool = False) -> Tiles:
+def load_isolated(path: str, tiles: TileSettings, exact: bool = False, data: bytes | None = None) -> Tiles:
     """``load_tiles`` in a forked child: a segfault or the OOM killer there becomes a reject."""
     if not hasattr(os, "fork"):
-        return load_tiles(path, tiles, exact)
+        return load_tiles(path, tiles, exact, data)
     read_end, write_end = os.pipe()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads: the child only decodes
@@ -334,7 +393,7 @@ def load_isolated(path: str, tiles: TileSettings, exact: bool = False) -> Tiles:
         os.close(read_end)
         try:
             try:
-                outcome: tuple[str, Any] = ("tiles", load_tiles(path, tiles, exact))
+                outcome: tuple[str, Any] = ("tiles", load_tiles(path, tiles, exact, data))
             except Rejected as e:
                 outcome = ("rejected", str(e))
             with os.fdopen(write_end, "wb") as f:

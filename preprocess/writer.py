@@ -55,7 +55,7 @@ from tilefeed.preprocess.publish import publish, reason_counts
 from tilefeed.preprocess.task_scheduler import ProgressFn, Scheduler
 from tilefeed.preprocess.settings import StoreSettings, TargetOptions, TileSettings, default_workers, describe
 from tilefeed.preprocess.sources.source_list import split_paths
-from tilefeed.preprocess.sources.scanning import SourceOptions
+from tilefeed.preprocess.sources.scanning import PairOptions, SourceOptions
 from tilefeed.preprocess.sources.finding import Listing, check_source, scan_sources
 from tilefeed.store.location import open_storage
 from tilefeed.store.storage import Storage, redacted
@@ -98,6 +98,7 @@ def preprocess(
     source_options: SourceOptions | None = None,
     storage_options: dict[str, Any] | None = None,
     targets: TargetOptions | None = None,
+    pairs: PairOptions | None = None,
 ) -> Summary:
     """Convert the images under ``src`` into a tilefeed store at ``out``; see the module docstring.
 
@@ -140,6 +141,9 @@ def preprocess(
         Boxes and masks read beside the images (a COCO file, a YOLO folder, semantic masks):
         mapped into each tile with its pixels and stored with them (resize or grid mode; OUT a
         folder or a bucket URL).
+    pairs : PairOptions, optional
+        How an image-text SRC is read (WebDataset shards, parquet files, a caption table): its
+        kind, or ``auto``, and where each sample's image, captions and fields are.
 
     Returns
     -------
@@ -154,7 +158,7 @@ def preprocess(
     """
     try:
         return _preprocess(src, out, tiles, store, workers, overwrite, progress, scheduler,
-                           source_options, storage_options, targets)
+                           source_options, storage_options, targets, pairs)
     except TilefeedError as e:  # no message carries a credential, whoever wrote it
         raise redacted(e, storage_options) from None
 
@@ -163,7 +167,7 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
                 store: StoreSettings | None, workers: int | None, overwrite: bool,
                 progress: Callable[[int], ProgressFn] | None, scheduler: str | None,
                 source_options: SourceOptions | None, storage_options: dict[str, Any] | None,
-                targets: TargetOptions | None = None) -> Summary:
+                targets: TargetOptions | None = None, pairs: PairOptions | None = None) -> Summary:
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
     workers = default_workers(tiles.worker_memory) if workers is None else workers
@@ -172,9 +176,10 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
     started = time.perf_counter()
     target = open_storage(out, storage_options)
     exclude = out_inside(Path(src), target.local) if target.local is not None else None
-    check_source(src)
+    check_source(src, pairs)
     with writer_lock(target), scan_folder(target) as scratch:
-        listing = scan_sources(src, scratch, source_options, exclude, stride=PART_SOURCES, targets=targets)
+        listing = scan_sources(src, scratch, source_options, exclude, stride=PART_SOURCES, targets=targets,
+                                pairs=pairs)
         notes = list(listing.notes)
         with Pool(workers, scheduler) as pool:
             try:

@@ -1,5 +1,15 @@
 """Find the source images and their labels: a class-per-folder tree (``folders``), a bucket of
-CLASS/IMAGE keys (``bucket``), or a CSV / JSON Lines manifest (``manifest``).
+CLASS/IMAGE keys (``bucket``), or a CSV / JSON Lines manifest (``manifest``); or image-text
+samples with their captions and fields (``PairOptions``): WebDataset tar shards
+(``webdataset``), parquet files (``parquet``) or a caption table (``table``), whose captions,
+fields and members go to a pair table beside the source list (``pairs``).
+
+``--source auto`` decides what SRC is from SRC itself (``decide``): a brace pattern, a ``.tar``,
+a ``.txt`` list of tars or a folder of tars are WebDataset shards; a ``.parquet`` or a folder of
+them, parquet; a ``.tsv``, or a ``.csv`` / ``.jsonl`` whose header names the caption column and
+no ``label`` column, a caption table; any other ``.csv`` / ``.jsonl`` a manifest and a folder
+of class folders, as before. A folder that would be two of these is refused, naming
+``--source``.
 
 Every path and name is untrusted. A file whose name is not UTF-8 (which the store's text cannot
 hold) is a reject, not an error. Class folders are read as torchvision's ImageFolder reads them,
@@ -21,8 +31,9 @@ from typing import Any, Final
 from tilefeed.preprocess.sources.bucket import scan_bucket
 from tilefeed.preprocess.sources.folders import scan_tree
 from tilefeed.preprocess.sources.manifest import read_manifest
-from tilefeed.preprocess.sources.pairs import PairTable
-from tilefeed.preprocess.sources.scanning import BATCH, Scan, SourceOptions, shown, utf8
+from tilefeed.preprocess.sources.pairs import PairTable, PairTableWriter
+from tilefeed.preprocess.sources.scanning import (BATCH, PAIR_KINDS, PairOptions, PairSink, Scan, SourceKind,
+                                                  SourceOptions, shown, utf8)
 from tilefeed.preprocess.sources.source_list import SourceList, SourceListWriter
 from tilefeed.preprocess.sources.targets import TargetSource, scan_targets
 from tilefeed.preprocess.settings import TargetOptions
@@ -31,6 +42,8 @@ from tilefeed.store.storage import is_url
 
 MANIFEST_SUFFIXES: Final = (".csv", ".jsonl", ".ndjson")
 LIST_FOLDER: Final = "list"
+PAIRS_FOLDER: Final = "pairs"
+TABLE_SUFFIXES: Final = (".tsv",)  # a caption table whatever its header
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,9 +83,107 @@ def find_sources(src: str | os.PathLike[str], options: SourceOptions | None = No
     return Sources(paths=paths, labels=labels, **_found(listing))
 
 
-def check_source(src: str | os.PathLike[str]) -> None:
+def decide(src: str | os.PathLike[str], pairs: PairOptions | None,
+           exclude: Path | None = None) -> SourceKind:
+    """What SRC is: ``pairs.source``, or, for ``auto`` (and without ``pairs``: today's rules,
+    folders or a manifest), what SRC itself says, as the module docstring has it.
+
+    Raises
+    ------
+    SourceError
+        A folder that holds both tar shards and parquet files (or either beside class folders),
+        or a ``.csv`` whose header, read with the default tab, holds one comma-separated row of
+        the caption columns.
+    """
+    chosen = SourceKind.AUTO if pairs is None else pairs.source
+    if chosen is not SourceKind.AUTO:
+        return chosen
+    text = os.fspath(src)
+    if is_url(src):
+        return SourceKind.FOLDERS  # a bucket of CLASS/IMAGE keys, as before
+    if pairs is None:
+        return SourceKind.FOLDERS if Path(src).is_dir() else SourceKind.MANIFEST
+    from tilefeed.preprocess.sources.webdataset import is_pattern
+
+    root = Path(src)
+    suffix = root.suffix.lower()
+    if is_pattern(text) and not root.exists():
+        return SourceKind.WEBDATASET
+    if root.is_dir():
+        return _folder_kind(root, exclude)
+    if suffix in (".tar", ".txt"):
+        return SourceKind.WEBDATASET
+    if suffix == ".parquet":
+        return SourceKind.PARQUET
+    if suffix in TABLE_SUFFIXES:
+        return SourceKind.TABLE
+    if suffix in MANIFEST_SUFFIXES:
+        from tilefeed.preprocess.sources.table import caption_columns, header
+
+        captions = set(caption_columns(pairs).values())
+        names = header(root, pairs)
+        if captions & set(names) and ("label" not in names or pairs.label_key is not None):
+            return SourceKind.TABLE
+        commas = header(root, pairs, ",") if suffix == ".csv" and pairs.csv_separator != "," else []
+        if captions & set(commas) and "label" not in commas and len(names) == 1:
+            raise SourceError(f"SRC {text!r}: its header is comma-separated and names the caption column, "
+                              f"but caption tables are read with --csv-separator {pairs.csv_separator!r} "
+                              "(open_clip's default, a tab): pass --csv-separator ','")
+    return SourceKind.MANIFEST if suffix in MANIFEST_SUFFIXES else SourceKind.FOLDERS
+
+
+def _folder_kind(root: Path, exclude: Path | None) -> SourceKind:
+    """A folder of tars, of parquet files (img2dataset's per-shard ones beside tars do not
+    count), or of class folders."""
+    tars: set[str] = set()
+    tables: set[str] = set()
+    folders = 0
+    try:
+        with os.scandir(root) as entries:
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                stem, suffix = os.path.splitext(e.name)
+                if suffix.lower() == ".tar" and e.is_file():
+                    tars.add(stem)
+                elif suffix.lower() == ".parquet" and e.is_file():
+                    tables.add(stem)
+                elif e.is_dir() and (exclude is None or Path(e.path).resolve() != exclude):
+                    folders += 1
+    except OSError as e:
+        raise SourceError(f"cannot read SRC {str(root)!r}: {e.strerror or e}") from None
+    found = [kind for kind, there in ((SourceKind.WEBDATASET, tars), (SourceKind.PARQUET, tables - tars),
+                                      (SourceKind.FOLDERS, folders)) if there]
+    if len(found) > 1 and (tars or tables):
+        raise SourceError(f"SRC {str(root)!r} holds {' and '.join(_FOUND[k] for k in found)}: pass --source "
+                          f"{' or --source '.join(k.value for k in found)} to say which to read")
+    return found[0] if found else SourceKind.FOLDERS
+
+
+_FOUND: Final = {SourceKind.WEBDATASET: ".tar shards", SourceKind.PARQUET: ".parquet files",
+                 SourceKind.FOLDERS: "subfolders"}
+
+
+def check_source(src: str | os.PathLike[str], pairs: PairOptions | None = None) -> None:
     """The checks of SRC that need no scan: a URL, or a folder or manifest that exists and
-    whose path the store's text can hold. Done before the writer takes OUT's lock."""
+    whose path the store's text can hold (with ``pairs``, a tar, a pattern of tars, a list of
+    them, a parquet file or a caption table too). Done before the writer takes OUT's lock."""
+    kind = decide(src, pairs)
+    if kind in PAIR_KINDS:
+        if is_url(src) or "://" in os.fspath(src):
+            from tilefeed.preprocess.sources.webdataset import NO_BUCKETS
+
+            raise SourceError(f"SRC {os.fspath(src)!r}: " + (NO_BUCKETS if kind is SourceKind.WEBDATASET else
+                                                              f"{kind.value} sources are read from this "
+                                                              "machine's files only"))
+        from tilefeed.preprocess.sources.webdataset import is_pattern
+
+        if not utf8(os.fspath(src)):
+            raise SourceError(f"SRC {shown(os.fspath(src))!r}: its path is not valid UTF-8, which the store's "
+                              "text cannot hold; rename it or link to it under a UTF-8 name")
+        if not Path(src).exists() and not (kind is SourceKind.WEBDATASET and is_pattern(os.fspath(src))):
+            raise SourceError(f"SRC {os.fspath(src)!r} does not exist")
+        return
     if is_url(src):
         return
     root = Path(src)
@@ -84,36 +195,74 @@ def check_source(src: str | os.PathLike[str]) -> None:
     if not root.is_dir() and root.suffix.lower() not in MANIFEST_SUFFIXES:
         raise SourceError(
             f"SRC {str(root)!r} must be a folder (one subfolder per class) or a manifest "
-            f"({', '.join(MANIFEST_SUFFIXES)})"
+            f"({', '.join(MANIFEST_SUFFIXES)})" + ("" if pairs is None else
+                                                  ", or image-text samples (--source: tar shards, parquet, "
+                                                  "a caption table)")
         )
 
 
 def scan_sources(src: str | os.PathLike[str], scratch: Path, options: SourceOptions | None = None,
                  exclude: Path | None = None, stride: int = BATCH,
-                 targets: TargetOptions | None = None) -> Listing:
+                 targets: TargetOptions | None = None, pairs: PairOptions | None = None) -> Listing:
     """Read SRC into a source list in ``scratch`` (an empty folder the caller owns and removes),
     indexed every ``stride`` sources; ``exclude`` is a folder inside SRC never to scan.
-    ``targets``: SRC is an image folder with targets beside it (``sources.targets``)."""
+    ``targets``: SRC is an image folder with targets beside it (``sources.targets``).
+    ``pairs``: SRC may be image-text samples (``decide``); their captions, fields and members
+    go to the listing's pair table."""
     options = options or SourceOptions()
-    check_source(src)
+    check_source(src, pairs)
+    with_targets = targets is not None and targets.kind is not None
+    kind = SourceKind.FOLDERS if with_targets else decide(src, pairs, exclude)
     sink = SourceListWriter(scratch / LIST_FOLDER, stride)
     found_targets = None
+    table: PairTable | None = None
     try:
-        if targets is not None and targets.kind is not None:
+        if kind in PAIR_KINDS:
+            assert pairs is not None
+            found, table = _scan_pairs(src, kind, options, pairs, sink, scratch)
+        elif targets is not None and targets.kind is not None:
             if is_url(src) or not Path(src).is_dir():
                 raise SourceError(f"SRC {str(src)!r}: targets are read beside an image folder on this machine")
             found, found_targets = scan_targets(Path(src), targets, exclude, sink, scratch)
         elif is_url(src):
             found = scan_bucket(str(src), sink, scratch)
-        elif Path(src).is_dir():
+        elif kind is SourceKind.FOLDERS or (kind is SourceKind.AUTO and Path(src).is_dir()):
+            if not Path(src).is_dir():
+                raise SourceError(f"SRC {str(src)!r}: --source folders reads a folder of class folders")
             found = scan_tree(Path(src), options, exclude, sink, scratch)
         else:
+            if Path(src).is_dir():
+                raise SourceError(f"SRC {str(src)!r}: --source manifest reads a .csv or .jsonl file")
             found = read_manifest(Path(src), options, sink, scratch)
     finally:
         files = sink.close()
     if not len(files) and not found.skipped:
-        raise SourceError(f"SRC {str(Path(src))!r} holds no images")
-    return Listing(files=files, targets=found_targets, **_found(found))
+        raise SourceError(f"SRC {str(src) if kind in PAIR_KINDS else str(Path(src))!r} holds no images")
+    return Listing(files=files, targets=found_targets, pairs=table, **_found(found))
+
+
+def _scan_pairs(src: str | os.PathLike[str], kind: SourceKind, options: SourceOptions, pairs: PairOptions,
+                sink: SourceListWriter, scratch: Path) -> tuple[Scan, PairTable]:
+    """Image-text samples into ``sink`` and a pair table in ``scratch``."""
+    writer = PairTableWriter(scratch / PAIRS_FOLDER, pairs.caption_key, pairs.field_names, pairs.labelled)
+    out = PairSink(sink, writer, pairs)
+    try:
+        if kind is SourceKind.WEBDATASET:
+            from tilefeed.preprocess.sources.webdataset import scan_webdataset
+
+            found = scan_webdataset(os.fspath(src), options, pairs, out)
+        elif kind is SourceKind.PARQUET:
+            from tilefeed.preprocess.sources.parquet import scan_parquet
+
+            found = scan_parquet(Path(src), options, pairs, out)
+        else:
+            from tilefeed.preprocess.sources.table import scan_table
+
+            found = scan_table(Path(src), options, pairs, out)
+    finally:
+        out.flush()
+        table = writer.close()
+    return found, table
 
 
 def _found(scan: Scan) -> dict[str, Any]:

@@ -131,6 +131,14 @@ def _resolver(manifest: Path, options: SourceOptions) -> Callable[[_Row], tuple[
     return resolve
 
 
+def path_resolver(listing: Path, options: SourceOptions) -> Callable[[int, str], tuple[str, str]]:
+    """A manifest's rule for another file that lists images (a caption table, a tar list, a
+    parquet file's path rows): (line or row, the path as written) -> (its path, the file it
+    names in the end), or the SourceError naming ``listing`` and the line that refuses it."""
+    resolve = _resolver(listing, options)
+    return lambda line, path: resolve(_Row(line, path, 0))
+
+
 _LINE: Final = struct.Struct(">QI")  # a repeat record's line (big-endian: sorts as a number), path length
 
 

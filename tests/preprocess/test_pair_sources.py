@@ -1,0 +1,281 @@
+"""Image-text sources read from real files: WebDataset shards in img2dataset's layout (with its
+per-shard parquet of failed downloads), parquet files as pyarrow and Hugging Face ``datasets``
+write them, and open_clip's caption tables. Every listed source's captions and fields are
+checked by its key against what was written, and every reject carries its reason."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import photo, run_cli
+from tilefeed.preprocess.sources.finding import Listing, decide, scan_sources
+from tilefeed.preprocess.sources.scanning import PairOptions, SourceKind, SourceOptions
+from tilefeed.preprocess.sources.webdataset import expand_braces
+from tilefeed.store import format as fmt
+from tilefeed.store.errors import SourceError
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+ARGS = ["--tile", "32", "--shard-size", "4", "--processes", "1", "--quiet"]
+
+
+def jpeg(seed: int) -> bytes:
+    out = io.BytesIO()
+    photo(seed, 40, 30).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shards(root: Path, shards: int = 2,
+                 per_shard: int = 4) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """img2dataset's output: NNNNN.tar of samples (KEY.jpg, KEY.txt, KEY.json) and NNNNN.parquet
+    of every sample tried, two failed downloads a shard. Returns (key -> the caption and fields
+    written, reject path -> the reason expected)."""
+    root.mkdir(parents=True, exist_ok=True)
+    written: dict[str, dict[str, Any]] = {}
+    rejects: dict[str, str] = {}
+    for s in range(shards):
+        tar_path = root / f"{s:05d}.tar"
+        rows: dict[str, list[Any]] = {"key": [], "status": [], "error_message": [], "caption": []}
+        with tarfile.open(tar_path, "w") as tar:
+            for i in range(per_shard):
+                key = f"{s:05d}{i:04d}"
+                caption = f"a photo number {s}-{i} of caf\u00e9 \u2615"
+                meta = {"key": key, "caption": caption, "width": 40 + i, "height": 30,
+                        "original_width": 400 + i, "original_height": 300.5, "status": "success", "url": f"http://x/{key}.jpg"}
+                add(tar, f"{key}.jpg", jpeg(100 * s + i))
+                add(tar, f"{key}.txt", caption.encode())
+                add(tar, f"{key}.json", json.dumps(meta).encode())
+                written[key] = {"caption": caption, "fields": {k: meta[k] for k in
+                                                               ("key", "width", "height", "original_width",
+                                                                "original_height")}}
+                for column, value in (("key", key), ("status", "success"), ("error_message", None),
+                                      ("caption", caption)):
+                    rows[column].append(value)
+            silent = f"{s:05d}{per_shard:04d}"  # an image without any caption
+            add(tar, f"{silent}.jpg", jpeg(999))
+            add(tar, f"{silent}.txt", b"  \n")
+            add(tar, f"{silent}.json", json.dumps({"key": silent, "width": 40}).encode())
+            rejects[f"{tar_path}#{silent}.jpg"] = "no caption: none of caption is given"
+        for j, error in enumerate(("HTTP Error 404", "timed out")):
+            key = f"{s:05d}{per_shard + 1 + j:04d}"
+            for column, value in (("key", key), ("status", "failed_to_download"), ("error_message", error),
+                                  ("caption", "lost")):
+                rows[column].append(value)
+            rejects[f"{tar_path}#{key}"] = f"download failed: {error}"
+        pq.write_table(pa.table(rows), root / f"{s:05d}.parquet")
+    return written, rejects
+
+
+def key_of(path: str) -> str:
+    """The WebDataset key of a listed tar member, or the file name's stem of a listed file."""
+    return os.path.basename(path.split("#", 1)[-1]).split(".", 1)[0]
+
+
+def by_key(listing: Listing, key: Any = key_of) -> dict[str, dict[str, Any]]:
+    paths = [p.decode() for p in listing.files.paths()]
+    assert listing.pairs is not None and listing.pairs.count == len(paths)
+    return {key(p): {"path": p, **row} for p, row in zip(paths, listing.pairs.rows(), strict=True)}
+
+
+def scan(src: str | Path, tmp_path: Path, pairs: PairOptions | None = None,
+         options: SourceOptions | None = None) -> Listing:
+    scratch = tmp_path / f"scratch-{len(list(tmp_path.glob('scratch-*')))}"
+    scratch.mkdir()
+    return scan_sources(src, scratch, options, pairs=pairs or PairOptions())
+
+
+def check_shards(listing: Listing, written: dict[str, dict[str, Any]], rejects: dict[str, str]) -> None:
+    found = by_key(listing)
+    assert set(found) == set(written)
+    for key, row in found.items():
+        assert row["t"] == {"caption": written[key]["caption"]}, key
+        assert row["f"] == written[key]["fields"], key
+        member = row["m"]
+        tar = row["path"].split("#", 1)[0]
+        assert member["tar"] == os.path.realpath(tar)
+        with open(tar, "rb") as f:
+            f.seek(member["offset"])
+            assert f.read(member["size"]) == jpeg(int(key[:5]) * 100 + int(key[5:]))
+    assert dict(listing.skipped) == rejects
+    assert listing.classes == ["image"] and set(listing.files.labels(0, len(listing)).tolist()) == {0}
+    assert dict(listing.pairs.fields) == {"key": "string", "width": "int64", "height": "int64",  # type: ignore[union-attr]
+                                          "original_width": "int64", "original_height": "float64"}
+
+
+def test_webdataset_shards_by_pattern_folder_list_and_tar(tmp_path: Path) -> None:
+    root = tmp_path / "shards"
+    written, rejects = write_shards(root)
+    pattern = str(root / "{00000..00001}.tar")
+    listing = scan(pattern, tmp_path)
+    check_shards(listing, written, rejects)
+    assert "SRC read as webdataset shards (2 tars)" in listing.notes
+    check_shards(scan(root, tmp_path), written, rejects)  # the folder: per-shard parquets are not a source
+    (root / "shards.txt").write_text("00001.tar\n\n00000.tar\n")
+    check_shards(scan(root / "shards.txt", tmp_path), written, rejects)
+    one = scan(root / "00001.tar", tmp_path)
+    assert set(by_key(one)) == {k for k in written if k.startswith("00001")}
+    # another caption name, read from the .json; fields named; a label per sample
+    named = scan(root, tmp_path, PairOptions(caption_key=("caption", "url"), fields=("url", "status"),
+                                             label_key="width"))
+    for key, row in by_key(named).items():
+        assert row["t"] == {"caption": written[key]["caption"], "url": f"http://x/{key}.jpg"}
+        assert row["f"] == {"url": f"http://x/{key}.jpg", "status": "success"}
+    assert named.classes == [str(i) for i in range(44)]
+    assert sorted(set(named.files.labels(0, len(named)).tolist())) == [40, 41, 42, 43]
+
+
+def test_braces_expand_as_webdataset_expands_them() -> None:
+    assert expand_braces("s/{00008..00010}.tar") == ["s/00008.tar", "s/00009.tar", "s/00010.tar"]
+    assert expand_braces("{a,b}-{1..2}") == ["a-1", "a-2", "b-1", "b-2"]
+    assert expand_braces("{3..1}{x}") == ["3{x}", "2{x}", "1{x}"]
+    with pytest.raises(SourceError, match="shards"):
+        expand_braces("{0..99999999}")
+
+
+def test_auto_decides_and_refuses_an_ambiguous_folder(tmp_path: Path) -> None:
+    root = tmp_path / "shards"
+    write_shards(root, shards=1)
+    assert decide(root, PairOptions()) is SourceKind.WEBDATASET
+    assert decide(str(root / "{00000..00003}.tar"), PairOptions()) is SourceKind.WEBDATASET
+    assert decide(root / "00000.parquet", PairOptions()) is SourceKind.PARQUET
+    pq.write_table(pa.table({"image": [b"x"], "caption": ["c"]}), root / "other.parquet")
+    with pytest.raises(SourceError, match="--source webdataset or --source parquet"):
+        decide(root, PairOptions())
+    (tmp_path / "m.csv").write_text("path,label\na.jpg,0\n")
+    (tmp_path / "t.csv").write_text("filepath\ttitle\na.jpg\ta cat\n")
+    (tmp_path / "comma.csv").write_text("filepath,title\na.jpg,a cat\n")
+    (tmp_path / "m.jsonl").write_text('{"path": "a.jpg", "label": 1}\n')
+    (tmp_path / "t.jsonl").write_text('{"filepath": "a.jpg", "title": "a cat"}\n')
+    assert decide(tmp_path / "m.csv", PairOptions()) is SourceKind.MANIFEST
+    assert decide(tmp_path / "m.csv", None) is SourceKind.MANIFEST
+    assert decide(tmp_path / "t.csv", PairOptions()) is SourceKind.TABLE
+    assert decide(tmp_path / "m.jsonl", PairOptions()) is SourceKind.MANIFEST
+    assert decide(tmp_path / "t.jsonl", PairOptions()) is SourceKind.TABLE
+    assert decide(tmp_path / "comma.csv", PairOptions(csv_separator=",")) is SourceKind.TABLE
+    with pytest.raises(SourceError, match="--csv-separator ','"):
+        decide(tmp_path / "comma.csv", PairOptions())
+    with pytest.raises(SourceError, match="buckets are not supported for webdataset"):
+        scan("s3://bucket/{0..3}.tar", tmp_path, PairOptions(source=SourceKind.WEBDATASET))
+
+
+def hf_metadata(image: str, caption: str) -> dict[bytes, bytes]:
+    features = {image: {"_type": "Image"}, caption: {"dtype": "string", "_type": "Value"}}
+    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+
+
+def test_parquet_rows_of_bytes_and_paths(tmp_path: Path) -> None:
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    (folder / "side.jpg").write_bytes(jpeg(7))
+    images = [{"bytes": jpeg(i), "path": f"{i}.jpg"} for i in range(5)]
+    captions = [f"row {i}" for i in range(5)]
+    captions[3] = ""  # no caption: a reject
+    schema = pa.schema([("picture", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                        ("text", pa.string()), ("width", pa.int64())], metadata=hf_metadata("picture", "text"))
+    table = pa.table({"picture": images, "text": captions, "width": list(range(5))}, schema=schema)
+    pq.write_table(table, folder / "a.parquet", row_group_size=2)
+    # a file whose one row names a file beside it rather than holding bytes
+    side = pa.table({"picture": [{"bytes": None, "path": "side.jpg"}], "text": ["beside"], "width": [9]},
+                    schema=schema)
+    pq.write_table(side, folder / "b.parquet")
+    pairs = PairOptions(caption_key=("text",), fields=("width",))
+    listing = scan(folder, tmp_path, pairs)
+    assert "SRC read as parquet (2 files)" in listing.notes
+    found = by_key(listing, key=lambda p: p.split("#")[-1] if "#" in p else os.path.basename(p))
+    a = os.path.abspath(folder / "a.parquet")
+    assert dict(listing.skipped) == {f"{a}#3": "no caption: none of text is given"}
+    for row in (0, 1, 2, 4):
+        assert found[str(row)]["t"] == {"text": f"row {row}"} and found[str(row)]["f"] == {"width": row}
+        assert found[str(row)]["m"] == {"parquet": os.path.realpath(folder / "a.parquet"), "group": row // 2,
+                                        "row": row % 2, "column": "picture"}
+    assert found["side.jpg"] == {"path": str(folder / "side.jpg"), "t": {"text": "beside"}, "f": {"width": 9},
+                                 "m": None}
+    # the worker's read of a member: this row's bytes
+    from tilefeed.preprocess.sources.parquet import MemberReader
+
+    reader = MemberReader()
+    assert reader.read(found["4"]["m"]) == jpeg(4) and reader.read(found["1"]["m"]) == jpeg(1)
+    done = run_cli("preprocess", str(folder), str(tmp_path / "out"), *ARGS, "--caption-key", "text",
+                   "--fields", "width")
+    assert done.returncode == 0, done.stderr
+    store_captions(tmp_path / "out", {"0": "row 0", "1": "row 1", "2": "row 2", "4": "row 4", "side": "beside"},
+                   key=lambda p: p.split("#")[-1] if "#" in p else Path(p).stem, name="text")
+
+
+def test_a_parquet_written_by_hugging_face_datasets(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="needs Hugging Face datasets")
+    features = datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")})
+    (tmp_path / "x.jpg").write_bytes(jpeg(1))
+    data = datasets.Dataset.from_dict({"image": [str(tmp_path / "x.jpg")] * 3, "text": ["a", "b", "c"]},
+                                      features=features)
+    data.to_parquet(str(tmp_path / "hf.parquet"))
+    listing = scan(tmp_path / "hf.parquet", tmp_path, PairOptions(caption_key=("text",)))
+    found = by_key(listing, key=lambda p: p.split("#")[-1])
+    assert {k: v["t"]["text"] for k, v in found.items()} == {"0": "a", "1": "b", "2": "c"}
+    assert all(v["m"]["column"] == "image" for v in found.values())
+
+
+def test_a_caption_table_as_open_clip_reads_it(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    lines = ["filepath\ttitle\twidth"]
+    for i in range(4):
+        photo(i, 40, 30).save(folder / f"{i}.jpg")
+        lines.append(f"{i}.jpg\ta \"picture\" {i}\t{40 + i}")
+    lines.append("0.jpg\tthe same picture, again\t40")  # a picture with two captions: two samples
+    lines.append("3.jpg\t\t43")
+    (folder / "train.tsv").write_text("\n".join(lines) + "\n")
+    listing = scan(folder / "train.tsv", tmp_path)
+    rows = [(p.decode(), r) for p, r in zip(listing.files.paths(), listing.pairs.rows(), strict=True)]  # type: ignore[union-attr]
+    assert [(os.path.basename(p), r["t"]["caption"], r["f"]) for p, r in rows] == [
+        *[(f"{i}.jpg", f'a "picture" {i}', {"width": 40 + i}) for i in range(4)],
+        ("0.jpg", "the same picture, again", {"width": 40})]
+    assert listing.skipped == [(str(folder / "3.jpg"), "no caption: none of caption is given")]
+    assert rows[0][1]["m"] is None
+    (tmp_path / "outside.tsv").write_text("filepath\ttitle\ndata/0.jpg\tok\n")
+    scan(tmp_path / "outside.tsv", tmp_path)  # inside its folder
+    with pytest.raises(SourceError, match="outside the manifest's folder"):
+        (folder / "up.tsv").write_text("filepath\ttitle\n../outside.tsv\tno\n")
+        scan(folder / "up.tsv", tmp_path)
+
+
+def store_captions(out: Path, expected: dict[str, str], key: Any = key_of, name: str = "caption") -> None:
+    """The store's captions, by key of their source, are ``expected`` (when the store holds them)."""
+    import zarr
+
+    from tilefeed.store.documents import load_attrs
+    from tilefeed.store.pairs import read_pairs
+
+    attrs = load_attrs(out)
+    assert attrs["accepted"] == len(expected)
+    paths = [str(p) for p in zarr.open_group(str(out), mode="r")[fmt.SOURCE_PATHS][:]]  # type: ignore[index,union-attr]
+    texts = read_pairs(out, attrs).texts
+    if name in texts:
+        assert {key(p): str(t) for p, t in zip(paths, texts[name], strict=True)} == expected
+
+
+def test_preprocess_runs_on_webdataset_shards(tmp_path: Path) -> None:
+    written, rejects = write_shards(tmp_path / "shards")
+    out = tmp_path / "out"
+    done = run_cli("preprocess", str(tmp_path / "shards" / "{00000..00001}.tar"), str(out), *ARGS[:-1])
+    assert done.returncode == 0, done.stderr
+    assert "SRC read as webdataset shards (2 tars)" in done.stdout
+    assert f"accepted {len(written)}, rejected {len(rejects)}" in done.stdout
+    store_captions(out, {k: v["caption"] for k, v in written.items()})
+    from tilefeed.store.documents import load_attrs
+
+    assert {r["path"]: r["reason"] for r in load_attrs(out)["rejects"]} == rejects
