@@ -87,6 +87,7 @@ class LoaderStats:
     advice: str
     cache: dict[str, int] | None = None  # a bucket store's shard cache, since the store opened:
     # shards found there ("hits"), shards downloaded and their bytes
+    selected: tuple[int, int] | None = None  # Loader(where=...): samples that passed, of the store's
 
     def __str__(self) -> str:
         rows = ["| figure | last batches | epoch |", "| --- | ---: | ---: |",
@@ -101,6 +102,8 @@ class LoaderStats:
             c = self.cache
             rows.append(f"| bucket shards: found in the cache / downloaded (MB) | "
                         f"{c['hits']} / {c['downloads']} ({c['downloaded_bytes'] / 1e6:.1f}) | |")
+        if self.selected is not None:
+            rows.append(f"| samples that passed where= | {self.selected[0]} of {self.selected[1]} | |")
         return "\n".join(rows) + f"\nbottleneck: {self.bottleneck}: {self.advice}"
 
 

@@ -573,8 +573,11 @@ class Loader:
             raise ConfigError("no figures yet: stats() needs Loader(stats=True) and a batch handed over")
         window = check_int("last", last, 1)
         remote = self.reader.remote
-        return self._stats.report(advice(self.settings, self.reader), window,
-                                  remote.cache.counts if remote is not None else None)
+        report = self._stats.report(advice(self.settings, self.reader), window,
+                                    remote.cache.counts if remote is not None else None)
+        if self.settings.where is None:
+            return report
+        return replace(report, selected=(self.sources.selected, len(self.reader)))
 
     def _following(self, epoch: int, lookahead: int) -> list[Epoch]:
         """The fresh epochs expected after ``epoch`` (set_epoch or a loaded state may still

@@ -168,6 +168,11 @@ class Mixture:
                 samples[mine] = subset[samples[mine]]
         return np.asarray(self.reader.offsets, dtype=np.int64)[sources] + samples
 
+    @property
+    def selected(self) -> int:
+        """The samples the stores' subsets hold (``indices``, ``where``), repeats and shares aside."""
+        return sum(len(r) if s is None else len(s) for r, s in zip(self.reader.sources, self.subsets, strict=True))
+
     def identity(self) -> str:
         """What a resumed state must agree on besides seed and shuffle: sources, sizes, subsets,
         quotas, labels, background stores."""
@@ -225,6 +230,11 @@ class OneStore:
     def per_epoch(self) -> int:
         """Samples an epoch covers: the store's, or the subset's."""
         return len(self.reader) if self.subset is None else len(self.subset)
+
+    @property
+    def selected(self) -> int:
+        """The samples the subset holds (``indices``, ``where``): the store's without one."""
+        return self.per_epoch
 
     def locate(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The identity plan: a position is the sample of the same index."""

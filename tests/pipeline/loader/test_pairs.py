@@ -221,3 +221,12 @@ def test_a_resampled_mix_draws_the_same_on_any_world_size_and_after_resume(store
     resumed = Loader(mix, 5, **options)
     resumed.load_state_dict(first.state_dict())
     assert sorted(head + [i for _, _, b in resumed for i in b.tolist()]) == one
+
+
+def test_stats_say_how_many_samples_passed_where(store: Path) -> None:
+    loader = Loader(store, 4, where="score >= 3", size=32)
+    assert len(loader) == 3  # 12 samples pass, in batches of 4
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    assert stats.selected == (12, SAMPLES) and "| samples that passed where= | 12 of 24 |" in str(stats)
