@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     )
     from tilefeed.preprocess.settings import (Fit, Icc, Mode, Resample, StoreSettings, TargetOptions,
                                               TileSettings)
-    from tilefeed.preprocess.sources.scanning import SourceOptions
+    from tilefeed.preprocess.sources.scanning import PairOptions, SourceKind, SourceOptions
     from tilefeed.preprocess.writer import Summary, preprocess as preprocess_images
 
 __version__: str  # the installed distribution's, looked up on first use (importlib.metadata is slow to load)
@@ -89,7 +89,7 @@ _PUBLIC = {
     **{name: ("tilefeed.preprocess.settings", name) for name in ("Fit", "Icc", "Mode", "Resample")},
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
     "TargetOptions": ("tilefeed.preprocess.settings", "TargetOptions"),
-    "SourceOptions": ("tilefeed.preprocess.sources.scanning", "SourceOptions"),
+    **{name: ("tilefeed.preprocess.sources.scanning", name) for name in ("PairOptions", "SourceKind", "SourceOptions")},
     "preprocess_images": ("tilefeed.preprocess.writer", "preprocess"),
     "Summary": ("tilefeed.preprocess.writer", "Summary"),
     **{name: ("tilefeed.store.errors", name) for name in (
@@ -100,8 +100,8 @@ _PUBLIC = {
 __all__ = [
     "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop",
     "DaliMissingError", "Family", "Fill", "Fit", "Framing", "Icc", "Interpolation", "Layout", "Loader",
-    "Mix", "MixStyle", "Mode", "PhotometricDistort", "Policy", "PolicyInterpolation", "RandomErasing",
-    "RandomSolarize", "Recipe", "Resample", "RunResult", "Shuffle", "SourceError", "SourceOptions",
+    "Mix", "MixStyle", "Mode", "PairOptions", "PhotometricDistort", "Policy", "PolicyInterpolation", "RandomErasing",
+    "RandomSolarize", "Recipe", "Resample", "RunResult", "Shuffle", "SourceError", "SourceKind", "SourceOptions",
     "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings", "StoreWriteError",
     "Summary", "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset", "TileSettings",
     "TilefeedError", "boxes_to_source", "dataset_samples", "make_coco_folder", "make_image_folder",
