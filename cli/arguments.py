@@ -121,6 +121,23 @@ VOCABULARY: dict[str, Term] = {
     "--instance-masks": Term("instance masks", "store each object's mask from the annotations too", "-"),
     "--yolo": Term("YOLO labels", "SRC holds images/ and labels/ of YOLO boxes", "-"),
     "--masks": Term("semantic masks", "a folder of class-id PNGs, one per image by its path", "folder"),
+    "--source": Term("source kind", "what SRC is: auto (decided from SRC), folders, manifest, webdataset, "
+                                    "parquet or table", "choice"),
+    "--image-key": Term("tar image members", "a tar sample's image: the first member with one of these "
+                        "extensions (open_clip's --image-key)", "extensions, ';'-separated"),
+    "--caption-key": Term("caption names", "the captions kept per sample: a tar's .txt (caption) and .json "
+                                           "fields, or columns", "names, comma-separated"),
+    "--fields": Term("metadata fields", "the metadata fields kept per sample: a tar's .json fields, or "
+                                        "columns", "names, comma-separated"),
+    "--image-column": Term("parquet image column", "the parquet column holding each image's bytes", "column"),
+    "--csv-img-key": Term("table image column", "a caption table's column of image paths (open_clip's "
+                                                "--csv-img-key)", "column"),
+    "--csv-caption-key": Term("table caption column", "a caption table's column of captions (open_clip's "
+                                                      "--csv-caption-key)", "column"),
+    "--csv-separator": Term("table separator", "a caption table's column separator (open_clip's "
+                                               "--csv-separator)", "character"),
+    "--label-key": Term("sample labels", "a class label per image-text sample, from a .json field or a "
+                                         "column", "name"),
     "--strict": Term("strict", "exit 1 when any input was rejected", "-"),
     "--overwrite": Term("overwrite", "replace the tilefeed store already there", "-"),
     "--deep": Term("deep check", "also decode every tile", "-"),
