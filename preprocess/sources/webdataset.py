@@ -237,7 +237,7 @@ def _scan_tar(shard: str, pairs: PairOptions, out: PairSink) -> None:
                 if member.isdir():
                     continue
                 problem = _unsafe(member, info.st_size)
-                found = _KEY.match(member.name) if problem is None else None
+                found = _KEY.match(member.name)  # a refused member spoils the sample of its key
                 key, ext = (found[1], found[2].lower()) if found else (member.name, "")
                 if problem is None and (found is None or os.path.basename(key).startswith("__")):
                     continue  # no extension, or WebDataset's __meta__ entries: not part of a sample

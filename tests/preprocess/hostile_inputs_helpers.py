@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zlib
@@ -109,3 +111,98 @@ def snapshot(*paths: Path) -> dict[str, tuple[int, bytes]]:
             elif p.is_file():
                 found[str(p)] = (p.stat().st_mtime_ns, p.read_bytes())
     return found
+
+
+class _Repeated:
+    """A file-like of ``size`` bytes of one value, read in blocks: a member of any size written
+    into a tar without holding it."""
+
+    def __init__(self, size: int, byte: bytes = b"a") -> None:
+        self.left, self.byte = size, byte
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return self.byte * n
+
+
+def tar_member(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, size: int = 0,
+               kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
+    """A member of ``tar`` as given, name untouched: ``data``, or ``size`` bytes of 'a', or a
+    link, device or fifo entry (``kind``, ``link``)."""
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    if kind == tarfile.REGTYPE:
+        info.size = len(data) if data is not None else size
+        tar.addfile(info, io.BytesIO(data) if data is not None else _Repeated(size))  # type: ignore[arg-type]
+    else:
+        tar.addfile(info)
+
+
+def write_hostile_tar(path: Path, image: bytes) -> dict[str, str]:
+    """A tar shard of two good samples (``good0``, ``good1``) and a sample each of every hostile
+    member; returns the reject expected of each (listed path -> a part of its reason)."""
+    hostile = {
+        "../evil.jpg": "climbs out with '..'",
+        "/abs/evil.jpg": "absolute member name",
+        "link.jpg": "symbolic link",
+        "hard.jpg": "hard link",
+        "fifo.jpg": "device or fifo",
+        "badutf.jpg": "caption 'caption' is not valid UTF-8",
+        "nul.jpg": "holds a NUL",
+        "huge.jpg": f"caption 'caption' is {100 << 20} bytes, over the 32768",
+        "deep.jpg": "metadata nested too deeply",
+        "bigjson.jpg": f"metadata too large: bigjson.json is {2 << 20} bytes",
+    }
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for k in range(2):
+            tar_member(tar, f"good{k}.jpg", image)
+            tar_member(tar, f"good{k}.txt", f"good caption {k}".encode())
+        tar_member(tar, "../evil.jpg", image)
+        tar_member(tar, "../evil.txt", b"evil")
+        tar_member(tar, "/abs/evil.jpg", image)
+        tar_member(tar, "/abs/evil.txt", b"evil")
+        tar_member(tar, "link.jpg", kind=tarfile.SYMTYPE, link="/etc/passwd")
+        tar_member(tar, "link.txt", b"a link")
+        tar_member(tar, "hard.jpg", kind=tarfile.LNKTYPE, link="good0.jpg")
+        tar_member(tar, "hard.txt", b"a hard link")
+        tar_member(tar, "fifo.jpg", kind=tarfile.FIFOTYPE)
+        tar_member(tar, "fifo.txt", b"a fifo")
+        for name, caption in (("badutf", b"caf\xe9 \xff"), ("nul", b"a\0b")):
+            tar_member(tar, f"{name}.jpg", image)
+            tar_member(tar, f"{name}.txt", caption)
+        tar_member(tar, "huge.jpg", image)
+        tar_member(tar, "huge.txt", size=100 << 20)
+        for name, meta in (("deep", b"[" * 500_000), ("bigjson", b'{"a": "' + b"b" * ((2 << 20) - 9) + b'"}')):
+            tar_member(tar, f"{name}.jpg", image)
+            tar_member(tar, f"{name}.txt", b"a caption")
+            tar_member(tar, f"{name}.json", meta)
+    return {f"{path}#{name}": reason for name, reason in hostile.items()}
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def parquet_declaring_rows(path: Path, rows: int) -> Path:
+    """A parquet file of 777 rows whose footer declares ``rows``: FileMetaData's num_rows (thrift
+    compact field 3, an i64 right after the schema) rewritten, the footer's length with it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    held = 777
+    pq.write_table(pa.table({"image": [b"x"] * held, "caption": ["c"] * held}), path)
+    data = path.read_bytes()
+    size = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - size : -8]
+    zigzag = (lambda v: (v << 1) ^ (v >> 63))
+    old, new = b"\x16" + _varint(zigzag(held)), b"\x16" + _varint(zigzag(rows))
+    assert old in footer
+    footer = footer.replace(old, new, 1)  # the first: the file's, before its row groups'
+    path.write_bytes(data[: -8 - size] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    return path

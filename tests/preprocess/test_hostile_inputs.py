@@ -9,8 +9,10 @@ every command runs as a user runs it, in a process of its own whose memory peak 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +26,8 @@ from tilefeed.store.remote import RemoteStore
 from tilefeed.preprocess.settings import default_workers
 from tilefeed.store.object_storage import ObjectStorage
 from tests.helpers import photo, run_cli, s3_environment, write_folder
-from tests.preprocess.hostile_inputs_helpers import Run, run_measured, snapshot, write_grey_png
+from tests.preprocess.hostile_inputs_helpers import (Run, parquet_declaring_rows, run_measured, snapshot, tar_member,
+                                                     write_grey_png, write_hostile_tar)
 
 MIB = 1 << 20
 BUDGET_MIB = 1024  # every process of every run here
@@ -364,3 +367,47 @@ def test_an_unusable_image_in_a_bucket_keeps_credentials_out_of_the_rejects(
     assert "absent.jpg" in stored
     for text in (stored, done.output):
         assert "PASSWORD-x1y2" not in text and CREDENTIALS["AWS_SECRET_ACCESS_KEY"] not in text
+
+
+# -- image-text sources: tar shards and parquet files ---------------------------------------------
+def test_hostile_tar_members_are_rejects_and_nothing_outside_the_store_is_written(tmp_path: Path) -> None:
+    """Members that climb out, are absolute, links, a fifo; captions that are not UTF-8, hold a
+    NUL or are 100 MB; metadata nested 500,000 deep or of 2 MiB; a tar cut inside a member:
+    each a reject with its reason, read in bounded memory and never followed or extracted."""
+    image = io.BytesIO()
+    photo(3, 40, 30).save(image, format="JPEG")
+    shards = tmp_path / "work" / "shards"
+    shards.mkdir(parents=True)
+    expected = write_hostile_tar(shards / "00000.tar", image.getvalue())
+    cut = shards / "00001.tar"
+    with tarfile.open(cut, "w") as tar:
+        for k in range(3):
+            tar_member(tar, f"kept{k}.jpg", image.getvalue())
+            tar_member(tar, f"kept{k}.txt", b"kept")
+    with tarfile.open(cut) as tar:
+        inside = tar.getmember("kept2.jpg").offset_data + 100
+    os.truncate(cut, inside)  # the tar now ends inside kept2.jpg's bytes
+    before = snapshot(tmp_path)
+    out = tmp_path / "work" / "out"
+    done = bounded(run_measured("preprocess", str(shards), str(out), *ARGS, cwd=shards))
+    assert done.returncode == 0, done.output
+    attrs = load_attrs(out)
+    reasons = {r["path"]: r["reason"] for r in attrs["rejects"]}
+    for path, reason in expected.items():
+        assert reason in reasons.pop(path), (path, reasons)
+    assert "truncated" in reasons.pop(f"{cut}#kept2.jpg")
+    assert "truncated" in reasons.pop(str(cut))
+    assert reasons == {}
+    assert attrs["accepted"] == 4  # good0, good1, kept0, kept1
+    after = snapshot(tmp_path)
+    ours = (str(out), str(out.parent / ".out.tilefeed-"))  # the store and the writer's lock beside it
+    assert {p: v for p, v in after.items() if not p.startswith(ours)} == before
+    assert not (tmp_path / "work" / "evil.jpg").exists() and not Path("/abs/evil.jpg").exists()
+
+
+def test_a_parquet_footer_declaring_a_trillion_rows_is_refused_unread(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    bomb = parquet_declaring_rows(tmp_path / "bomb.parquet", 10**12)
+    bounded(run_measured("preprocess", str(bomb), str(tmp_path / "out"), *ARGS)).refused(
+        str(bomb), "declares 1000000000000 rows")
+    assert not (tmp_path / "out" / "zarr.json").exists()
