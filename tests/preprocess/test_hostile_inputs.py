@@ -26,8 +26,8 @@ from tilefeed.store.remote import RemoteStore
 from tilefeed.preprocess.settings import default_workers
 from tilefeed.store.object_storage import ObjectStorage
 from tests.helpers import photo, run_cli, s3_environment, write_folder
-from tests.preprocess.hostile_inputs_helpers import (Run, parquet_declaring_rows, run_measured, snapshot, tar_member,
-                                                     write_grey_png, write_hostile_tar)
+from tests.preprocess.hostile_inputs_helpers import (Run, parquet_declaring_rows, run_measured, snapshot,
+                                                     tar_member, write_grey_png, write_hostile_tar)
 
 MIB = 1 << 20
 BUDGET_MIB = 1024  # every process of every run here
