@@ -1,9 +1,10 @@
 """A store in object storage, read through a local cache folder.
 
-Opening lists the prefix once and copies the small objects (metadata, labels, boxes) into a
-*mirror* folder laid out as the store itself, so the checks and readers of local stores serve
-unchanged. Only the objects the store's attributes declare are fetched, each streamed to disk
-and cut off at the most bytes it can hold; anything else under the prefix stays in the bucket.
+Opening lists the prefix once and copies the small objects (metadata, labels, boxes, captions
+and fields) into a *mirror* folder laid out as the store itself, so the checks and readers of
+local stores serve unchanged. Only the objects the store's attributes declare are fetched, each
+streamed to disk and cut off at the most bytes it can hold; anything else under the prefix stays
+in the bucket.
 The mirror lies in the cache folder (``cache_dir``), which is never changed through a link.
 Shards then come two ways:
 
@@ -55,6 +56,8 @@ ARRAY_DOC_BYTES = 1 << 20
 ROW_BYTES = 64  # labels, sources, rows, cols, boxes, frames: at most four 8-byte numbers a row, compressed
 # (objects: six, given twice this)
 PATH_ROW_BYTES = 8 << 10  # source_paths: a path or URL (4096 bytes at most on Linux), compressed
+# (string fields too: MAX_PATH_BYTES a row, as a path)
+TEXT_ROW_BYTES = fmt.MAX_TEXT_BYTES + 1024  # a caption, its length and zstd's worst case over it
 CHUNK_SLACK = 4096  # a compressed chunk's headers and checksum
 _WARNED: set[str] = set()  # stores without shard digests already warned about in this process
 
@@ -209,9 +212,12 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
     arrays = attrs.get("arrays")
     if not isinstance(arrays, dict) or fmt.IMAGES not in arrays:
         raise StoreFormatError(f"{storage.url}: the store's attributes list no arrays")
+    numeric = _numeric_fields(attrs)
     keys: dict[str, int] = {}
     for name, rec in arrays.items():
-        if name not in (fmt.IMAGES, fmt.MASKS, *fmt.SMALL_ARRAYS):
+        # a caption or field array's name is checked against PAIR_NAME: a key under the prefix,
+        # never one that leads out of the mirror
+        if name not in (fmt.IMAGES, fmt.MASKS, *fmt.SMALL_ARRAYS) and not fmt.is_pair_array(name):
             raise StoreFormatError(f"{storage.url}: the store's attributes list an unknown array {name!r}")
         keys[f"{name}/zarr.json"] = ARRAY_DOC_BYTES
         if name in (fmt.IMAGES, fmt.MASKS):  # shards: fetched as they are read
@@ -224,7 +230,7 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
         if count < 0 or count > len(listing) or not 1 <= ndim <= 8:
             raise StoreFormatError(f"{storage.url}: array {name!r} declares {length} rows in chunks of "
                                    f"{chunk} ({ndim} dimensions), which this store cannot hold")
-        per_row = PATH_ROW_BYTES if name == fmt.SOURCE_PATHS else ROW_BYTES * (2 if name == fmt.OBJECTS else 1)
+        per_row = _row_bytes(name, numeric)
         for i in range(count):
             rows = min(chunk, length - i * chunk)
             keys[fmt.small_chunk_path(Path(), name, i, ndim).as_posix()] = rows * per_row + CHUNK_SLACK
@@ -234,3 +240,21 @@ def _declared(attrs: dict[str, Any], listing: Mapping[str, int], storage: Object
             raise CorruptChunkError(storage.where(key), None,
                                     f"{size} bytes, more than the {cap} the store's metadata allows")
     return keys
+
+
+def _numeric_fields(attrs: dict[str, Any]) -> set[str]:
+    """The arrays of the fields the attributes say hold numbers (``int64``, ``float64``); any
+    other field is bounded as strings, the larger, until the attributes' own checks judge it."""
+    fields = attrs.get("fields")
+    entries = fields if isinstance(fields, list) else []
+    return {fmt.field_array(f["name"]) for f in entries if isinstance(f, dict)
+            and isinstance(f.get("name"), str) and f.get("dtype") in ("int64", "float64")}
+
+
+def _row_bytes(name: str, numeric: set[str]) -> int:
+    """The most bytes a row of small array ``name`` takes in its chunk object, compressed."""
+    if name.startswith(fmt.TEXT_PREFIX):
+        return TEXT_ROW_BYTES
+    if name == fmt.SOURCE_PATHS or (name.startswith(fmt.FIELD_PREFIX) and name not in numeric):
+        return PATH_ROW_BYTES
+    return ROW_BYTES * (2 if name == fmt.OBJECTS else 1)

@@ -1,10 +1,13 @@
 """An image-text store (format version 4) as others read it: zarr-python alone, with tilefeed
 not importable, reads its captions and fields as written, by each picture's key; ``tilefeed
-info`` shows its captions, fields and labels, text and JSON; ``verify --deep`` finds it sound."""
+info`` shows its captions, fields and labels, text and JSON; ``verify --deep`` finds it sound.
+In a bucket (a local S3 server), a Loader serves the captions and fields its folder copy does,
+and a caption object larger than its rows can hold is refused before it is fetched."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import caption_of, make_pairs_store, run_cli
+from tilefeed.pipeline import Loader
+from tilefeed.pipeline.reading.reader import source_paths
+from tests.helpers import caption_of, make_pairs_store, run_cli, s3_environment
 
 SAMPLES = 12
 
@@ -80,8 +85,6 @@ def test_verify_deep_finds_the_store_sound(store: Path) -> None:
 
 
 def test_verify_deep_names_a_damaged_caption_in_one_line(store: Path, tmp_path: Path) -> None:
-    import shutil
-
     from tests.store.hostile_store_cases import pairs_cases
 
     copy = tmp_path / "store"
@@ -91,3 +94,61 @@ def test_verify_deep_names_a_damaged_caption_in_one_line(store: Path, tmp_path: 
     assert done.returncode != 0
     problems = [x for x in (done.stdout + done.stderr).splitlines() if "text.caption" in x]
     assert len(problems) == 1 and "caption 0 holds a NUL character" in problems[0], done.stdout + done.stderr
+
+
+# -- in a bucket ---------------------------------------------------------------------------------------
+FIELDS = ("uid", "score", "width")
+URL = "s3://tilefeed/pairs"
+
+
+def by_key(loader: Loader) -> dict[str, tuple[object, ...]]:
+    """One epoch's (caption, uid, score, width) of each sample, by its picture's file name (the
+    key its captions were written under), as the Loader's own store names it."""
+    out: dict[str, tuple[object, ...]] = {}
+    for _, texts, fields, ids in loader:
+        keys = [Path(p).name for p in source_paths(loader.reader, ids.numpy())]
+        columns = [fields[n] if isinstance(fields[n], list) else fields[n].tolist() for n in FIELDS]
+        for k, key in enumerate(keys):
+            assert key not in out  # each sample once an epoch
+            out[key] = (texts[k], *(c[k] for c in columns))
+    return out
+
+
+def test_a_bucket_store_serves_the_captions_and_fields_its_folder_does(store: Path, tmp_path: Path) -> None:
+    from tilefeed.bench.fixtures.netem import s3_options
+    from tilefeed.store.inspection import verify
+    from tilefeed.store.object_storage import ObjectStorage
+
+    with Loader(store, 4, text="caption", fields=FIELDS, with_index=True) as here:
+        want = by_key(here)
+    assert sorted(want) == [f"{i:03d}.jpg" for i in range(SAMPLES)]
+    assert all(want[k][0] == caption_of(k) for k in want)
+    with s3_environment(tmp_path / "cache") as env:
+        ObjectStorage(URL).upload_tree(store, last="zarr.json")
+        options = s3_options(env["AWS_ENDPOINT_URL"])
+        with Loader(URL, 4, text="caption", fields=FIELDS, with_index=True, storage_options=options,
+                    cache_dir=tmp_path / "loader-cache") as there:
+            assert by_key(there) == want
+        assert verify(URL, deep=True) == []  # the captions and fields read from the mirror, checked
+        done = run_cli("info", "--json", URL, env=env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["texts"] == ["caption", "synthetic"]
+
+
+@pytest.mark.parametrize(("array", "rows_bytes"), [("text.caption", 33 << 10), ("field.width", 64)])
+def test_a_bucket_object_larger_than_its_rows_hold_is_refused_before_it_is_fetched(
+        store: Path, tmp_path: Path, array: str, rows_bytes: int) -> None:
+    """A caption chunk may take a caption's 32 KiB and a little more a row, a numeric field's
+    64 bytes; an object past that is named, by URL, and not copied into the mirror."""
+    from tilefeed.store.errors import CorruptChunkError
+    from tilefeed.store.object_storage import ObjectStorage
+
+    url = f"{URL}-{array}"
+    with s3_environment(tmp_path / "cache"):
+        ObjectStorage(url).upload_tree(store, last="zarr.json")
+        big = SAMPLES * rows_bytes + (64 << 10)
+        with ObjectStorage(url).writer(f"{array}/c/0") as f:
+            f.write(bytes(big))
+        with pytest.raises(CorruptChunkError, match=rf"{url}/{array}/c/0: {big} bytes, more than the"):
+            Loader(url, 4, text="caption", fields=FIELDS, cache_dir=tmp_path / "loader-cache")
+        assert not list((tmp_path / "loader-cache").rglob(f"{array}/c/0"))
