@@ -99,11 +99,13 @@ def decide(src: str | os.PathLike[str], pairs: PairOptions | None,
     if chosen is not SourceKind.AUTO:
         return chosen
     text = os.fspath(src)
-    if is_url(src):
-        return SourceKind.FOLDERS  # a bucket of CLASS/IMAGE keys, as before
     if pairs is None:
-        return SourceKind.FOLDERS if Path(src).is_dir() else SourceKind.MANIFEST
+        return SourceKind.FOLDERS if is_url(src) or Path(src).is_dir() else SourceKind.MANIFEST
     from tilefeed.preprocess.sources.webdataset import is_pattern
+
+    if is_url(src):  # a bucket of CLASS/IMAGE keys, as before, unless it names tar shards
+        tars = is_pattern(text) or text.lower().endswith((".tar", ".txt"))
+        return SourceKind.WEBDATASET if tars else SourceKind.FOLDERS
 
     root = Path(src)
     suffix = root.suffix.lower()
@@ -168,7 +170,9 @@ def check_source(src: str | os.PathLike[str], pairs: PairOptions | None = None) 
     """The checks of SRC that need no scan: a URL, or a folder or manifest that exists and
     whose path the store's text can hold (with ``pairs``, a tar, a pattern of tars, a list of
     them, a parquet file or a caption table too). Done before the writer takes OUT's lock."""
-    kind = decide(src, pairs)
+    kind = pairs.source if pairs is not None else SourceKind.AUTO
+    if kind is SourceKind.AUTO and not (not is_url(src) and Path(src).is_dir()):
+        kind = decide(src, pairs)  # a folder is decided by its scan, which knows which folder is OUT
     if kind in PAIR_KINDS:
         if is_url(src) or "://" in os.fspath(src):
             from tilefeed.preprocess.sources.webdataset import NO_BUCKETS

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -24,6 +25,8 @@ from tilefeed.preprocess.sources.scanning import PairOptions, PairSink, Scan, So
 from tilefeed.store.errors import SourceError
 
 JSON_SUFFIXES: Final = (".jsonl", ".ndjson")
+_INT: Final = re.compile(r"-?(0|[1-9][0-9]*)")
+_FLOAT: Final = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 
 def caption_columns(pairs: PairOptions) -> dict[str, str]:
@@ -86,15 +89,15 @@ def _rows(table: Path, pairs: PairOptions) -> Iterator[tuple[int, dict[str, obje
 
 
 def _number(value: object) -> object:
-    """A CSV cell as the number it writes (int, then float), else as it is."""
+    """A CSV cell as the number it writes in its plain form (int, then float), else as it is:
+    a key such as ``000123`` stays text."""
     if not isinstance(value, str):
         return value
     text = value.strip()
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
     return value
 
 

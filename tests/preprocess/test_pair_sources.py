@@ -168,8 +168,9 @@ def test_auto_decides_and_refuses_an_ambiguous_folder(tmp_path: Path) -> None:
     assert decide(tmp_path / "comma.csv", PairOptions(csv_separator=",")) is SourceKind.TABLE
     with pytest.raises(SourceError, match="--csv-separator ','"):
         decide(tmp_path / "comma.csv", PairOptions())
-    with pytest.raises(SourceError, match="buckets are not supported for webdataset"):
-        scan("s3://bucket/{0..3}.tar", tmp_path, PairOptions(source=SourceKind.WEBDATASET))
+    for pairs in (PairOptions(source=SourceKind.WEBDATASET), PairOptions()):
+        with pytest.raises(SourceError, match="buckets are not supported for webdataset"):
+            scan("s3://bucket/{0..3}.tar", tmp_path, pairs)
 
 
 def hf_metadata(image: str, caption: str) -> dict[bytes, bytes]:
@@ -232,18 +233,18 @@ def test_a_parquet_written_by_hugging_face_datasets(tmp_path: Path) -> None:
 def test_a_caption_table_as_open_clip_reads_it(tmp_path: Path) -> None:
     folder = tmp_path / "data"
     folder.mkdir()
-    lines = ["filepath\ttitle\twidth"]
+    lines = ["filepath\ttitle\twidth\tkey"]
     for i in range(4):
         photo(i, 40, 30).save(folder / f"{i}.jpg")
-        lines.append(f"{i}.jpg\ta \"picture\" {i}\t{40 + i}")
-    lines.append("0.jpg\tthe same picture, again\t40")  # a picture with two captions: two samples
-    lines.append("3.jpg\t\t43")
+        lines.append(f"{i}.jpg\ta \"picture\" {i}\t{40 + i}\t{i:06d}")
+    lines.append("0.jpg\tthe same picture, again\t40\t000000")  # a picture with two captions: two samples
+    lines.append("3.jpg\t\t43\t000003")
     (folder / "train.tsv").write_text("\n".join(lines) + "\n")
     listing = scan(folder / "train.tsv", tmp_path)
     rows = [(p.decode(), r) for p, r in zip(listing.files.paths(), listing.pairs.rows(), strict=True)]  # type: ignore[union-attr]
     assert [(os.path.basename(p), r["t"]["caption"], r["f"]) for p, r in rows] == [
-        *[(f"{i}.jpg", f'a "picture" {i}', {"width": 40 + i}) for i in range(4)],
-        ("0.jpg", "the same picture, again", {"width": 40})]
+        *[(f"{i}.jpg", f'a "picture" {i}', {"width": 40 + i, "key": f"{i:06d}"}) for i in range(4)],
+        ("0.jpg", "the same picture, again", {"width": 40, "key": "000000"})]
     assert listing.skipped == [(str(folder / "3.jpg"), "no caption: none of caption is given")]
     assert rows[0][1]["m"] is None
     (tmp_path / "outside.tsv").write_text("filepath\ttitle\ndata/0.jpg\tok\n")
@@ -279,3 +280,9 @@ def test_preprocess_runs_on_webdataset_shards(tmp_path: Path) -> None:
     from tilefeed.store.documents import load_attrs
 
     assert {r["path"]: r["reason"] for r in load_attrs(out)["rejects"]} == rejects
+    # OUT inside the folder of shards: left out of the scan, and a rerun finds the store complete
+    inside = tmp_path / "shards" / "out"
+    for _ in range(2):
+        done = run_cli("preprocess", str(tmp_path / "shards"), str(inside), *ARGS[:-1])
+        assert done.returncode == 0, done.stderr
+    assert "already complete" in done.stdout
