@@ -71,7 +71,11 @@ def _footer_size(path: Path) -> int:
         os.close(fd)
     if len(tail) != 8 or tail[4:] != b"PAR1":
         raise SourceError(f"{str(path)!r} is not a parquet file (no PAR1 footer)")
-    return int.from_bytes(tail[:4], "little")
+    footer = int.from_bytes(tail[:4], "little")
+    if footer + 12 > info.st_size:
+        raise SourceError(f"{str(path)!r} is not a parquet file: its footer declares {footer} bytes, more than "
+                          "the file holds")
+    return footer
 
 
 def open_checked(path: Path, columns: Callable[[Any], list[str]] | None = None) -> Any:

@@ -220,14 +220,21 @@ def test_parquet_rows_of_bytes_and_paths(tmp_path: Path) -> None:
 def test_a_parquet_written_by_hugging_face_datasets(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets", reason="needs Hugging Face datasets")
     features = datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")})
+    # pictures in memory are stored as their bytes; a file's path, as the path (bytes null)
     (tmp_path / "x.jpg").write_bytes(jpeg(1))
-    data = datasets.Dataset.from_dict({"image": [str(tmp_path / "x.jpg")] * 3, "text": ["a", "b", "c"]},
-                                      features=features)
+    pictures = [photo(i, 40, 30) for i in range(3)] + [str(tmp_path / "x.jpg")]
+    data = datasets.Dataset.from_dict({"image": pictures, "text": ["a", "b", "c", "d"]}, features=features)
     data.to_parquet(str(tmp_path / "hf.parquet"))
     listing = scan(tmp_path / "hf.parquet", tmp_path, PairOptions(caption_key=("text",)))
-    found = by_key(listing, key=lambda p: p.split("#")[-1])
-    assert {k: v["t"]["text"] for k, v in found.items()} == {"0": "a", "1": "b", "2": "c"}
+    found = by_key(listing, key=lambda p: p.split("#")[-1] if "#" in p else os.path.basename(p))
+    assert {k: v["t"]["text"] for k, v in found.items()} == {"0": "a", "1": "b", "2": "c", "3": "d"}
     assert all(v["m"]["column"] == "image" for v in found.values())
+    assert found["3"]["m"]["path"] == str(tmp_path / "x.jpg")  # read from the file, its bytes being null
+    done = run_cli("preprocess", str(tmp_path / "hf.parquet"), str(tmp_path / "out"), *ARGS, "--caption-key",
+                   "text")
+    assert done.returncode == 0, done.stderr
+    store_captions(tmp_path / "out", {"0": "a", "1": "b", "2": "c", "3": "d"},
+                   key=lambda p: p.split("#")[-1], name="text")
 
 
 def test_a_caption_table_as_open_clip_reads_it(tmp_path: Path) -> None:
@@ -286,3 +293,17 @@ def test_preprocess_runs_on_webdataset_shards(tmp_path: Path) -> None:
         done = run_cli("preprocess", str(tmp_path / "shards"), str(inside), *ARGS[:-1])
         assert done.returncode == 0, done.stderr
     assert "already complete" in done.stdout
+
+
+def test_a_row_group_over_the_limit_is_refused_before_its_data_is_read(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilefeed.preprocess.sources import parquet
+
+    pictures = pa.table({"image": [jpeg(i) for i in range(4)], "caption": list("abcd")})
+    pq.write_table(pictures, tmp_path / "a.parquet")
+    monkeypatch.setattr(parquet, "MAX_GROUP_BYTES", 1000)  # the four pictures take more, the captions less
+    with pytest.raises(SourceError, match="row group 0 declares .* bytes uncompressed in the columns read"):
+        scan(tmp_path / "a.parquet", tmp_path)
+    (tmp_path / "notes.parquet").write_bytes(b"PAR1 not really PAR1")
+    with pytest.raises(SourceError, match="not a parquet file: its footer declares"):
+        scan(tmp_path / "notes.parquet", tmp_path)
