@@ -199,23 +199,30 @@ def _scan_file(path: Path, options: SourceOptions, pairs: PairOptions, out: Pair
     if struct:
         leaf = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == f"{image}.bytes"),
                     None)
+    named_files = struct and pf.schema_arrow.field(image).type.get_field_index("path") >= 0
     row = 0
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
-        table = pf.read_row_group(g, columns=data) if data else None
-        values = {name: table.column(name).to_pylist() for name in data} if table is not None else {}
-        del table
         nulls = _null_count(group, leaf) if struct else 0
-        paths = None
-        if nulls != 0:  # some rows may name a file instead of holding bytes: their paths (small)
-            paths = pf.read_row_group(g, columns=[f"{image}.path"]).column(image).to_pylist()
+        try:
+            table = pf.read_row_group(g, columns=data) if data else None
+            values = {name: table.column(name).to_pylist() for name in data} if table is not None else {}
+            del table
+            paths = None
+            if nulls != 0 and named_files:  # some rows may name a file instead of holding bytes: their paths
+                paths = pf.read_row_group(g, columns=[f"{image}.path"]).column(image).to_pylist()
+            columns = [*values.values(), *([paths] if paths is not None else [])]
+            if any(len(column) != group.num_rows for column in columns):
+                raise ValueError(f"it holds other than the {group.num_rows} rows its footer declares")
+        except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on damaged pages: one line
+            raise SourceError(f"{str(path)!r}: row group {g} cannot be read: {_line(e)}") from None
         for r in range(group.num_rows):
             record = {name: column[r] for name, column in values.items()}
             captions = {name: record.get(name) for name in pairs.caption_key}
             listed = f"{file}#{row}"
             held: dict[str, Any] = {"parquet": real, "group": g, "row": r, "column": image}
             member: dict[str, Any] | None = held
-            named = (paths[r] or {}).get("path") if paths is not None else None
+            named = (paths[r] or {}).get("path") if paths else None
             if named:
                 if not isinstance(named, str) or "\0" in named:
                     out.reject(listed, "unusable image path: not text or holding a NUL")
