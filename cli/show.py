@@ -1,5 +1,5 @@
 """``tilefeed show``: a contact sheet (PNG) of samples as the model receives them, drawn by
-``pipeline.sheet``.
+``pipeline.sheet``; on a store with captions, each sample's first caption under it.
 
 Exit status as every tilefeed command: 0 when done, 2 for a malformed command line (argparse's
 usage and error), 1 with one line on stderr for a store or an option value that cannot be used,
@@ -90,7 +90,8 @@ def _show_samples(args: argparse.Namespace, out: Path, options: dict[str, str]) 
     _save(sheet, out)
     side = sheet.side // sheet.scale
     print(f"wrote {printable(str(out))}: {_describe(args, len(sheet.cells), side)}"
-          + (", picture boxes drawn" if boxes else ""))
+          + (", picture boxes drawn" if boxes else "")
+          + (f", captions {sheet.text!r} drawn" if sheet.text else ""))
     return 0
 
 

@@ -6,7 +6,9 @@ made by the ``Loader`` itself, on the CPU, so it shows the very crops, flips and
 with the same seed and epoch gets; only the normalisation is undone, for the eye. ``--stored``
 shows the tiles as written instead, with each picture's box, and ``--rejects`` what preprocessing
 refused and why. A store made with targets shows them on each cell: each object's box in its
-category's colour, and the masks laid over the pixels (a colour per class or per object).
+category's colour, and the masks laid over the pixels (a colour per class or per object). A store
+with captions shows each sample's caption (its first, or the one named) under its other lines,
+wrapped over a few lines and shortened to fit.
 
 Which samples: a list given with ``--samples``, else the first ``--count`` of the epoch's order
 on rank 0 of one (``pipeline.planning.order``, as the Loader orders them). Either way they are loaded
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ from PIL import Image, ImageDraw, ImageFile, ImageFont
 
 from tilefeed.pipeline.planning.order import epoch_order
 from tilefeed.pipeline.reading.reader import source_paths
+from tilefeed.store import format as fmt
 from tilefeed.store.errors import ConfigError
 from tilefeed.store.inspection import printable
 from tilefeed.store.storage import is_url
@@ -46,6 +49,7 @@ BOX_COLOUR = (255, 0, 255)  # the picture box on stored tiles: a colour photos r
 THUMB_MAX_PIXELS = 64_000_000  # rejected inputs larger than this (after JPEG draft) are not drawn
 MASK_ALPHA = 0.45  # a mask's colour over the pixels: enough to see, not enough to hide them
 IGNORE = 255  # a semantic mask's "ignore" value (and its padding): left uncoloured
+TEXT_LINES = 3  # a caption is wrapped over at most this many lines under a cell, the last shortened
 
 
 def palette(value: int) -> tuple[int, int, int]:
@@ -95,6 +99,8 @@ class Sheet:
     side: int  # the tiles' side on the sheet
     scale: int  # sheet pixels per pixel of the tiles (nearest-neighbour enlargement)
     indices: list[int]  # the store sample of each cell (empty for rejected inputs)
+    text: str = ""  # the caption name drawn under each cell ('': none)
+    texts: list[tuple[str, ...]] = field(default_factory=list)  # per cell, its caption's lines as drawn
 
 
 # -- which samples ---------------------------------------------------------------------------------
@@ -151,15 +157,18 @@ def loaded(reader: StoreReader, indices: np.ndarray, *, train: bool, epoch: int,
                 device="cpu", train=train, size=size, with_index=True, indices=indices,
                 targets=asked or None) as loader:
         loader.set_epoch(epoch)
-        images, labels, got = next(iter(loader))
+        # (images, labels or targets, ids); a store without class labels hands over none
+        images, *middle, got = next(iter(loader))
         pixels = to_pixels(images, loader.augment.mean, loader.augment.std)
         side = loader.size
     where = {int(i): k for k, i in enumerate(got.tolist())}  # store order -> the order asked for
     order = [where[int(i)] for i in indices]
     if asked:  # the image labels stay the store's: the batch holds the targets in their place
-        targets: list[dict[str, Any]] = list(labels)
+        targets: list[dict[str, Any]] = list(middle[0])
         return pixels[order], reader.labels[indices], side, [targets[k] for k in order]
-    return pixels[order], labels.numpy()[order], side, None
+    if not middle:  # every label 0, the one class the store names
+        return pixels[order], reader.labels[indices], side, None
+    return pixels[order], middle[0].numpy()[order], side, None
 
 
 def stored_targets(reader: StoreReader, indices: np.ndarray) -> list[dict[str, Any]] | None:
@@ -212,20 +221,135 @@ def _fit(draw: ImageDraw.ImageDraw, text: str, width: int, font: Any, keep_end: 
     return ""
 
 
+def caption_name(reader: StoreReader, name: str | None) -> str | None:
+    """The caption to draw under each sample.
+
+    Parameters
+    ----------
+    reader : StoreReader
+        The store.
+    name : str or None
+        A caption name the store holds; None: the store's first.
+
+    Returns
+    -------
+    str or None
+        The name, or None for a store without captions (and ``name`` None).
+
+    Raises
+    ------
+    ConfigError
+        ``name`` is not a caption of the store (the message names those it holds).
+    """
+    held = reader.meta.texts
+    if name is None:
+        return held[0] if held else None
+    if name not in held:
+        raise ConfigError(f"text: the store holds no caption named {printable(name)!r} "
+                          f"(it holds: {', '.join(held) or 'none'})")
+    return name
+
+
+def sample_texts(reader: StoreReader, indices: np.ndarray, name: str) -> list[str]:
+    """Each sample's caption, ready to draw.
+
+    Every chunk of the caption array is checked as it is read (``read_strings``).
+
+    Parameters
+    ----------
+    reader : StoreReader
+        The store.
+    indices : numpy.ndarray
+        Sample indices.
+    name : str
+        A caption name the store holds.
+
+    Returns
+    -------
+    list of str
+        Per sample, the caption of its source, runs of whitespace (newlines too) as one space
+        and other control characters escaped.
+    """
+    from tilefeed.store.arrays import read_small_array
+    from tilefeed.store.pairs import read_strings
+
+    captions = read_strings(reader.root, reader.meta, fmt.text_array(name))
+    owners = read_small_array(reader.root, reader.meta, fmt.SOURCES)
+    return [printable(" ".join(str(captions[int(o)]).split())) for o in owners[indices]]
+
+
+def _longest(draw: ImageDraw.ImageDraw, text: str, width: int, font: Any, suffix: str = "") -> int:
+    """The most leading characters of ``text`` that fit ``width`` pixels followed by ``suffix``
+    (a search, not a scan: a caption may be 32 KiB)."""
+    low, high = 0, min(len(text), width)  # no drawn character is narrower than a pixel
+    while low < high:
+        mid = (low + high + 1) // 2
+        if draw.textlength(text[:mid] + suffix, font=font) <= width:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def wrap(draw: ImageDraw.ImageDraw, text: str, width: int, font: Any,
+         lines: int = TEXT_LINES) -> tuple[str, ...]:
+    """A caption laid over lines of a cell's width.
+
+    Parameters
+    ----------
+    draw : PIL.ImageDraw.ImageDraw
+        What measures the text.
+    text : str
+        One line of text.
+    width : int
+        The most pixels a line may take.
+    font : PIL.ImageFont.FreeTypeFont or PIL.ImageFont.ImageFont
+        The font it is drawn in.
+    lines : int
+        The most lines it may take.
+
+    Returns
+    -------
+    tuple of str
+        At most ``lines`` lines, broken at spaces where a line holds one (inside a word wider
+        than the line), the last shortened with '...' when the text goes on; empty for ''.
+    """
+    out: list[str] = []
+    rest = text
+    while rest and len(out) < lines:
+        if draw.textlength(rest, font=font) <= width:
+            out.append(rest)
+            break
+        if len(out) == lines - 1:
+            out.append(rest[: _longest(draw, rest, width, font, "...")].rstrip() + "...")
+            break
+        fits = _longest(draw, rest, width, font)
+        space = rest.rfind(" ", 0, fits + 1)
+        cut = space if space > 0 else max(fits, 1)  # a word wider than the line is cut inside it
+        out.append(rest[:cut])
+        rest = rest[cut:].lstrip()
+    return tuple(out)
+
+
 # -- the sheet -------------------------------------------------------------------------------------
 def draw_sheet(tiles: Sequence[np.ndarray], captions: list[tuple[str, ...]], *, scale: int,
                boxes: np.ndarray | None = None, indices: Sequence[int] = (),
-               path_line: int | None = None, targets: Sequence[dict[str, Any]] | None = None) -> Sheet:
+               path_line: int | None = None, targets: Sequence[dict[str, Any]] | None = None,
+               texts: Sequence[str] | None = None, text: str = "") -> Sheet:
     """Tiles in a grid of ceil(sqrt(n)) columns, each enlarged ``scale`` times (nearest) and
     captioned underneath; ``boxes`` (top, left, height, width per tile, in its pixels) drawn in
     BOX_COLOUR along their inner edge, so the box's outermost picture pixels carry it. Caption
     lines too long for the tile are shortened at the end, but line ``path_line`` (a path) at its
     start, keeping the file name. ``targets``: per tile, its ``boxes`` (XYXY in its pixels) drawn
-    in their ``labels``' colours, and its ``masks`` laid over it (``mask_ids``)."""
+    in their ``labels``' colours, and its ``masks`` laid over it (``mask_ids``). ``texts``: per
+    tile, a caption (named ``text``) drawn under its other lines, wrapped (``wrap``); the band
+    under the cells grows by the most lines one takes."""
     font = ImageFont.load_default()
     line = int(font.getbbox("Ag")[3]) + 2
     side = max(max(t.shape[0], t.shape[1]) for t in tiles) * scale
-    strip = line * max(len(c) for c in captions) + GAP
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    wrapped = [wrap(measure, t, side, font) for t in texts] if texts is not None else []
+    strip = line * (max(len(c) for c in captions) + max(map(len, wrapped), default=0)) + GAP
     columns = math.ceil(math.sqrt(len(tiles)))
     rows = math.ceil(len(tiles) / columns)
     sheet = Image.new("RGB", (GAP + columns * (side + GAP), GAP + rows * (side + strip + GAP)),
@@ -256,17 +380,20 @@ def draw_sheet(tiles: Sequence[np.ndarray], captions: list[tuple[str, ...]], *, 
                 # continuous XYXY: the box covers pixels x0 .. x1 - 1
                 draw.rectangle((x + round(x0 * scale), y + round(y0 * scale), x + round(x1 * scale) - 1,
                                 y + round(y1 * scale) - 1), outline=palette(int(label)), width=max(1, scale))
-        for n, text in enumerate(caption):
-            fitted = _fit(draw, text, side, font, keep_end=n == path_line)
+        lines = [_fit(draw, t, side, font, keep_end=n == path_line) for n, t in enumerate(caption)]
+        for n, fitted in enumerate([*lines, *(wrapped[k] if wrapped else ())]):
             draw.text((x, y + side + GAP // 2 + n * line), fitted, fill=TEXT_COLOUR, font=font)
-    return Sheet(sheet, captions, cells, side, scale, [int(i) for i in indices])
+    return Sheet(sheet, captions, cells, side, scale, [int(i) for i in indices], text, wrapped)
 
 
 def contact_sheet(reader: StoreReader, *, train: bool = False, epoch: int = 0, seed: int = 0,
                   size: int | None = None, count: int | None = None,
-                  samples: Sequence[int] | None = None, show_stored: bool = False) -> Sheet:
+                  samples: Sequence[int] | None = None, show_stored: bool = False,
+                  text: str | None = None) -> Sheet:
     """The sheet of the chosen samples: as the Loader yields them, or (``show_stored``) as
-    stored, with each picture's box drawn where the store holds padding."""
+    stored, with each picture's box drawn where the store holds padding. On a store with
+    captions, each sample's caption ``text`` (None: the store's first) is drawn under it."""
+    name = caption_name(reader, text)
     indices = select(reader, train=train, epoch=epoch, seed=seed, count=count, samples=samples)
     boxes = None
     if show_stored:
@@ -276,8 +403,10 @@ def contact_sheet(reader: StoreReader, *, train: bool = False, epoch: int = 0, s
             boxes = reader.boxes[indices]
     else:
         pixels, labels, side, targets = loaded(reader, indices, train=train, epoch=epoch, seed=seed, size=size)
+    texts = sample_texts(reader, indices, name) if name is not None else None
     return draw_sheet(list(pixels), sample_captions(reader, indices, labels), scale=enlargement(side),
-                      boxes=boxes, indices=indices.tolist(), path_line=2, targets=targets)
+                      boxes=boxes, indices=indices.tolist(), path_line=2, targets=targets,
+                      texts=texts, text=name or "")
 
 
 # -- rejected inputs -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import torch
 
 from tilefeed.pipeline import Loader, StoreReader
 from tilefeed.pipeline.engine.crops import window_inputs
+from tilefeed.pipeline.reading.reader import source_paths
 from tests.sheet_stores import ASPECTS, BACKGROUND, PER_CLASS
 from tilefeed.cli.show import main
 from tilefeed.pipeline.sheet import BOX_COLOUR, Sheet, contact_sheet
@@ -89,3 +90,95 @@ def test_evaluation_sheet_of_a_lossless_store_is_its_pixels(store: Path) -> None
         assert [c[1] for c in sheet.captions] == [f"#{i}" for i in wanted]
         for k, index in enumerate(wanted):
             np.testing.assert_array_equal(tile_area(sheet, k), enlarged(reader.read(index), sheet.scale))
+
+
+# -- a store with captions -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pairs_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.helpers import make_pairs_store
+
+    return make_pairs_store(tmp_path_factory.mktemp("sheet-pairs"), 12)
+
+
+def line_height() -> int:
+    from PIL import ImageFont
+
+    return int(ImageFont.load_default().getbbox("Ag")[3]) + 2
+
+
+def test_a_store_with_captions_draws_each_samples_caption_under_it(pairs_store: Path) -> None:
+    from tests.helpers import caption_of
+    from tilefeed.pipeline.sheet import GAP, SHEET_COLOUR, draw_sheet
+
+    with StoreReader(pairs_store) as reader:
+        for sheet, name in ((contact_sheet(reader, count=9), "caption"),
+                            (contact_sheet(reader, samples=[1, 2, 4], show_stored=True, text="synthetic"),
+                             "synthetic")):
+            keys = [Path(p).name for p in source_paths(reader, np.asarray(sheet.indices))]
+            tiles = [tile_area(sheet, k)[:: sheet.scale, :: sheet.scale] for k in range(len(sheet.cells))]
+            assert sheet.text == name
+            # the lines drawn are the caption, broken at spaces; an empty caption draws none
+            assert [" ".join(lines) for lines in sheet.texts] == [caption_of(k, name) for k in keys]
+            assert all(len(lines) <= 3 for lines in sheet.texts)
+            plain = draw_sheet(tiles, sheet.captions, scale=sheet.scale)  # the same cells, no captions
+            rows = len({y for _, y in sheet.cells})
+            band = max(len(lines) for lines in sheet.texts)
+            assert band > 0 and sheet.image.width == plain.image.width
+            assert sheet.image.height == plain.image.height + rows * band * line_height()
+            for k in range(len(tiles)):  # the pictures as they were, the captions' band under them
+                np.testing.assert_array_equal(tile_area(sheet, k), tile_area(plain, k))
+            top = sheet.cells[0][1] + sheet.side + GAP // 2 + len(sheet.captions[0]) * line_height()
+            drawn = np.asarray(sheet.image)[top : top + band * line_height()] != SHEET_COLOUR
+            assert drawn.any()  # some caption of the first row is written there
+
+
+def test_a_classification_store_sheet_has_no_caption_band(store: Path) -> None:
+    from tilefeed.pipeline.sheet import GAP
+    from tilefeed.store.errors import ConfigError
+
+    with StoreReader(store) as reader:
+        sheet = contact_sheet(reader, samples=[0, 1, 2, 3, 4])
+        assert sheet.text == "" and sheet.texts == []
+        # three lines under each cell (class, index, source), as before captions were drawn
+        assert sheet.image.size == (GAP + 3 * (sheet.side + GAP),
+                                    GAP + 2 * (sheet.side + 3 * line_height() + GAP + GAP))
+        with pytest.raises(ConfigError, match=r"text: the store holds no caption named 'caption' \(it holds"):
+            contact_sheet(reader, samples=[0], text="caption")
+
+
+def test_a_long_caption_is_wrapped_and_shortened_to_the_cell() -> None:
+    import time
+
+    from PIL import Image, ImageDraw, ImageFont
+    from tilefeed.pipeline.sheet import wrap
+
+    draw, font = ImageDraw.Draw(Image.new("RGB", (1, 1))), ImageFont.load_default()
+    words = " ".join(f"word{i}" for i in range(6000))  # 32 KiB or so
+    started = time.perf_counter()
+    lines = wrap(draw, words, 96, font)
+    assert time.perf_counter() - started < 1  # searched, not scanned character by character
+    assert len(lines) == 3 and lines[-1].endswith("...")
+    assert all(draw.textlength(x, font=font) <= 96 for x in lines)
+    assert lines[0].startswith("word0 word1") and not lines[0].endswith(" ")
+    assert wrap(draw, "x" * 500, 96, font)[0].startswith("xxx")  # a word wider than the cell is cut
+    assert wrap(draw, "", 96, font) == () and wrap(draw, "short", 96, font) == ("short",)
+
+
+def test_show_draws_the_first_caption_of_a_store_with_captions(pairs_store: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+
+    from tilefeed.pipeline.sheet import GAP
+
+    out = tmp_path / "pairs.png"
+    assert main([str(pairs_store), "--count", "4", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (f"wrote {out}: 4 evaluation framings, 32 px, "
+                                               "captions 'caption' drawn")
+    with StoreReader(pairs_store) as reader:
+        sheet = contact_sheet(reader, count=4)
+    band = max(len(lines) for lines in sheet.texts)
+    with Image.open(out) as image:  # two rows of cells, each with its three lines and the caption's
+        assert image.size == sheet.image.size == (
+            GAP + 2 * (sheet.side + GAP), GAP + 2 * (sheet.side + (3 + band) * line_height() + GAP + GAP))
+    assert main([str(pairs_store), "--stored", "--count", "4", "--out", str(out)]) == 0
+    assert "captions 'caption' drawn" in capsys.readouterr().out
