@@ -588,7 +588,21 @@ def pairs_cases() -> list[Case]:
         ("text.caption a row shorter than source_paths", _captions_short),
         ("version 3, texts present", lambda s: edit_attrs(s, lambda a: a.update(version=3))),
         ("string field of 10 KiB", _edit_strings(fmt.field_array("uid"), _row0(b"u" * (10 << 10)))),
+        ("fields: score int64, its array float64", lambda s: edit_attrs(
+            s, lambda a: a["fields"][1].update(dtype="int64"))),
+        ("field.score frame declaring 2 GiB", lambda s: write_small_chunk(  # small enough to be fetched
+            s, fmt.field_array("score"), 0, zstd_rle(1024, declared=2 << 30))),
+        ("text.caption chunk links outside", _linked_pair_chunk),
     ]
+
+
+def _linked_pair_chunk(s: Path) -> None:
+    """text.caption/c/0 a link to a copy of itself outside the store: right bytes, wrong place."""
+    chunk = fmt.small_chunk_path(s, CAPTION, 0)
+    outside = s.parent / "outside" / "caption-chunk"
+    outside.write_bytes(chunk.read_bytes())
+    chunk.unlink()
+    chunk.symlink_to(outside)
 
 
 def pairs_control_cases() -> list[Case]:
@@ -930,7 +944,7 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
         labels = reader.labels.copy()
         targets = _targets(reader)
         jpeg = reader.codec.name == "jpeg"
-    pairs = suite in ("pairs", "pairs-control")
+    pairs = suite.startswith("pairs")
     # the honest captions and fields (and the Loader's modules warmed up)
     honest_pairs = (_pairs_read(honest), _pairs_loaded(honest)) if pairs else None
     _verify(honest), _info(honest), _zarr(honest, tiles) if jpeg else None
@@ -938,7 +952,8 @@ def run(honest: Path, work: Path, suite: str, budget_mb: int, seconds: float) ->
              "bytes": lambda: byte_cases(honest), "ledger": ledger_cases,
              "targets": targets_cases, "targets-control": targets_control_cases,
              "semantic": semantic_cases, "boxes": boxes_cases,
-             "pairs": pairs_cases, "pairs-control": pairs_control_cases}[suite]()
+             "pairs": pairs_cases, "pairs-control": pairs_control_cases,
+             "pairs-fields": lambda: field_cases(honest), "pairs-bytes": lambda: byte_cases(honest)}[suite]()
     (work / "outside").mkdir(parents=True, exist_ok=True)
     watch = _Watch(work)
     with open("/proc/self/status") as f:

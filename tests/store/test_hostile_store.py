@@ -234,6 +234,10 @@ PAIRS = {
     "text.caption a row shorter than source_paths": ["'arrays.text.caption.length' must be 24"],
     "version 3, texts present": ["attribute 'texts' must be absent in a version-3 store"],
     "string field of 10 KiB": ["field.uid/c/0: string 0 is longer than 4096 UTF-8 bytes"],
+    "fields: score int64, its array float64": ["field.score/zarr.json: data_type is 'float64'",
+                                               "attributes say 'int64'"],
+    "field.score frame declaring 2 GiB": ["field.score/c/0: declares 2147483648 decoded bytes"],
+    "text.caption chunk links outside": ["text.caption/c/0: lies outside the store"],
 }
 
 
@@ -302,9 +306,10 @@ def _honest_or_refused(r: dict[str, Any]) -> None:
     _bounded(r, FIELDS_SECONDS)
     assert r["verify"][0] in ("refused", "sound"), r
     assert r["info"][0] in ("refused", "ok"), r
-    assert r["reader"][0] in ("refused", "honest"), r
-    if r["verify"][0] == "sound":
-        assert r["reader"][0] == "honest", r
+    for reader in ("reader", "loader") if "loader" in r else ("reader",):  # the pairs suites: a Loader too
+        assert r[reader][0] in ("refused", "honest"), r
+        if r["verify"][0] == "sound":
+            assert r[reader][0] == "honest", r
 
 
 def test_every_attribute_field_mutated_is_refused_or_read_honestly(honest: dict[str, Path],
@@ -353,6 +358,31 @@ def test_every_chunk_of_a_targets_store_damaged_is_refused_or_read_honestly(hone
     damaged = {r["case"].split(" ")[0].split("/")[0] for r in results}
     assert {fmt.MASKS, fmt.OBJECTS, fmt.OBJECT_OFFSETS, fmt.FRAMES} <= damaged
     assert sum(r["case"].startswith(fmt.MASKS) for r in results) > 3 * 4  # every tile's chunk bounds
+
+
+def test_every_attribute_field_of_a_pairs_store_mutated_is_refused_or_read_honestly(
+        honest_pairs: Path, tmp_path: Path) -> None:
+    """The property over a store of captions and fields: ``texts``, ``fields``, ``labelled`` and
+    each caption and field array's record mutated; the readers read every caption and field."""
+    results = run_cases(honest_pairs, tmp_path, "pairs-fields", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+    fields = {r["case"].rsplit(" ", 1)[0] for r in results}
+    assert {"texts", "texts.0", "fields.0.name", "fields.1.dtype", "labelled", "arrays.text.caption.length",
+            "arrays.field.uid.sha256", "arrays.field.width.chunk"} <= fields, sorted(fields)
+    assert sum(r["loader"][0] == "refused" for r in results) > len(results) // 2
+
+
+def test_every_chunk_of_a_pairs_store_damaged_is_refused_or_read_honestly(honest_pairs: Path,
+                                                                        tmp_path: Path) -> None:
+    """A byte flipped, each file cut short and grown, in every caption and field chunk too:
+    each found by verify, none served."""
+    results = run_cases(honest_pairs, tmp_path, "pairs-bytes", FIELDS_BUDGET_MB, FIELDS_SECONDS)
+    for r in results:
+        _honest_or_refused(r)
+        assert r["verify"][0] == "refused", r
+    damaged = {r["case"].split(" ")[0].split("/")[0] for r in results}
+    assert {"text.caption", "text.synthetic", "field.uid", "field.score", "field.width"} <= damaged
 
 
 # -- the decoded-size checks, one codec at a time --------------------------------------------------
