@@ -114,6 +114,16 @@ def zstd_rle(size: int, declared: int | None = None) -> bytes:
     return head + b"".join(blocks)
 
 
+def zstd_raw(data: bytes) -> bytes:
+    """A zstd frame holding ``data`` uncompressed, in raw blocks of up to 128 KiB: a valid
+    encoding other than the compressor's, so a chunk rewritten with it has another sha256."""
+    block = 128 << 10
+    head = b"\x28\xb5\x2f\xfd\xa0" + struct.pack("<I", len(data))
+    parts = [data[at : at + block] for at in range(0, len(data), block)] or [b""]
+    return head + b"".join(((len(part) << 3) | (k == len(parts) - 1)).to_bytes(3, "little") + part
+                           for k, part in enumerate(parts))
+
+
 def jpeg_with_size(jpeg: bytes, height: int, width: int) -> bytes:
     """A JPEG whose SOF header declares another picture size (its data unchanged)."""
     data = bytearray(jpeg)
@@ -607,15 +617,16 @@ def _linked_pair_chunk(s: Path) -> None:
 
 def pairs_control_cases() -> list[Case]:
     """The pairs harness's controls: the honest store, a copy whose every caption and field chunk
-    is written again with the same values and re-signed (both read honestly), and one whose
+    is written again with the same values in raw zstd blocks (other bytes) and re-signed (both
+    read honestly), and one whose
     first caption says something else (valid: ``verify`` finds it sound, the reader's
     comparison must call it wrong)."""
     def resigned(s: Path) -> None:
         for name in (CAPTION, fmt.text_array("synthetic"), fmt.field_array("uid")):
-            write_strings(s, name, vlen_body(strings_of(s, name)))
+            write_small_chunk(s, name, 0, zstd_raw(vlen_body(strings_of(s, name))))
         for name in (fmt.field_array("score"), fmt.field_array("width")):
             values = small_values(s, name)  # little-endian, as written
-            write_small_chunk(s, name, 0, bytes(COMPRESSORS["zstd"].encode(values.tobytes())))
+            write_small_chunk(s, name, 0, zstd_raw(values.tobytes()))
 
     return [
         ("honest", lambda s: None),
