@@ -214,14 +214,20 @@ def run(args: argparse.Namespace) -> int:
                         fields=args.fields, image_column=args.image_column, csv_img_key=args.csv_img_key,
                         csv_caption_key=args.csv_caption_key, csv_separator=args.csv_separator,
                         label_key=args.label_key)
+    said: list[str] = []  # the notes about SRC, said as soon as the scan finds them
+
+    def announce(note: str) -> None:
+        said.append(note)
+        print(f"tilefeed: {shown(note, args)}", file=sys.stderr)
+
     summary = preprocess(
         args.src, args.out, tiles, store, workers=args.processes, overwrite=args.overwrite,
         progress=progress_bar(sys.stderr.isatty() and not args.quiet), scheduler=args.scheduler,
         source_options=rules, storage_options=storage_options(args), targets=targets,
-        pairs=pairs,
+        pairs=pairs, announce=None if args.quiet else announce,
     )
     if not args.quiet:
-        _print_summary(summary, args)
+        _print_summary(summary, args, said)
     if args.strict and summary.rejected:
         print(f"tilefeed: error: --strict: {summary.rejected} inputs were rejected "
               f"(see `tilefeed info {shown(args.out, args)}`)", file=sys.stderr)
@@ -229,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(s: Summary, args: argparse.Namespace) -> None:
+def _print_summary(s: Summary, args: argparse.Namespace, said: list[str]) -> None:
     state = "already complete, nothing to do" if s.up_to_date else f"{s.seconds:.1f} s"
     rate = f", {s.sources / s.seconds:.0f} img/s" if s.seconds and not s.up_to_date else ""
     print(f"{shown(args.out, args)}: {state}{rate}")
@@ -238,7 +244,8 @@ def _print_summary(s: Summary, args: argparse.Namespace) -> None:
     for reason, n in s.rejects_by_reason.items():
         print(f"    {n:>6}  {shown(reason, args)}")
     for note in s.notes:
-        print(f"  note: {shown(note, args)}")
+        if note not in said:
+            print(f"  note: {shown(note, args)}")
     print(f"  tiles {s.tiles} in {s.shards} shards, {s.bytes / 2**20:.1f} MiB")
     if s.objects or s.outside:
         outside = f"; {s.outside} outside their tiles (crop fit, grid gaps), not stored" if s.outside else ""

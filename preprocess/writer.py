@@ -99,6 +99,7 @@ def preprocess(
     storage_options: dict[str, Any] | None = None,
     targets: TargetOptions | None = None,
     pairs: PairOptions | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> Summary:
     """Convert the images under ``src`` into a tilefeed store at ``out``; see the module docstring.
 
@@ -144,6 +145,9 @@ def preprocess(
     pairs : PairOptions, optional
         How an image-text SRC is read (WebDataset shards, parquet files, a caption table): its
         kind, or ``auto``, and where each sample's image, captions and fields are.
+    announce : callable, optional
+        Called with each note about SRC (how it was read, what was left out) as soon as the
+        scan has found it, before any image is decoded; the summary holds them too.
 
     Returns
     -------
@@ -158,7 +162,7 @@ def preprocess(
     """
     try:
         return _preprocess(src, out, tiles, store, workers, overwrite, progress, scheduler,
-                           source_options, storage_options, targets, pairs)
+                           source_options, storage_options, targets, pairs, announce)
     except TilefeedError as e:  # no message carries a credential, whoever wrote it
         raise redacted(e, storage_options) from None
 
@@ -167,7 +171,8 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
                 store: StoreSettings | None, workers: int | None, overwrite: bool,
                 progress: Callable[[int], ProgressFn] | None, scheduler: str | None,
                 source_options: SourceOptions | None, storage_options: dict[str, Any] | None,
-                targets: TargetOptions | None = None, pairs: PairOptions | None = None) -> Summary:
+                targets: TargetOptions | None = None, pairs: PairOptions | None = None,
+                announce: Callable[[str], None] | None = None) -> Summary:
     tiles = tiles or TileSettings()
     store = store or StoreSettings()
     workers = default_workers(tiles.worker_memory) if workers is None else workers
@@ -181,6 +186,8 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
         listing = scan_sources(src, scratch, source_options, exclude, stride=PART_SOURCES, targets=targets,
                                 pairs=pairs)
         notes = list(listing.notes)
+        for note in notes if announce is not None else ():
+            announce(note)
         with Pool(workers, scheduler) as pool:
             try:
                 plan = _plan(listing, tiles, store, pool)

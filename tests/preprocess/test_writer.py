@@ -53,7 +53,8 @@ def test_store_reads_back_through_zarr(tmp_path: Path, image_folder: Path, codec
 
 
 INFO_KEYS = ["path", "format", "samples", "sources", "accepted", "rejected", "classes", "tile", "codec",
-             "quality", "shard_size", "shards", "bytes", "made", "rejects", "targets"]
+             "quality", "shard_size", "shards", "bytes", "made", "rejects", "targets", "texts", "fields",
+             "labelled"]
 
 
 def test_the_settings_record_plain_strings_as_they_always_did() -> None:
