@@ -158,7 +158,8 @@ def parse_fields(value: Any) -> tuple[str, ...]:
 def parse_tokenizer(value: Any) -> Callable[[list[str]], Any] | None:
     """``Loader(tokenizer=...)``: None or a callable from a list of str to a tensor."""
     if value is not None and not callable(value):
-        raise ConfigError(f"tokenizer must be a callable from a list of str to a tensor, got {type(value).__name__}")
+        raise ConfigError(f"tokenizer must be a callable from a list of str to a tensor, "
+                          f"got {type(value).__name__}")
     return value  # type: ignore[no-any-return]
 
 

@@ -393,6 +393,7 @@ def _together(values: dict[str, Any]) -> None:
     if values["tokenizer"] is not None and values["text"] is None:
         raise ConfigError("tokenizer needs text=: name the captions it tokenises")
     if values["text"] is not None and values["targets"]:
-        raise ConfigError("text and targets cannot be asked together: a batch carries captions or boxes and masks")
+        raise ConfigError("text and targets cannot be asked together: a batch carries captions or boxes "
+                          "and masks")
     if values["targets"] and recipe is not None and values["train"]:
         _targets_with(recipe)

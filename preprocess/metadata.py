@@ -113,8 +113,10 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
     chunk = min(len(listing), fmt.PATHS_CHUNK)
     _string_array(group, fmt.SOURCE_PATHS, len(listing), chunk)
     for index, first in enumerate(range(0, len(listing), chunk)):
-        _write_chunk(root, fmt.SOURCE_PATHS, index, _paths_chunk(decode_paths(listing.files.read(first, chunk)), chunk))
-    return [*names, *rows, fmt.SOURCE_PATHS, *(_write_pairs(root, group, listing.pairs) if listing.pairs else ())]
+        paths = decode_paths(listing.files.read(first, chunk))
+        _write_chunk(root, fmt.SOURCE_PATHS, index, _paths_chunk(paths, chunk))
+    pairs = _write_pairs(root, group, listing.pairs) if listing.pairs is not None else []
+    return [*names, *rows, fmt.SOURCE_PATHS, *pairs]
 
 
 def _write_pairs(root: Path, group: object, pairs: PairTable) -> list[str]:
@@ -167,9 +169,10 @@ _VLEN_UTF8 = VLenUTF8()
 
 
 def _paths_chunk(paths: list[str], chunk: int) -> bytes:
-    """One chunk of a string array (source_paths, captions), encoded as zarr encodes it (the array's codecs: vlen-utf8,
-    zstd, crc32c; a last chunk filled up with the fill value, ""), without the conversions
-    zarr makes of a string array first, which cost more than the encoding itself."""
+    """One chunk of a string array (source_paths, captions), encoded as zarr encodes it (the
+    array's codecs: vlen-utf8, zstd, crc32c; a last chunk filled up with the fill value, ""),
+    without the conversions zarr makes of a string array first, which cost more than the
+    encoding itself."""
     values = np.full(chunk, "", dtype=object)
     values[: len(paths)] = paths
     body = COMPRESSORS[fmt.SMALL_ARRAY_CODEC].encode(_VLEN_UTF8.encode(values))
@@ -256,7 +259,8 @@ def _pairs_attrs(pairs: PairTable | None) -> dict[str, Any]:
     written as version 3, as it was before they existed."""
     if pairs is None:
         return {"version": fmt.TILES_VERSION}
-    return {"version": fmt.PAIRS_VERSION, "texts": pairs.texts, "fields": pairs.fields, "labelled": pairs.labelled}
+    return {"version": fmt.PAIRS_VERSION, "texts": pairs.texts, "fields": pairs.fields,
+            "labelled": pairs.labelled}
 
 
 def _array_record(root: Path, name: str) -> ArrayRecord:

@@ -186,8 +186,9 @@ def _preprocess(src: str | os.PathLike[str], out: str | os.PathLike[str], tiles:
         listing = scan_sources(src, scratch, source_options, exclude, stride=PART_SOURCES, targets=targets,
                                 pairs=pairs)
         notes = list(listing.notes)
-        for note in notes if announce is not None else ():
-            announce(note)
+        if announce is not None:
+            for note in notes:
+                announce(note)
         with Pool(workers, scheduler) as pool:
             try:
                 plan = _plan(listing, tiles, store, pool)
@@ -248,7 +249,8 @@ def _plan(listing: Listing, tiles: TileSettings, store: StoreSettings, pool: Poo
     if listing.targets is not None:  # the annotations (COCO: the file's bytes) and the category table
         h.update(json.dumps(["targets", listing.targets.identity, listing.targets.categories]).encode())
     if listing.pairs is not None:  # every source's captions, fields and where its bytes lie
-        h.update(json.dumps(["pairs", listing.pairs.digest, listing.pairs.texts, listing.pairs.fields]).encode())
+        table = listing.pairs
+        h.update(json.dumps(["pairs", table.digest, table.texts, table.fields]).encode())
     job = listing.targets.job if listing.targets is not None else None
     blocks: deque[tuple[int, bytes, Future[bytes]]] = deque()
     firsts = iter(range(0, len(listing), PLAN_BLOCK))

@@ -531,7 +531,8 @@ def _pairs(f: _Fields, version: int) -> tuple[tuple[str, ...], tuple[tuple[str, 
                 raise f.fail(key, f"must be absent in a version-{version} store")
         return (), (), True
     names = f.values("texts", str)
-    if len(names) > MAX_TEXTS or len(set(names)) != len(names) or not all(PAIR_NAME.fullmatch(n) for n in names):
+    named = all(PAIR_NAME.fullmatch(n) for n in names)
+    if len(names) > MAX_TEXTS or len(set(names)) != len(names) or not named:
         raise f.fail("texts", f"must list at most {MAX_TEXTS} distinct names of letters, digits and _")
     value = f.get("fields")
     why = (f"must list at most {MAX_FIELDS} distinct {{name, dtype}} objects, names of letters, digits and _, "

@@ -41,7 +41,8 @@ def _strings_chunk(path: Path, data: bytes, rows: int, most_row: int, caption: b
     size = zstd_content_size(payload)
     if not 0 <= size <= most:
         what = "no decoded size" if size < 0 else f"{size} decoded bytes"
-        raise CorruptChunkError(str(path), None, f"declares {what}, a chunk of {rows} strings holds at most {most}")
+        raise CorruptChunkError(str(path), None,
+                                f"declares {what}, a chunk of {rows} strings holds at most {most}")
     out = np.empty(size, dtype=np.uint8)
     try:
         COMPRESSORS[fmt.SMALL_ARRAY_CODEC].decode(payload, out=out)
@@ -59,7 +60,8 @@ def _strings_chunk(path: Path, data: bytes, rows: int, most_row: int, caption: b
     if len(values) != rows:
         raise CorruptChunkError(str(path), None, f"holds {len(values)} strings, not {rows}")
     for k, value in enumerate(values):
-        if not isinstance(value, str) or len(value) > most_row or len(value.encode("utf-8", "surrogatepass")) > most_row:
+        if (not isinstance(value, str) or len(value) > most_row
+                or len(value.encode("utf-8", "surrogatepass")) > most_row):
             raise CorruptChunkError(str(path), None, f"string {k} is longer than {most_row} UTF-8 bytes")
         if caption and "\0" in value:
             raise CorruptChunkError(str(path), None, f"caption {k} holds a NUL character")

@@ -63,7 +63,8 @@ def gather_columns(stores: Sequence[tuple[str, Any]], text: TextChoice | None, f
         missing = [n for n in names if n not in meta.texts]
         if missing:
             held = ", ".join(meta.texts) or "none"
-            raise ConfigError(f"text: store {location!r} holds no caption named {missing[0]!r} (it holds: {held})")
+            raise ConfigError(f"text: store {location!r} holds no caption named {missing[0]!r} "
+                              f"(it holds: {held})")
         kinds = dict(meta.fields)
         missing = [n for n in fields if n not in kinds]
         if missing:
@@ -81,9 +82,9 @@ def gather_columns(stores: Sequence[tuple[str, Any]], text: TextChoice | None, f
         for n in fields:
             parts_fields[n].append(pairs.fields[n][owners])
     dtypes = {n: {dict(r.meta.fields)[n] for _, r in stores} for n in fields}
-    for n, kinds in dtypes.items():
-        if len(kinds) > 1:
-            raise ConfigError(f"fields: {n!r} is {' in one store and '.join(sorted(kinds))} in another; "
+    for n, found in dtypes.items():
+        if len(found) > 1:
+            raise ConfigError(f"fields: {n!r} is {' in one store and '.join(sorted(found))} in another; "
                               "a batch's field holds one type")
     return PairColumns({n: np.concatenate(p) for n, p in parts_texts.items()},
                        {n: np.concatenate(p) for n, p in parts_fields.items()})

@@ -171,7 +171,8 @@ class Mixture:
     @property
     def selected(self) -> int:
         """The samples the stores' subsets hold (``indices``, ``where``), repeats and shares aside."""
-        return sum(len(r) if s is None else len(s) for r, s in zip(self.reader.sources, self.subsets, strict=True))
+        stores = zip(self.reader.sources, self.subsets, strict=True)
+        return sum(len(r) if s is None else len(s) for r, s in stores)
 
     def identity(self) -> str:
         """What a resumed state must agree on besides seed and shuffle: sources, sizes, subsets,

@@ -74,10 +74,10 @@ def _evaluate(node: ast.AST, columns: dict[str, np.ndarray], text: str) -> Any:
     if isinstance(node, ast.BoolOp):
         parts = [np.asarray(_evaluate(v, columns, text), dtype=bool) for v in node.values]
         combine = np.logical_and if isinstance(node.op, ast.And) else np.logical_or
-        out = parts[0]
+        joined = parts[0]
         for part in parts[1:]:
-            out = combine(out, part)
-        return out
+            joined = combine(joined, part)
+        return joined
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return np.logical_not(_evaluate(node.operand, columns, text))
     assert isinstance(node, ast.Compare)  # parse_where admits nothing else

@@ -137,7 +137,8 @@ class PairTableWriter:
                 raise SourceError(f"{name!r} cannot name a caption or field: use letters, digits and _ "
                                   "(at most 64, not starting with a digit)")
         if len(texts) > fmt.MAX_TEXTS or len(fields) > fmt.MAX_FIELDS:
-            raise SourceError(f"a store holds at most {fmt.MAX_TEXTS} caption names and {fmt.MAX_FIELDS} fields")
+            raise SourceError(f"a store holds at most {fmt.MAX_TEXTS} caption names and "
+                              f"{fmt.MAX_FIELDS} fields")
         folder.mkdir(parents=True, exist_ok=True)
         self.folder, self.texts, self.field_names, self.labelled = folder, tuple(texts), tuple(fields), labelled
         self.kinds: dict[str, str] = {}

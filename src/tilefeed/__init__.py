@@ -89,7 +89,8 @@ _PUBLIC = {
     **{name: ("tilefeed.preprocess.settings", name) for name in ("Fit", "Icc", "Mode", "Resample")},
     "TileSettings": ("tilefeed.preprocess.settings", "TileSettings"),
     "TargetOptions": ("tilefeed.preprocess.settings", "TargetOptions"),
-    **{name: ("tilefeed.preprocess.sources.scanning", name) for name in ("PairOptions", "SourceKind", "SourceOptions")},
+    **{name: ("tilefeed.preprocess.sources.scanning", name)
+       for name in ("PairOptions", "SourceKind", "SourceOptions")},
     "preprocess_images": ("tilefeed.preprocess.writer", "preprocess"),
     "Summary": ("tilefeed.preprocess.writer", "Summary"),
     **{name: ("tilefeed.store.errors", name) for name in (
@@ -100,8 +101,9 @@ _PUBLIC = {
 __all__ = [
     "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop",
     "DaliMissingError", "Family", "Fill", "Fit", "Framing", "Icc", "Interpolation", "Layout", "Loader",
-    "Mix", "MixStyle", "Mode", "PairOptions", "PhotometricDistort", "Policy", "PolicyInterpolation", "RandomErasing",
-    "RandomSolarize", "Recipe", "Resample", "RunResult", "Shuffle", "SourceError", "SourceKind", "SourceOptions",
+    "Mix", "MixStyle", "Mode", "PairOptions", "PhotometricDistort", "Policy", "PolicyInterpolation",
+    "RandomErasing", "RandomSolarize", "Recipe", "Resample", "RunResult", "Shuffle", "SourceError",
+    "SourceKind", "SourceOptions",
     "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings", "StoreWriteError",
     "Summary", "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset", "TileSettings",
     "TilefeedError", "boxes_to_source", "dataset_samples", "make_coco_folder", "make_image_folder",

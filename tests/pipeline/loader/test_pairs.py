@@ -161,7 +161,8 @@ def test_where_keeps_the_samples_whose_fields_pass_exactly_once_over_ranks(store
             seen += fields["uid"]
     assert sorted(seen) == [f"u{i:04d}" for i in sorted(expected)]
     by_function = Loader(store, 4, where=lambda f: f["width"] % 3 == 0, fields="width", size=32)
-    assert sorted(w for _, f in by_function for w in f["width"].tolist()) == [w for w in range(40, 64) if w % 3 == 0]
+    widths = sorted(w for _, f in by_function for w in f["width"].tolist())
+    assert widths == [w for w in range(40, 64) if w % 3 == 0]
 
 
 def test_an_epoch_resumed_under_where_on_another_world_size_delivers_the_rest_once(store: Path) -> None:
