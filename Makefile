@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pillow-simd compiles here; AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup test test-fast check docs demo bench device-graph-check ffcv-venv gpu-check wheelhouse install-offline clean
+.PHONY: setup test test-fast check docs demo bench device-graph-check ffcv-venv img2dataset-venv gpu-check wheelhouse install-offline clean
 
 setup: $(STAMP)
 
@@ -37,7 +37,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m tilefeed.cli.doctor --pil
 	touch $@
 
-test: setup
+# img2dataset's venv too (about 30 s to install): its shards are a source the suite preprocesses.
+test: setup img2dataset-venv
 	$(PY) -m pytest -q
 
 # The inner loop: everything but the slow fault, cluster, distributed and install tests.
@@ -86,6 +87,18 @@ ffcv-venv: setup
 	$(PYTHON) -m venv $(FFCV_VENV)
 	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(FFCV_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/tilefeed-venv.pth"
 	$(FFCV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check ffcv==1.0.2 pillow
+
+# img2dataset 1.47.0, whose shards tests/preprocess/test_img2dataset.py makes from URLs served on
+# 127.0.0.1 and preprocesses: in a venv of its own, since it pins webdataset<0.3, pandas<3,
+# albumentations<2 and OpenCV, which tilefeed's venv must not take.
+I2D_VENV := .img2dataset-venv
+I2D_STAMP := $(I2D_VENV)/.installed
+img2dataset-venv: $(I2D_STAMP)
+
+$(I2D_STAMP):
+	$(PYTHON) -m venv $(I2D_VENV)
+	$(I2D_VENV)/bin/python -m pip install --quiet --disable-pip-version-check img2dataset==1.47.0
+	touch $@
 
 # Offline GPU nodes: on a machine with the package index, download every wheel a node needs
 # (default: CPython 3.12, CUDA 13; WH_PY=3.11 WH_CUDA=12 for others), torch excepted.

@@ -19,8 +19,9 @@ a caption may hold; an image member over ``MAX_MEMBER`` is a reject. A truncated
 keeps the samples read before the damage and is itself a reject naming the error.
 
 Beside a shard, img2dataset writes ``NAME.parquet`` with a row per sample it tried: its rows
-whose ``status`` is not ``success`` become rejects (``download failed: ...``), when pyarrow is
-installed.
+whose ``status`` is not ``success`` become rejects with its ``error_message`` (``download failed:
+...``; ``decode or resize failed: ...`` for its ``failed_to_resize``, which covers an image that
+did not decode as well as one its size checks refused), when pyarrow is installed.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ _BRACE: Final = re.compile(r"\{([^{}]*)\}")
 _RANGE: Final = re.compile(r"(\d+)\.\.(\d+)")
 _KEY: Final = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's base_plus_ext
 _URL: Final = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+# img2dataset's statuses of a sample not written, as a reject's reason starts
+_FAILED: Final = {"failed_to_download": "download failed", "failed_to_resize": "decode or resize failed"}
 NO_BUCKETS: Final = "buckets are not supported for webdataset shards yet: copy the shards to this machine"
 
 
@@ -349,7 +352,7 @@ def _failed_downloads(shard: str, out: PairSink) -> None:
             for k, (key, status) in enumerate(zip(rows["key"], rows["status"], strict=True)):
                 if status != "success":
                     error = rows.get("error_message", [None] * len(rows["key"]))[k]
-                    out.reject(f"{shard}#{key}", f"download failed: {error or status}")
+                    out.reject(f"{shard}#{key}", f"{_FAILED.get(status, 'not written')}: {error or status}")
     except SourceError as e:
         if NEEDS_PYARROW in str(e):
             note = ("img2dataset's per-shard .parquet files not read (failed downloads not listed): "
