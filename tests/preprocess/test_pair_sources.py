@@ -281,7 +281,9 @@ def test_preprocess_runs_on_webdataset_shards(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = run_cli("preprocess", str(tmp_path / "shards" / "{00000..00001}.tar"), str(out), *ARGS[:-1])
     assert done.returncode == 0, done.stderr
-    assert "SRC read as webdataset shards (2 tars)" in done.stdout
+    # said as soon as the scan has read SRC, before the summary
+    assert done.stderr.startswith("tilefeed: SRC read as webdataset shards (2 tars)\n"), done.stderr
+    assert "SRC read as" not in done.stdout
     assert f"accepted {len(written)}, rejected {len(rejects)}" in done.stdout
     store_captions(out, {k: v["caption"] for k, v in written.items()})
     from tilefeed.store.documents import load_attrs
