@@ -70,3 +70,17 @@ def test_a_worker_killed_mid_run_is_retried_without_partial_shards(
         thread.join(timeout=240)
     assert not errors, errors
     assert tree_bytes(out) == tree_bytes(reference)
+
+
+def test_a_cluster_run_over_tar_shards_matches_a_local_run(tmp_path: Path) -> None:
+    """Image-text shards on Dask: each worker reads its part's members where the scan found them."""
+    from tilefeed.preprocess.sources.scanning import PairOptions
+    from tests.preprocess.test_faults import write_tar_shards
+
+    shards = write_tar_shards(tmp_path / "shards", shards=3, per_shard=20)
+    local = preprocess(shards, tmp_path / "local", TILES, STORE, workers=2, pairs=PairOptions())
+    with cluster() as c:
+        spread = preprocess(shards, tmp_path / "store", TILES, STORE, scheduler=c.scheduler_address,
+                            pairs=PairOptions())
+    assert spread.tiles == local.tiles == 60
+    assert tree_bytes(tmp_path / "store") == tree_bytes(tmp_path / "local")

@@ -144,3 +144,56 @@ def test_workers_read_the_environment_the_pool_starts_in(monkeypatch: pytest.Mon
         monkeypatch.setenv("TILEFEED_TEST_SETTING", value)
         with worker_pool.Pool(1, None) as pool:
             assert pool.submit(os.getenv, "TILEFEED_TEST_SETTING").result(timeout=60) == value
+
+
+def write_tar_shards(root: Path, shards: int, per_shard: int) -> Path:
+    """img2dataset-shaped shards of 160x120 pictures: KEY.jpg, KEY.txt and KEY.json a sample."""
+    import io
+    import json
+    import tarfile
+
+    from tests.helpers import photo
+
+    root.mkdir(parents=True)
+    for s in range(shards):
+        with tarfile.open(root / f"{s:05d}.tar", "w") as tar:
+            for i in range(per_shard):
+                key = f"{s:05d}{i:04d}"
+                picture = io.BytesIO()
+                photo(s * 1000 + i, 160, 120).save(picture, format="JPEG", quality=90)
+                for name, data in ((f"{key}.jpg", picture.getvalue()), (f"{key}.txt", f"picture {key}".encode()),
+                                   (f"{key}.json", json.dumps({"key": key, "width": 160}).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return root
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_run_over_tar_shards_resumes_to_the_same_store(tmp_path: Path) -> None:
+    """A run over WebDataset shards killed at random moments resumes to the bytes of a run never
+    killed: members are read where the scan found them, and the captions' table is the same."""
+    shards = write_tar_shards(tmp_path / "shards", shards=6, per_shard=80)
+    command = [sys.executable, "-m", "tilefeed", "preprocess", str(shards)]
+    reference = tmp_path / "reference"
+    subprocess.run([*command, str(reference), *FAULT_ARGS], check=True, timeout=300)
+    rng = random.Random(99)
+    interrupted = 0
+    for trial in range(3):
+        out = tmp_path / f"run{trial}"
+        for _kill in range(2):
+            proc = subprocess.Popen([*command, str(out), *FAULT_ARGS], start_new_session=True)
+            parts = rng.randrange(6)
+            while proc.poll() is None and len(list(out.glob(f"{fmt.WORK_DIR}/part-*.json"))) < parts:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0, 0.05))
+            if proc.poll() is not None:
+                break
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if read_attrs(out) is None:
+                interrupted += 1
+        done = subprocess.run([*command, str(out), *FAULT_ARGS], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert tree_bytes(out) == tree_bytes(reference), f"trial {trial} differs"
+    assert interrupted >= 2, f"only {interrupted} kills landed mid-run: the test proved little"
