@@ -1,6 +1,6 @@
 """Write the swaps and flag tables of docs/integrations.md and docs/detection.md from their
 sources: each script's ``tests/scripts/<script>/swap.patch`` and its adapter table
-(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``, ``TORCHVISION_DETECTION_FLAGS``), between
+(``TIMM_FLAGS``, ``TORCHVISION_FLAGS``, ``TORCHVISION_DETECTION_FLAGS``, ``OPEN_CLIP_FLAGS``), between
 ``<!-- swap: NAME -->`` / ``<!-- flags: NAME -->`` and ``<!-- /generated -->`` markers.
 ``tests/pipeline/recipe/test_adapters.py`` fails until the pages match: run
 ``python tools/integration_docs.py`` after changing a patch or a table.
@@ -14,17 +14,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "docs" / "integrations.md", ROOT / "docs" / "detection.md")
-SCRIPTS = ("timm", "torchvision", "torchvision_detection")
+SCRIPTS = ("timm", "torchvision", "torchvision_detection", "open_clip")
 BLOCK = re.compile(r"(<!-- (swap|flags): (\w+) -->\n).*?(<!-- /generated -->)", re.S)
 
 
 def flags_table(script: str) -> str:
     """The script's adapter table as a markdown table."""
-    from tilefeed.pipeline.recipe.adapters import (TIMM_FLAGS, TORCHVISION_DETECTION_FLAGS, TORCHVISION_FLAGS,
-                                                   table)
+    from tilefeed.pipeline.recipe.adapters import (OPEN_CLIP_FLAGS, TIMM_FLAGS, TORCHVISION_DETECTION_FLAGS,
+                                                   TORCHVISION_FLAGS, table)
 
     rows = table({"timm": TIMM_FLAGS, "torchvision": TORCHVISION_FLAGS,
-                  "torchvision_detection": TORCHVISION_DETECTION_FLAGS}[script])
+                  "torchvision_detection": TORCHVISION_DETECTION_FLAGS, "open_clip": OPEN_CLIP_FLAGS}[script])
     lines = ["| flag | Loader | what |", "| --- | --- | --- |"]
     lines += [f"| `{flag}` | {verdict} | {meaning} |" for flag, verdict, meaning in rows]
     return "\n".join(lines) + "\n"
