@@ -39,14 +39,15 @@ def swapped_open_clip(into: Path, *patches: str) -> Path:
     Skips, naming them, where open_clip_torch or what its trainer imports is not installed."""
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
     if missing:
-        pytest.skip(f"{', '.join(missing)} not installed: pip install open_clip_torch==3.3.0 webdataset==0.2.86 "
-                    "pandas (the dev extra)")
+        pytest.skip(f"{', '.join(missing)} not installed: pip install open_clip_torch==3.3.0 "
+                    "webdataset==0.2.86 pandas (the dev extra)")
     spec = importlib.util.find_spec("open_clip_train")
     assert spec is not None and spec.origin is not None
     package = into / "open_clip_train"
     shutil.copytree(Path(spec.origin).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("swap.patch", *patches):
-        subprocess.run(["patch", "-p1", "--quiet", "-i", str(HERE / "open_clip" / name)], cwd=package, check=True)
+        subprocess.run(["patch", "-p1", "--quiet", "-i", str(HERE / "open_clip" / name)], cwd=package,
+                       check=True)
     return into
 
 
@@ -63,8 +64,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def command(data: Path, logs: Path, name: str, *extra: str, epochs: int = 2) -> list[str]:
-    return ["-m", "open_clip_train.main", "--model", f"local-dir:{data / 'model'}", "--dataset-type", "tilefeed",
-            "--val-data", str(data / "a" / "pairs-lz4"), "--batch-size", "4", "--epochs", str(epochs),
+    return ["-m", "open_clip_train.main", "--model", f"local-dir:{data / 'model'}",
+            "--dataset-type", "tilefeed", "--val-data", str(data / "a" / "pairs-lz4"), "--batch-size", "4",
+            "--epochs", str(epochs),
             "--workers", "1", "--device", "cpu", "--precision", "fp32", "--report-to", "none", "--seed", "3",
             "--warmup", "2", "--log-every-n-steps", "1", "--logs", str(logs), "--name", name, *extra]
 
@@ -86,7 +88,8 @@ def losses(log: str) -> dict[tuple[str, str], str]:
 
 
 def evaluations(log: str) -> list[str]:
-    return [line.split("| INFO | ", 1)[1] for line in log.splitlines() if "Eval Epoch:" in line and "R@1" in line]
+    return [line.split("| INFO | ", 1)[1] for line in log.splitlines()
+            if "Eval Epoch:" in line and "R@1" in line]
 
 
 @pytest.mark.slow
@@ -106,7 +109,8 @@ def test_swapped_open_clip_trains_evaluates_and_resumes_mid_epoch(data: Path, tm
     assert len(ids) == 24 and max(ids) >= 24  # the Mix's ids: store b's samples come after a's 24
     import torch
 
-    checkpoint = torch.load(logs / "whole" / "checkpoints" / "epoch_2.pt", map_location="cpu", weights_only=True)
+    checkpoint = torch.load(logs / "whole" / "checkpoints" / "epoch_2.pt", map_location="cpu",
+                            weights_only=True)
     assert checkpoint["epoch"] == 2 and "loader" in checkpoint
 
     monkeypatch.setenv("TILEFEED_STOP_AT", "0:2")  # stopped after the third batch of epoch 0
