@@ -35,7 +35,7 @@ from tilefeed.preprocess.targets import (TileTargets, place_grid, place_targets,
                                          target_file)
 from tilefeed.store.codec import COMPRESSORS
 from tilefeed.store.shard import ShardIndex
-from tilefeed.store.storage import Storage, is_url
+from tilefeed.store.storage import Storage, is_url, redact
 
 # One row per tile of a part, in tile order: the source it came from, its chunk's size in the
 # part's .bin file, its grid row and column, and the picture's box within the tile.
@@ -302,14 +302,16 @@ class _ParquetRows:
 
 
 def member_bytes(member: dict[str, Any], parquet: _ParquetRows) -> bytes | str:
-    """The bytes of a source held inside another file: a tar member (one ``pread``) or a parquet
-    row (its row group's image column, kept for the part's next rows); a parquet row whose
-    bytes are null gives the path of the file it names instead.
+    """The bytes of a source held inside another file: a tar member (one ``pread``, or one
+    ranged GET for a tar in a bucket) or a parquet row (its row group's image column, kept for
+    the part's next rows); a parquet row whose bytes are null gives the path of the file it
+    names instead.
 
     Raises
     ------
     Rejected
-        The member cannot be read, with the reason.
+        The member cannot be read, with the reason (no credential in it: an object store's
+        errors can quote its configuration).
     """
     try:
         if "tar" in member:
@@ -322,11 +324,11 @@ def member_bytes(member: dict[str, Any], parquet: _ParquetRows) -> bytes | str:
     except FileNotFoundError:
         raise Rejected("missing: the file holding it is not found") from None
     except OSError as e:
-        raise Rejected(f"unreadable: {e.strerror or one_line(e)}") from None
+        raise Rejected(redact(f"unreadable: {e.strerror or one_line(e)}")) from None
     except MemoryError:
         raise Rejected("too large: out of memory while reading it") from None
     except Exception as e:  # noqa: BLE001 - anything reading one member fails with: this source only
-        raise Rejected(f"unreadable: {type(e).__name__}: {one_line(e)}") from None
+        raise Rejected(redact(f"unreadable: {type(e).__name__}: {one_line(e)}")) from None
 
 
 def run_part(

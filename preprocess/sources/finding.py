@@ -9,7 +9,8 @@ a ``.txt`` list of tars or a folder of tars are WebDataset shards; a ``.parquet`
 them, parquet; a ``.tsv``, or a ``.csv`` / ``.jsonl`` whose header names the caption column and
 no ``label`` column, a caption table; any other ``.csv`` / ``.jsonl`` a manifest and a folder
 of class folders, as before. A folder that would be two of these is refused, naming
-``--source``.
+``--source``. In a bucket, shards and parquet are told the same way, a prefix ending in ``/``
+by one listing of it (``_prefix_kind``); any other bucket SRC is CLASS/IMAGE keys.
 
 Every path and name is untrusted. A file whose name is not UTF-8 (which the store's text cannot
 hold) is a reject, not an error. Class folders are read as torchvision's ImageFolder reads them,
@@ -103,9 +104,12 @@ def decide(src: str | os.PathLike[str], pairs: PairOptions | None,
         return SourceKind.FOLDERS if is_url(src) or Path(src).is_dir() else SourceKind.MANIFEST
     from tilefeed.preprocess.sources.webdataset import is_pattern
 
-    if is_url(src):  # a bucket of CLASS/IMAGE keys, as before, unless it names tar shards
-        tars = is_pattern(text) or text.lower().endswith((".tar", ".txt"))
-        return SourceKind.WEBDATASET if tars else SourceKind.FOLDERS
+    if is_url(src):  # a bucket of CLASS/IMAGE keys, as before, unless it names shards or parquet
+        if is_pattern(text) or text.lower().endswith((".tar", ".txt")):
+            return SourceKind.WEBDATASET
+        if text.lower().endswith(".parquet"):
+            return SourceKind.PARQUET
+        return _prefix_kind(text) if text.endswith("/") else SourceKind.FOLDERS
 
     root = Path(src)
     suffix = root.suffix.lower()
@@ -166,6 +170,22 @@ _FOUND: Final = {SourceKind.WEBDATASET: ".tar shards", SourceKind.PARQUET: ".par
                  SourceKind.FOLDERS: "subfolders"}
 
 
+def _prefix_kind(url: str) -> SourceKind:
+    """A bucket prefix's kind, as a folder's (``_folder_kind``), from one listing of it."""
+    from tilefeed.preprocess.sources.webdataset import bucket_url, list_objects
+
+    objects, folders = list_objects(bucket_url(url))
+    stems = [os.path.splitext(o.url.rsplit("/", 1)[-1]) for o in objects]
+    tars = {stem for stem, suffix in stems if suffix.lower() == ".tar"}
+    tables = {stem for stem, suffix in stems if suffix.lower() == ".parquet"}
+    found = [kind for kind, there in ((SourceKind.WEBDATASET, tars), (SourceKind.PARQUET, tables - tars),
+                                      (SourceKind.FOLDERS, folders)) if there]
+    if len(found) > 1 and (tars or tables):
+        raise SourceError(f"SRC {url!r} holds {' and '.join(_FOUND[k] for k in found)}: pass --source "
+                          f"{' or --source '.join(k.value for k in found)} to say which to read")
+    return found[0] if found else SourceKind.FOLDERS
+
+
 def check_source(src: str | os.PathLike[str], pairs: PairOptions | None = None) -> None:
     """The checks of SRC that need no scan: a URL, or a folder or manifest that exists and
     whose path the store's text can hold (with ``pairs``, a tar, a pattern of tars, a list of
@@ -174,12 +194,14 @@ def check_source(src: str | os.PathLike[str], pairs: PairOptions | None = None) 
     if kind is SourceKind.AUTO and not (not is_url(src) and Path(src).is_dir()):
         kind = decide(src, pairs)  # a folder is decided by its scan, which knows which folder is OUT
     if kind in PAIR_KINDS:
-        if is_url(src) or "://" in os.fspath(src):
-            from tilefeed.preprocess.sources.webdataset import NO_BUCKETS
+        if is_url(src) or "://" in os.fspath(src):  # shards and parquet in a bucket: read in place
+            from tilefeed.preprocess.sources.webdataset import bucket_url
 
-            raise SourceError(f"SRC {os.fspath(src)!r}: " + (NO_BUCKETS if kind is SourceKind.WEBDATASET else
-                                                              f"{kind.value} sources are read from this "
-                                                              "machine's files only"))
+            bucket_url(os.fspath(src))
+            if kind is SourceKind.TABLE:
+                raise SourceError(f"SRC {os.fspath(src)!r}: caption tables are read from this machine's files "
+                                  "only (their rows may name pictures in a bucket)")
+            return
         from tilefeed.preprocess.sources.webdataset import is_pattern
 
         if not utf8(os.fspath(src)):
@@ -258,7 +280,7 @@ def _scan_pairs(src: str | os.PathLike[str], kind: SourceKind, options: SourceOp
         elif kind is SourceKind.PARQUET:
             from tilefeed.preprocess.sources.parquet import scan_parquet
 
-            found = scan_parquet(Path(src), options, pairs, out)
+            found = scan_parquet(os.fspath(src) if is_url(src) else Path(src), options, pairs, out)
         else:
             from tilefeed.preprocess.sources.table import scan_table
 

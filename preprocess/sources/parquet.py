@@ -12,6 +12,15 @@ an ``Image`` in the file's schema metadata, else ``image``; it is binary, or a s
 ``bytes`` and ``path`` as ``datasets`` writes it. A row whose bytes are null and whose path is
 set names a file beside the parquet file, resolved and checked as a manifest's row is.
 
+SRC may be in a bucket: a ``.parquet`` object, or a prefix (ending in ``/``) whose ``.parquet``
+objects are read. Such a file is never downloaded: its footer, then each row group's columns,
+are read through ranged GETs (``webdataset.RangedFile``) on the condition that the object is
+the one the scan found (its ETag, which each member also records, so that a worker reads the
+same bytes and a resumed run's fingerprint changes only when the object does), with the same
+checks as a local file's. A row's path there is a key beside the parquet object, held inside its
+prefix unless ``--allow-outside``; a URL, inside that prefix or in a bucket ``--allow-bucket``
+names (``webdataset.bucket_resolver``).
+
 pyarrow is an optional dependency (``pip install tilefeed[text]``).
 """
 
@@ -26,13 +35,19 @@ from typing import Any, Final
 
 from tilefeed.preprocess.sources.manifest import path_resolver
 from tilefeed.preprocess.sources.scanning import PairOptions, PairSink, Scan, SourceOptions
+from tilefeed.preprocess.sources.webdataset import (BucketObject, ObjectChanged, RangedFile, bucket_resolver,
+                                                    bucket_url, list_objects, stat_object)
 from tilefeed.store.errors import SourceError
+from tilefeed.store.storage import is_url
 
 MAX_ROWS: Final = 1 << 31  # rows of one file, and of all of SRC's files together
 MAX_GROUP_BYTES: Final = 2 << 30  # the columns read of one row group, uncompressed
 MAX_FOOTER: Final = 64 << 20  # a file's footer (its metadata), read whole by pyarrow
 HF_KEY: Final = b"huggingface"  # the schema metadata where `datasets` describes its features
 NEEDS_PYARROW: Final = "reading parquet files needs pyarrow: pip install tilefeed[text]"
+# A bucket parquet file's read-ahead: pyarrow reads the footer's tail and then each column chunk
+# whole, so a small window only saves a request on the footer and on small chunks.
+PARQUET_READ_AHEAD: Final = 64 << 10
 
 
 def pyarrow_parquet() -> Any:
@@ -44,63 +59,95 @@ def pyarrow_parquet() -> Any:
     return pq
 
 
-def parquet_files(src: Path) -> list[Path]:
-    """SRC's parquet files: SRC itself, or the visible ``.parquet`` files in the folder, sorted."""
+def parquet_files(src: Path | str) -> list[Path | str]:
+    """SRC's parquet files: SRC itself, or the visible ``.parquet`` files in the folder (or
+    directly under the bucket prefix), sorted."""
+    if isinstance(src, str) and is_url(src):
+        bucket_url(src)
+        if src.lower().endswith(".parquet"):
+            return [src]
+        objects, _ = list_objects(src)
+        urls: list[Path | str] = [o.url for o in objects if o.url.lower().endswith(".parquet")]
+        if not urls:
+            raise SourceError(f"SRC {src!r} holds no .parquet objects (or is no prefix of this bucket)")
+        return urls
+    src = Path(src)
     if not src.is_dir():
         return [src]
     files = sorted(p for p in src.iterdir() if p.suffix.lower() == ".parquet" and not p.name.startswith(".")
                    and p.is_file())
     if not files:
         raise SourceError(f"SRC {str(src)!r} holds no .parquet files")
-    return files
+    return list(files)
 
 
-def _footer_size(path: Path) -> int:
+def _name(path: Path | str | BucketObject) -> str:
+    """A parquet file as messages name it: its path or its URL."""
+    return path.url if isinstance(path, BucketObject) else str(path)
+
+
+def _footer_size(path: Path | BucketObject) -> int:
     """The byte count the file's last 8 bytes declare for its footer; SourceError for a file
     that is not a regular parquet file. Opened without blocking: a named pipe never waits."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SourceError(f"{str(path)!r} is not a regular file")
-        tail = os.pread(fd, 8, max(info.st_size - 8, 0)) if info.st_size >= 12 else b""
-    finally:
-        os.close(fd)
+    if isinstance(path, BucketObject):
+        size = path.size
+        tail = RangedFile(path, 8).pread(size - 8, 8) if size >= 12 else b""
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise SourceError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SourceError(f"{str(path)!r} is not a regular file")
+            size = info.st_size
+            tail = os.pread(fd, 8, max(size - 8, 0)) if size >= 12 else b""
+        finally:
+            os.close(fd)
     if len(tail) != 8 or tail[4:] != b"PAR1":
-        raise SourceError(f"{str(path)!r} is not a parquet file (no PAR1 footer)")
+        raise SourceError(f"{_name(path)!r} is not a parquet file (no PAR1 footer)")
     footer = int.from_bytes(tail[:4], "little")
-    if footer + 12 > info.st_size:
-        raise SourceError(f"{str(path)!r} is not a parquet file: its footer declares {footer} bytes, more than "
-                          "the file holds")
+    if footer + 12 > size:
+        raise SourceError(f"{_name(path)!r} is not a parquet file: its footer declares {footer} bytes, more "
+                          "than the file holds")
     return footer
 
 
-def open_checked(path: Path, columns: Callable[[Any], list[str]] | None = None) -> Any:
+def open_checked(path: Path | str | BucketObject, columns: Callable[[Any], list[str]] | None = None) -> Any:
     """A ``pyarrow.parquet.ParquetFile`` whose footer was checked before any of its data is
     read; ``columns`` gives, from its arrow schema, the columns the run reads (default all).
+    ``path`` is a file, or an object in a bucket (its URL, or as ``stat_object`` read it), read
+    through ranged GETs.
 
     Raises
     ------
     SourceError
-        One line: not a parquet file, a footer over ``MAX_FOOTER``, more than ``MAX_ROWS`` rows
-        declared (in all or by its row groups), or a row group whose columns read declare more
-        than ``MAX_GROUP_BYTES`` uncompressed.
+        One line: not a parquet file (a missing object too), a footer over ``MAX_FOOTER``, more
+        than ``MAX_ROWS`` rows declared (in all or by its row groups), or a row group whose
+        columns read declare more than ``MAX_GROUP_BYTES`` uncompressed.
     """
     pq = pyarrow_parquet()
+    if isinstance(path, str) and is_url(path):
+        try:
+            path = stat_object(path)
+        except FileNotFoundError:
+            raise SourceError(f"{path!r} does not exist") from None
+    elif isinstance(path, str):
+        path = Path(path)
+    name = _name(path)
     footer = _footer_size(path)
     if footer > MAX_FOOTER:
-        raise SourceError(f"{str(path)!r}: its footer declares {footer} bytes of metadata, over the "
+        raise SourceError(f"{name!r}: its footer declares {footer} bytes of metadata, over the "
                           f"{MAX_FOOTER >> 20} MiB read")
     try:
-        pf = pq.ParquetFile(str(path))
+        source = RangedFile(path, PARQUET_READ_AHEAD) if isinstance(path, BucketObject) else str(path)
+        pf = pq.ParquetFile(source)
         meta = pf.metadata
     except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on a damaged footer
-        raise SourceError(f"{str(path)!r} is not a readable parquet file: {_line(e)}") from None
+        raise SourceError(f"{name!r} is not a readable parquet file: {_line(e)}") from None
     if meta.num_rows > MAX_ROWS or meta.num_rows < 0:
-        raise SourceError(f"{str(path)!r}: its footer declares {meta.num_rows} rows, over the {MAX_ROWS} a "
+        raise SourceError(f"{name!r}: its footer declares {meta.num_rows} rows, over the {MAX_ROWS} a "
                           "parquet source may hold")
     names = columns(pf.schema_arrow) if columns is not None else None
     rows = 0
@@ -114,12 +161,11 @@ def open_checked(path: Path, columns: Callable[[Any], list[str]] | None = None) 
             if names is None or any(top == n or top.startswith(n + ".") for n in names):
                 size += max(column.total_uncompressed_size, 0)
         if size > MAX_GROUP_BYTES:
-            raise SourceError(f"{str(path)!r}: row group {g} declares {size} bytes uncompressed in the columns "
+            raise SourceError(f"{name!r}: row group {g} declares {size} bytes uncompressed in the columns "
                               f"read, over the {MAX_GROUP_BYTES >> 30} GiB a row group may hold; rewrite it "
                               "with smaller row groups")
     if rows != meta.num_rows:
-        raise SourceError(f"{str(path)!r}: its row groups hold {rows} rows, its footer declares "
-                          f"{meta.num_rows}")
+        raise SourceError(f"{name!r}: its row groups hold {rows} rows, its footer declares {meta.num_rows}")
     return pf
 
 
@@ -142,7 +188,7 @@ def image_column(schema: Any, options: PairOptions) -> str:
     return "image"
 
 
-def _struct_image(schema: Any, column: str, path: Path) -> bool:
+def _struct_image(schema: Any, column: str, path: Path | BucketObject) -> bool:
     """True for a struct image column (``bytes``, ``path``), False for a binary one."""
     import pyarrow as pa
 
@@ -153,11 +199,11 @@ def _struct_image(schema: Any, column: str, path: Path) -> bool:
         bytes_kind = kind.field("bytes").type
         if pa.types.is_binary(bytes_kind) or pa.types.is_large_binary(bytes_kind):
             return True
-    raise SourceError(f"{str(path)!r}: the image column {column!r} is {kind}, not binary or a struct of bytes "
-                      "and path")
+    raise SourceError(f"{_name(path)!r}: the image column {column!r} is {kind}, not binary or a struct of "
+                      "bytes and path")
 
 
-def scan_parquet(src: Path, options: SourceOptions, pairs: PairOptions, out: PairSink) -> Scan:
+def scan_parquet(src: Path | str, options: SourceOptions, pairs: PairOptions, out: PairSink) -> Scan:
     """Every row of SRC's parquet files into ``out``, file by file (sorted), row group by row
     group; the rows' rejects and the files' refusals as the module docstring says."""
     files = parquet_files(src)
@@ -170,20 +216,29 @@ def scan_parquet(src: Path, options: SourceOptions, pairs: PairOptions, out: Pai
     return out.scan()
 
 
-def _scan_file(path: Path, options: SourceOptions, pairs: PairOptions, out: PairSink) -> int:
+def _scan_file(found: Path | str, options: SourceOptions, pairs: PairOptions, out: PairSink) -> int:
+    path: Path | BucketObject
+    if isinstance(found, str):  # an object in a bucket: its size and ETag, read once
+        try:
+            path = stat_object(found)
+        except FileNotFoundError:
+            raise SourceError(f"SRC {found!r} does not exist") from None
+    else:
+        path = found
+    name = _name(path)
     holder: dict[str, Any] = {}
 
     def read_columns(schema: Any) -> list[str]:
         image = image_column(schema, pairs)
         if image not in schema.names:
-            raise SourceError(f"{str(path)!r} has no image column {image!r} (its columns: "
+            raise SourceError(f"{name!r} has no image column {image!r} (its columns: "
                               f"{', '.join(schema.names)}); name it with --image-column")
         captions = [n for n in pairs.caption_key if n in schema.names]
         if not captions:
-            raise SourceError(f"{str(path)!r} has none of the caption columns {', '.join(pairs.caption_key)} "
+            raise SourceError(f"{name!r} has none of the caption columns {', '.join(pairs.caption_key)} "
                               f"(its columns: {', '.join(schema.names)}); name them with --caption-key")
         if pairs.label_key is not None and pairs.label_key not in schema.names:
-            raise SourceError(f"{str(path)!r} has no label column {pairs.label_key!r} (--label-key)")
+            raise SourceError(f"{name!r} has no label column {pairs.label_key!r} (--label-key)")
         others = [n for n in (*pairs.field_names, pairs.label_key) if n is not None and n in schema.names]
         holder.update(image=image, data=list(dict.fromkeys(n for n in (*captions, *others) if n != image)))
         return [image, *holder["data"]]
@@ -191,9 +246,16 @@ def _scan_file(path: Path, options: SourceOptions, pairs: PairOptions, out: Pair
     pf = open_checked(path, read_columns)
     image, data = holder["image"], holder["data"]
     struct = _struct_image(pf.schema_arrow, image, path)
-    file = os.path.abspath(path)
-    real = os.path.realpath(path)
-    resolve = path_resolver(path, options)
+    resolve: Callable[[int, str], tuple[str, str | None]]
+    extra: dict[str, Any] = {}  # a bucket object's size and ETag, in every member
+    if isinstance(path, BucketObject):
+        file = real = path.url
+        in_bucket = bucket_resolver(path.url, options)
+        resolve = lambda line, named: (in_bucket(line, named), None)  # noqa: E731
+        extra = {"parquet_size": path.size, **({"etag": path.etag} if path.etag else {})}
+    else:
+        file, real = os.path.abspath(path), os.path.realpath(path)
+        resolve = path_resolver(path, options)
     meta = pf.metadata
     leaf = None
     if struct:
@@ -215,12 +277,12 @@ def _scan_file(path: Path, options: SourceOptions, pairs: PairOptions, out: Pair
             if any(len(column) != group.num_rows for column in columns):
                 raise ValueError(f"it holds other than the {group.num_rows} rows its footer declares")
         except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on damaged pages: one line
-            raise SourceError(f"{str(path)!r}: row group {g} cannot be read: {_line(e)}") from None
+            raise SourceError(f"{name!r}: row group {g} cannot be read: {_line(e)}") from None
         for r in range(group.num_rows):
             record = {name: column[r] for name, column in values.items()}
             captions = {name: record.get(name) for name in pairs.caption_key}
             listed = f"{file}#{row}"
-            held: dict[str, Any] = {"parquet": real, "group": g, "row": r, "column": image}
+            held: dict[str, Any] = {"parquet": real, "group": g, "row": r, "column": image, **extra}
             member: dict[str, Any] | None = held
             named = (paths[r] or {}).get("path") if paths else None
             if named:
@@ -265,7 +327,7 @@ class MemberReader:
         key = (str(member["parquet"]), int(member["group"]), str(member["column"]))
         if key != self._key:
             self._key, self._column = None, None  # the last group's column goes before the next is read
-            pf = open_checked(Path(key[0]), lambda schema: [key[2]])
+            pf = open_checked(_member_file(member), lambda schema: [key[2]])
             self._column = pf.read_row_group(key[1], columns=[key[2]]).column(key[2])
             self._key = key
         value = self._column[int(member["row"])].as_py()  # this row's bytes alone are copied
@@ -276,3 +338,19 @@ class MemberReader:
                 return str(member["path"])
             raise ValueError("its bytes are null")
         return bytes(value)
+
+
+def _member_file(member: dict[str, Any]) -> Path | BucketObject:
+    """The file a member's row lies in; in a bucket, the object as the scan found it (its ETag
+    the condition of every read), or, where the store gives no ETag, as it is now if its size is
+    still the scan's."""
+    where = str(member["parquet"])
+    if not is_url(where):
+        return Path(where)
+    size = int(member["parquet_size"])
+    if member.get("etag"):
+        return BucketObject(bucket_url(where, "a member's parquet file"), size, str(member["etag"]))
+    found = stat_object(where)
+    if found.size != size:
+        raise ObjectChanged(f"{where} changed since the scan read it (it is {found.size} bytes, not {size})")
+    return found

@@ -4,24 +4,33 @@ its metadata (``.json``).
 
 SRC is a brace pattern (``shards/{00000..00009}.tar``, numeric ranges padded as written, comma
 lists), a folder of ``.tar`` files, one ``.tar``, or a ``.txt`` list of tar paths (one a line,
-relative to the list's folder and held inside it as a manifest's rows are). Shards are read in
-sorted order from this machine's files; a sample's key is its member's name up to the first dot
-of the base name (its folder kept), its extension the rest, lower-cased, as WebDataset's
-``base_plus_ext`` splits it.
+relative to the list's folder and held inside it as a manifest's rows are; a URL line only in a
+bucket ``--allow-bucket`` names). Each may be in a bucket (``s3://bucket/shards/{0..9}.tar``, a
+prefix ending in ``/`` whose ``.tar`` objects are the shards, a ``.txt`` list object whose
+lines are keys relative to its own prefix). Shards are read in sorted order; a sample's key is
+its member's name up to the first dot of the base name (its folder kept), its extension the
+rest, lower-cased, as WebDataset's ``base_plus_ext`` splits it.
 
 A tar is read with ``tarfile`` in seekable mode and never extracted: each sample is listed with
 its image's *member* (the tar's real path, the data's offset and size), which a worker reads
-with one ``pread`` (``read_member``). Every name is untrusted: a member that is a link, a
-device or a fifo, whose name is absolute or climbs out with ``..``, or is not UTF-8, rejects its
-sample with the reason and is never followed. Header data (long names, pax attributes) is read
-up to ``MAX_HEADER_DATA``, a ``.json`` member up to ``MAX_JSON``, a ``.txt`` caption up to what
-a caption may hold; an image member over ``MAX_MEMBER`` is a reject. A truncated or corrupt tar
-keeps the samples read before the damage and is itself a reject naming the error.
+with one ``pread`` (``read_member``). A tar in a bucket is never downloaded: its headers are
+read through ranged GETs (``RangedFile``), each of the read and ``TAR_READ_AHEAD`` bytes after
+it; member data past that window is skipped by seeking. A bucket member's locator also holds
+the object's size and ETag, so that the worker's one ranged GET of the image is refused if the
+object changed since the scan, and a resumed run's fingerprint changes only when the objects do.
+
+Every name is untrusted: a member that is a link, a device or a fifo, whose name is absolute or
+climbs out with ``..``, or is not UTF-8, rejects its sample with the reason and is never
+followed. Header data (long names, pax attributes) is read up to ``MAX_HEADER_DATA``, a ``.json``
+member up to ``MAX_JSON``, a ``.txt`` caption up to what a caption may hold; an image member
+over ``MAX_MEMBER`` is a reject. A truncated or corrupt tar (an object that is no tar at all
+included) keeps the samples read before the damage and is itself a reject naming the error.
 
 Beside a shard, img2dataset writes ``NAME.parquet`` with a row per sample it tried: its rows
 whose ``status`` is not ``success`` become rejects with its ``error_message`` (``download failed:
 ...``; ``decode or resize failed: ...`` for its ``failed_to_resize``, which covers an image that
-did not decode as well as one its size checks refused), when pyarrow is installed.
+did not decode as well as one its size checks refused), when pyarrow is installed; in a bucket
+it is read through ranged GETs too.
 """
 
 from __future__ import annotations
@@ -30,32 +39,44 @@ import io
 import itertools
 import json
 import os
+import posixpath
 import re
 import stat
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from tilefeed.preprocess.sources.manifest import path_resolver
 from tilefeed.preprocess.sources.scanning import (PairOptions, PairSink, SampleRejected, Scan, SourceOptions,
                                                   caption_from_bytes, utf8)
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import SourceError
-from tilefeed.store.storage import is_url
+from tilefeed.store.storage import OBJECT_SCHEMES, is_url, redact
+
+if TYPE_CHECKING:
+    from tilefeed.store.object_storage import ObjectStorage
 
 MAX_SHARDS: Final = 1 << 20  # shards a pattern or a list may name
 MAX_JSON: Final = 1 << 20  # a sample's .json member
 MAX_HEADER_DATA: Final = 1 << 20  # one read of tar header data: a long name, pax attributes
 MAX_MEMBER: Final = 1 << 30  # one image member
 MAX_LIST_BYTES: Final = 64 << 20  # a .txt list of shards
+# A bucket tar's read-ahead: member data inside it is read through (one request costs more than
+# a megabyte on most object stores), larger members are skipped by seeking; the scan holds at
+# most twice this.
+TAR_READ_AHEAD: Final = 1 << 20
 _BRACE: Final = re.compile(r"\{([^{}]*)\}")
 _RANGE: Final = re.compile(r"(\d+)\.\.(\d+)")
 _KEY: Final = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's base_plus_ext
 _URL: Final = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 # img2dataset's statuses of a sample not written, as a reject's reason starts
 _FAILED: Final = {"failed_to_download": "download failed", "failed_to_resize": "decode or resize failed"}
-NO_BUCKETS: Final = "buckets are not supported for webdataset shards yet: copy the shards to this machine"
+# one client per bucket and process, made anew when the cloud's configuration in the environment
+# changes (a library caller that points the run at another endpoint or account)
+_CLIENTS: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStorage] = {}
+_CONFIG_PREFIXES: Final = ("AWS_", "GOOGLE_", "AZURE_")
 
 
 def is_pattern(src: str) -> bool:
@@ -97,17 +118,252 @@ def expand_braces(pattern: str) -> list[str]:
     return [head + c + r for c, r in itertools.product(choices, rest)]
 
 
-def shard_paths(src: str, options: SourceOptions) -> list[str]:
-    """SRC's shards as absolute paths, sorted, each once (a missing one is the scan's reject).
+# -- objects in a bucket ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BucketObject:
+    """An object as the scan found it: its URL, its size in bytes and its ETag (None where the
+    store gives none)."""
+
+    url: str
+    size: int
+    etag: str | None = None
+
+
+class ObjectChanged(ValueError):
+    """An object no longer has the ETag the scan read it with: it was replaced since."""
+
+
+def bucket_url(url: str, where: str = "SRC") -> str:
+    """``url`` as a bucket source may name one: an object store's, with a bucket and without
+    credentials (those come from the cloud's standard configuration, never from a URL).
 
     Raises
     ------
     SourceError
-        A bucket, a pattern naming too many shards, a list file that cannot be read or names a
-        URL or a path outside its folder, or no shard at all.
+        Another scheme, no bucket, or a user or password in the URL (which the message leaves out).
     """
-    if is_url(src) or _URL.match(src):
-        raise SourceError(f"SRC {src!r}: {NO_BUCKETS}")
+    scheme, _, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0]
+    if "@" in netloc:  # first: no other message may show them
+        raise SourceError(f"{where}: the URL carries credentials (user@ or user:password@): remove them; "
+                          "buckets are read with the cloud's standard configuration")
+    if not is_url(url):
+        raise SourceError(f"{where} {url!r}: {scheme}:// is not an object store "
+                          f"({', '.join(s + '://' for s in OBJECT_SCHEMES)})")
+    if not netloc:
+        raise SourceError(f"{where} {url!r} names no bucket")
+    return url
+
+
+def _client(url: str) -> tuple[ObjectStorage, str]:
+    """The client of ``url``'s bucket (one per bucket and process) and the object's key."""
+    from tilefeed.store.object_storage import ObjectStorage
+
+    parts = url.split("/", 3)
+    bucket = "/".join(parts[:3])
+    config = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_CONFIG_PREFIXES)))
+    storage = _CLIENTS.get((bucket, config))
+    if storage is None:
+        for stale in [k for k in _CLIENTS if k[1] != config]:  # clients of a configuration no longer in use
+            del _CLIENTS[stale]
+        storage = _CLIENTS[(bucket, config)] = ObjectStorage(bucket)
+    return storage, parts[3] if len(parts) > 3 else ""
+
+
+def stat_object(url: str) -> BucketObject:
+    """The object at ``url``, its size and ETag read with one HEAD.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such object.
+    StoreAccessError
+        The store refused or kept failing the request (one line, without credentials).
+    """
+    import obstore
+
+    storage, key = _client(url)
+    meta = storage._call("reading", key, lambda: obstore.head(storage.store, key))
+    return BucketObject(url, int(meta["size"]), meta.get("e_tag"))
+
+
+def list_objects(prefix: str) -> tuple[list[BucketObject], list[str]]:
+    """The objects directly under the prefix URL ``prefix``, sorted, and the names of the
+    prefixes under it (its "folders"), hidden ones left out of both: one listing, not recursive.
+
+    Raises
+    ------
+    StoreAccessError
+        The store refused or kept failing the listing.
+    """
+    import obstore
+
+    storage, key = _client(prefix)
+    key = key.strip("/")
+    found = storage._call("listing", key, lambda: obstore.list_with_delimiter(storage.store, key or None))
+    root = "/".join(prefix.split("/", 3)[:3])
+    objects = [BucketObject(f"{root}/{m['path']}", int(m["size"]), m.get("e_tag")) for m in found["objects"]
+               if not posixpath.basename(m["path"]).startswith(".")]
+    folders = [p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"]]
+    return sorted(objects, key=lambda o: o.url), sorted(f for f in folders if not f.startswith("."))
+
+
+def read_range(obj: BucketObject, start: int, end: int) -> bytes:
+    """Bytes [start, end) of ``obj`` (fewer where it ends sooner) in one ranged GET, on the
+    condition that its ETag is still the one the scan read.
+
+    Raises
+    ------
+    ObjectChanged
+        The object was replaced since ``obj`` was read.
+    FileNotFoundError, StoreAccessError
+        As ``stat_object``.
+    """
+    import obstore
+
+    if end <= start:
+        return b""
+    storage, key = _client(obj.url)
+    options: dict[str, Any] = {"range": (start, end)}
+    if obj.etag:
+        options["if_match"] = obj.etag
+
+    def get() -> bytes | None:
+        try:
+            return bytes(obstore.get(storage.store, key, options=options).bytes())  # type: ignore[arg-type]
+        except Exception as e:
+            if type(e).__name__ == "PreconditionError":  # answered at once: no retry can help
+                return None
+            raise
+
+    data = storage._call("reading", key, get)
+    if data is None:
+        raise ObjectChanged(f"{obj.url} changed since the scan read it (its ETag is not the same): "
+                            "preprocess again")
+    return data
+
+
+class RangedFile(io.RawIOBase):
+    """An object in a bucket as a read-only, seekable file for ``tarfile`` and pyarrow, never
+    held whole: a small read past what is held is one ranged GET of the read and the
+    ``read_ahead`` bytes after it, kept until a read falls outside them (``tarfile`` reads the
+    byte before a header, then the header); a read of ``read_ahead`` or more is fetched as asked
+    and not kept. ``fetched`` counts the bytes requested.
+
+    Parameters
+    ----------
+    obj : BucketObject
+        The object, as the scan found it (its ETag is the condition of every read).
+    read_ahead : int
+        The bytes a small read fetches beyond itself; twice this is the most held between reads.
+    """
+
+    def __init__(self, obj: BucketObject, read_ahead: int) -> None:
+        super().__init__()
+        self.obj, self.read_ahead = obj, read_ahead
+        self.fetched = 0
+        self._pos = 0
+        self._start, self._held = 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence not in (io.SEEK_SET, io.SEEK_CUR, io.SEEK_END):
+            raise ValueError(f"invalid whence ({whence})")
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.obj.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def pread(self, offset: int, count: int) -> bytes:
+        """Up to ``count`` bytes at ``offset`` (fewer at the object's end); the position stays."""
+        if offset < 0:
+            raise ValueError(f"negative read position {offset}")
+        end = min(offset + max(count, 0), self.obj.size)
+        if end <= offset:
+            return b""
+        if self._start <= offset and end <= self._start + len(self._held):
+            return self._held[offset - self._start : end - self._start]
+        if end - offset >= self.read_ahead:
+            self.fetched += end - offset
+            return read_range(self.obj, offset, end)
+        stop = min(end + self.read_ahead, self.obj.size)
+        self._start, self._held = offset, b""  # the last window goes before the next arrives
+        self._held = read_range(self.obj, offset, stop)
+        self.fetched += stop - offset
+        return self._held[: end - offset]
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            size = max(self.obj.size - self._pos, 0)
+        data = self.pread(self._pos, size)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+def bucket_resolver(listing: str, options: SourceOptions) -> Callable[[int, str], str]:
+    """A bucket file's rule for the paths it names (a shard list's lines, a parquet file's path
+    rows): (line or row, the path as written) -> the object's URL, or the SourceError naming
+    ``listing`` and the line that refuses it. A relative path is a key beside ``listing``, held
+    inside its prefix unless ``--allow-outside`` (and inside its bucket always); a URL must be
+    inside that prefix too or in a bucket ``--allow-bucket`` names, as a manifest's rows are:
+    another bucket would be read with this machine's cloud credentials."""
+    parts = listing.split("/", 3)
+    root = "/".join(parts[:3])
+    folder = "/" + posixpath.dirname(parts[3] if len(parts) > 3 else "")
+    inside = folder.rstrip("/") + "/"
+
+    def resolve(line: int, path: str) -> str:
+        where = f"{listing}:{line}"
+        if "\0" in path:
+            raise SourceError(f"{where}: the path holds a NUL")
+        if _URL.match(path):
+            bucket_url(path, f"{where}: URL")
+            if not path.startswith(root + inside) and not options.bucket_allowed(path):
+                bucket = "/".join(path.split("/", 3)[:3])
+                raise SourceError(f"{where}: {path!r} is in {bucket}, outside {listing}'s prefix, and would "
+                                  "be read with this machine's cloud credentials; pass --allow-bucket "
+                                  f"{bucket} to read it (or --allow-bucket '*' for any bucket)")
+            return path
+        joined = "/" + posixpath.normpath(posixpath.join(folder, path)).lstrip("/")
+        if not joined.startswith(inside) and not options.allow_outside:
+            raise SourceError(f"{where}: path {path!r} is outside the prefix {root + inside!r}; pass "
+                              "--allow-outside to read objects elsewhere in its bucket")
+        return root + joined
+
+    return resolve
+
+
+# -- which shards ---------------------------------------------------------------------------------
+def shard_paths(src: str, options: SourceOptions) -> list[str]:
+    """SRC's shards as absolute paths or URLs, sorted, each once (a missing one is the scan's
+    reject).
+
+    Raises
+    ------
+    SourceError
+        A URL that is no bucket's, a pattern naming too many shards, a list that cannot be read
+        or names a path outside its folder (or a bucket not allowed), or no shard at all.
+    """
+    if _URL.match(src):
+        return _bucket_shards(bucket_url(src), options)
     root = Path(src)
     if is_pattern(src) and not root.exists():
         found = [os.path.abspath(p) for p in expand_braces(src)]
@@ -125,42 +381,93 @@ def shard_paths(src: str, options: SourceOptions) -> list[str]:
     return sorted(set(found))
 
 
+def _bucket_shards(src: str, options: SourceOptions) -> list[str]:
+    """The shards of a bucket SRC: a pattern's URLs, a ``.tar`` object, a ``.txt`` list object's
+    lines, or the ``.tar`` objects under a prefix."""
+    key = src.split("/", 3)[3] if src.count("/") >= 3 else ""
+    if is_pattern(key):
+        found = expand_braces(src)
+    elif key.lower().endswith(".tar"):
+        found = [src]
+    elif key.lower().endswith(".txt"):
+        found = _listed_objects(src, options)
+    else:
+        objects, _ = list_objects(src)
+        found = [o.url for o in objects if o.url.lower().endswith(".tar")]
+        if not found:
+            raise SourceError(f"SRC {src!r} holds no .tar objects (or is no prefix of this bucket)")
+    return sorted(set(found))
+
+
+def _lines(data: bytes, where: str) -> list[str]:
+    try:
+        return data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise SourceError(f"{where!r} is not UTF-8 text") from None
+
+
 def _listed_shards(listing: Path, options: SourceOptions) -> list[str]:
-    """The tars a ``.txt`` list names, resolved against its folder."""
+    """The tars a ``.txt`` list names, resolved against its folder (a URL line: only in a bucket
+    ``--allow-bucket`` names)."""
     try:
         size = listing.stat().st_size
         if size > MAX_LIST_BYTES:
             raise SourceError(f"{str(listing)!r} is {size} bytes, over the {MAX_LIST_BYTES >> 20} MiB a shard "
                               "list may hold")
-        lines = listing.read_text(encoding="utf-8-sig").splitlines()
+        lines = _lines(listing.read_bytes(), str(listing))
     except OSError as e:
         raise SourceError(f"cannot read {str(listing)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise SourceError(f"{str(listing)!r} is not UTF-8 text") from None
     resolve = path_resolver(listing, options)
+
+    def named(number: int, text: str) -> str:
+        if "\0" in text:
+            raise SourceError(f"{listing}:{number}: the path holds a NUL")
+        return resolve(number, text)[0]
+
+    return _named_shards(lines, named, str(listing))
+
+
+def _listed_objects(listing: str, options: SourceOptions) -> list[str]:
+    """The tars a ``.txt`` list object names, as keys beside it (``bucket_resolver``)."""
+    from tilefeed.store.errors import CorruptChunkError
+
+    storage, key = _client(listing)
+    try:
+        data = storage.read_capped(key, MAX_LIST_BYTES)
+    except FileNotFoundError:
+        raise SourceError(f"SRC {listing!r} does not exist") from None
+    except CorruptChunkError:
+        raise SourceError(f"{listing!r} is over the {MAX_LIST_BYTES >> 20} MiB a shard list may hold") from None
+    return _named_shards(_lines(data, listing), bucket_resolver(listing, options), listing)
+
+
+def _named_shards(lines: list[str], resolve: Callable[[int, str], str], listing: str) -> list[str]:
     found = []
     for number, line in enumerate(lines, start=1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
-        if _URL.match(text):
-            raise SourceError(f"{listing}:{number}: {NO_BUCKETS}")
-        if "\0" in text:
-            raise SourceError(f"{listing}:{number}: the path holds a NUL")
-        found.append(resolve(number, text)[0])
+        found.append(resolve(number, text))
         if len(found) > MAX_SHARDS:
-            raise SourceError(f"{str(listing)!r} names more than the {MAX_SHARDS} shards a run reads")
+            raise SourceError(f"{listing!r} names more than the {MAX_SHARDS} shards a run reads")
     if not found:
-        raise SourceError(f"{str(listing)!r} names no shard")
+        raise SourceError(f"{listing!r} names no shard")
     return found
 
 
 def scan_webdataset(src: str, options: SourceOptions, pairs: PairOptions, out: PairSink) -> Scan:
-    """Every sample of SRC's shards into ``out``, shard by shard (sorted), in tar order."""
+    """Every sample of SRC's shards into ``out``, shard by shard (sorted), in tar order.
+
+    Raises
+    ------
+    SourceError
+        As ``shard_paths``; and a bucket pattern none of whose objects exists.
+    """
     shards = shard_paths(src, options)
     out.notes.append(f"SRC read as webdataset shards ({len(shards)} tar{'s' if len(shards) > 1 else ''})")
-    for shard in shards:
-        _scan_tar(shard, pairs, out)
+    found = sum(_scan_tar(shard, pairs, out) for shard in shards)
+    if not found and _URL.match(src) and is_pattern(src):
+        raise SourceError(f"SRC {src!r}: the pattern matches no object")
     return out.scan()
 
 
@@ -168,7 +475,7 @@ class _BoundedReads:
     """A tar file for ``tarfile``: any one read past ``MAX_HEADER_DATA`` (what a header that
     declares huge long-name or pax data would ask) fails instead of allocating it."""
 
-    def __init__(self, f: io.BufferedReader) -> None:
+    def __init__(self, f: io.BufferedReader | RangedFile) -> None:
         self.f = f
 
     def read(self, n: int = -1) -> bytes:
@@ -215,70 +522,107 @@ def _unsafe(info: tarfile.TarInfo, size: int) -> str | None:
     return None
 
 
-def _scan_tar(shard: str, pairs: PairOptions, out: PairSink) -> None:
-    """One tar's samples into ``out``; the tar itself a reject when it cannot be read whole."""
+_Pread = Callable[[int, int], bytes]  # (offset, count) -> up to count bytes of a tar at offset
+
+
+def _scan_tar(shard: str, pairs: PairOptions, out: PairSink) -> bool:
+    """One tar's samples into ``out``; the tar itself a reject when it cannot be read whole.
+    False when the tar is not there at all."""
+    if _URL.match(shard):
+        return _scan_object(shard, pairs, out)
     try:
         fd = os.open(shard, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         out.reject(shard, "missing: file not found")
-        return
+        return False
     except OSError as e:
         out.reject(shard, f"unreadable: {e.strerror or e}")
-        return
+        return True
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             out.reject(shard, "not a regular file")
-            return
-        real = os.path.realpath(shard)
-        samples = 0
-        group: _Sample | None = None
-        try:
-            tar = tarfile.open(fileobj=_BoundedReads(f), mode="r:")  # type: ignore[call-overload]
-            while (member := tar.next()) is not None:
-                tar.members.clear()  # read as a stream: nothing held per member
-                if member.isdir():
-                    continue
-                problem = _unsafe(member, info.st_size)
-                found = _KEY.match(member.name)  # a refused member spoils the sample of its key
-                key, ext = (found[1], found[2].lower()) if found else (member.name, "")
-                if problem is None and (found is None or os.path.basename(key).startswith("__")):
-                    continue  # no extension, or WebDataset's __meta__ entries: not part of a sample
-                if group is None or group.key != key:
-                    if group is not None:
-                        samples += _sample(group, fd, shard, real, pairs, out)
-                    group = _Sample(key)
-                if problem is not None:
-                    group.problem = group.problem or (member.name, problem)
-                elif ext in group.members:
-                    group.problem = group.problem or (member.name, f"a second .{ext} member in one sample")
-                else:
-                    group.members[ext] = member
-            end = tar.offset
-        except Exception as e:  # noqa: BLE001 - whatever a damaged tar raises: the tar is the reject
-            if group is not None:
-                samples += _sample(group, fd, shard, real, pairs, out)
-            out.reject(shard, f"corrupt or truncated tar after {samples} samples (those kept): "
-                              f"{type(e).__name__}: {e}")
-            _failed_downloads(shard, out)
-            return
-        if group is not None:
-            samples += _sample(group, fd, shard, real, pairs, out)
-        marker = os.pread(fd, 512, end)
-        if len(marker) < 512:
-            out.reject(shard, f"truncated tar: it ends without its end-of-archive blocks, after {samples} "
-                              "samples (those kept)")
-        elif marker.count(0) != 512:
-            out.reject(shard, f"corrupt tar: an unreadable header at byte {end}, after {samples} samples "
-                              "(those kept)")
+            return True
+        _read_tar(_BoundedReads(f), lambda offset, count: os.pread(fd, count, offset), info.st_size, shard,
+                  {"tar": os.path.realpath(shard)}, pairs, out)
     _failed_downloads(shard, out)
+    return True
 
 
-def _read(fd: int, info: tarfile.TarInfo) -> bytes:
-    return os.pread(fd, info.size, info.offset_data)
+def _scan_object(url: str, pairs: PairOptions, out: PairSink) -> bool:
+    """A tar in a bucket, read through ranged GETs (``RangedFile``), never downloaded."""
+    try:
+        obj = stat_object(url)  # a refusal of the bucket (credentials, no such bucket) stops the run
+    except FileNotFoundError:
+        out.reject(url, "missing: object not found")
+        return False
+    ranged = RangedFile(obj, TAR_READ_AHEAD)
+    # the object's size and ETag: the worker's read is refused if it changed, and a resumed
+    # run's fingerprint (which covers every locator) changes with it
+    locator = {"tar": url, "tar_size": obj.size, **({"etag": obj.etag} if obj.etag else {})}
+    _read_tar(_BoundedReads(ranged), ranged.pread, obj.size, url, locator, pairs, out)
+    _failed_downloads(url, out)
+    return True
 
 
-def _sample(group: _Sample, fd: int, shard: str, real: str, pairs: PairOptions, out: PairSink) -> int:
+def _read_tar(f: _BoundedReads, pread: _Pread, size: int, shard: str, locator: dict[str, Any],
+              pairs: PairOptions, out: PairSink) -> None:
+    """The samples of the tar ``f`` (``size`` bytes, also read by ``pread``) into ``out``, each
+    member's locator ``locator`` with its offset and size; the tar a reject where it is damaged."""
+    from tilefeed.store.errors import StoreAccessError
+
+    samples = 0
+    group: _Sample | None = None
+    try:
+        tar = tarfile.open(fileobj=f, mode="r:")  # type: ignore[call-overload]
+        while (member := tar.next()) is not None:
+            tar.members.clear()  # read as a stream: nothing held per member
+            if member.isdir():
+                continue
+            problem = _unsafe(member, size)
+            found = _KEY.match(member.name)  # a refused member spoils the sample of its key
+            key, ext = (found[1], found[2].lower()) if found else (member.name, "")
+            if problem is None and (found is None or os.path.basename(key).startswith("__")):
+                continue  # no extension, or WebDataset's __meta__ entries: not part of a sample
+            if group is None or group.key != key:
+                if group is not None:
+                    samples += _sample(group, pread, shard, locator, pairs, out)
+                group = _Sample(key)
+            if problem is not None:
+                group.problem = group.problem or (member.name, problem)
+            elif ext in group.members:
+                group.problem = group.problem or (member.name, f"a second .{ext} member in one sample")
+            else:
+                group.members[ext] = member
+        end = tar.offset
+    except (StoreAccessError, ObjectChanged) as e:  # the bucket failed, not the tar
+        if group is not None:
+            samples += _sample(group, pread, shard, locator, pairs, out)
+        out.reject(shard, f"unreadable after {samples} samples (those kept): {redact(str(e))}")
+        return
+    except Exception as e:  # noqa: BLE001 - whatever a damaged tar raises: the tar is the reject
+        if group is not None:
+            samples += _sample(group, pread, shard, locator, pairs, out)
+        out.reject(shard, f"corrupt or truncated tar after {samples} samples (those kept): "
+                          f"{type(e).__name__}: {e}")
+        return
+    if group is not None:
+        samples += _sample(group, pread, shard, locator, pairs, out)
+    marker = pread(end, 512)
+    if len(marker) < 512:
+        out.reject(shard, f"truncated tar: it ends without its end-of-archive blocks, after {samples} "
+                          "samples (those kept)")
+    elif marker.count(0) != 512:
+        out.reject(shard, f"corrupt tar: an unreadable header at byte {end}, after {samples} samples "
+                          "(those kept)")
+
+
+def _read(pread: _Pread, info: tarfile.TarInfo) -> bytes:
+    return pread(info.offset_data, info.size)
+
+
+def _sample(group: _Sample, pread: _Pread, shard: str, locator: dict[str, Any], pairs: PairOptions,
+            out: PairSink) -> int:
     """One key's sample into ``out`` (or its reject); 1 when it was a sample at all."""
     if group.problem is not None:
         out.reject(f"{shard}#{group.problem[0]}", group.problem[1])
@@ -299,14 +643,14 @@ def _sample(group: _Sample, fd: int, shard: str, real: str, pairs: PairOptions, 
             raise SampleRejected("empty file (0 bytes)")
         meta: dict[str, Any] = {}
         if "json" in group.members:
-            meta = _metadata(fd, group.members["json"])
+            meta = _metadata(pread, group.members["json"])
         captions: dict[str, Any] = {name: meta.get(name) for name in pairs.caption_key}
         if "caption" in pairs.caption_key and "txt" in group.members:
             text = group.members["txt"]
             if text.size > 2 * fmt.MAX_TEXT_BYTES:  # stripped, it could not fit either: left unread
                 raise SampleRejected(f"caption 'caption' is {text.size} bytes, over the {fmt.MAX_TEXT_BYTES} a "
                                      "caption may hold")
-            caption = caption_from_bytes(_read(fd, text), "caption")
+            caption = caption_from_bytes(_read(pread, text), "caption")
             if caption is not None:  # an empty .txt leaves the .json's caption, if any
                 captions["caption"] = caption
     except SampleRejected as e:
@@ -314,17 +658,19 @@ def _sample(group: _Sample, fd: int, shard: str, real: str, pairs: PairOptions, 
         return 1
     fields = dict(meta)
     fields.setdefault("key", os.path.basename(group.key))
-    out.sample(where, captions, fields, {"tar": real, "offset": image.offset_data, "size": image.size})
+    member = {"tar": locator["tar"], "offset": image.offset_data, "size": image.size}
+    member.update((k, v) for k, v in locator.items() if k != "tar")  # a bucket tar's size and ETag
+    out.sample(where, captions, fields, member)
     return 1
 
 
-def _metadata(fd: int, info: tarfile.TarInfo) -> dict[str, Any]:
+def _metadata(pread: _Pread, info: tarfile.TarInfo) -> dict[str, Any]:
     """A sample's ``.json`` member: a JSON object of at most ``MAX_JSON`` bytes."""
     if info.size > MAX_JSON:
         raise SampleRejected(f"metadata too large: {os.path.basename(info.name)} is {info.size} bytes, over "
                              f"the {MAX_JSON >> 20} MiB read")
     try:
-        meta = json.loads(_read(fd, info))
+        meta = json.loads(_read(pread, info))
     except RecursionError:
         raise SampleRejected(f"metadata nested too deeply: {os.path.basename(info.name)}") from None
     except ValueError as e:
@@ -337,13 +683,22 @@ def _metadata(fd: int, info: tarfile.TarInfo) -> dict[str, Any]:
 def _failed_downloads(shard: str, out: PairSink) -> None:
     """The rows of img2dataset's ``.parquet`` beside ``shard`` whose download failed, as rejects."""
     table = os.path.splitext(shard)[0] + ".parquet"
-    if not os.path.isfile(table):
+    source: Path | BucketObject = Path(table)
+    if _URL.match(shard):
+        try:
+            source = stat_object(table)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            out.notes.append(f"{table!r} not read: {redact(str(e))}")
+            return
+    elif not os.path.isfile(table):
         return
     from tilefeed.preprocess.sources.parquet import NEEDS_PYARROW, open_checked
 
     try:
-        pf = open_checked(Path(table), lambda schema: [n for n in ("key", "status", "error_message")
-                                                       if n in schema.names])
+        pf = open_checked(source, lambda schema: [n for n in ("key", "status", "error_message")
+                                                  if n in schema.names])
         if "status" not in pf.schema_arrow.names or "key" not in pf.schema_arrow.names:
             return
         columns = ["key", "status"] + (["error_message"] if "error_message" in pf.schema_arrow.names else [])
@@ -362,24 +717,27 @@ def _failed_downloads(shard: str, out: PairSink) -> None:
         if note not in out.notes:
             out.notes.append(note)
     except Exception as e:  # noqa: BLE001 - a damaged side table costs its list of failures only
-        out.notes.append(f"{table!r} not read: {type(e).__name__}: {e}")
+        out.notes.append(f"{table!r} not read: {type(e).__name__}: {redact(str(e))}")
 
 
 def read_member(member: dict[str, Any]) -> bytes:
     """A tar member's bytes (a worker's read): one ``pread``, the tar opened without following
-    a link (the scan recorded its real path) or waiting on a pipe.
+    a link (the scan recorded its real path) or waiting on a pipe; or, for a tar in a bucket,
+    one ranged GET on the condition that the object is the one the scan read.
 
     Raises
     ------
     ValueError
         A member over ``MAX_MEMBER``, a tar that is no longer a regular file, or one that ends
-        before the member does.
+        before the member does; ``ObjectChanged`` for a bucket tar replaced since the scan.
     OSError
-        The tar cannot be opened or read.
+        The tar cannot be opened or read (``FileNotFoundError``: it is gone).
     """
     size, offset = int(member["size"]), int(member["offset"])
     if not 0 <= size <= MAX_MEMBER or offset < 0:
         raise ValueError(f"a member of {size} bytes, over the {MAX_MEMBER >> 30} GiB read")
+    if _URL.match(str(member["tar"])):
+        return _read_object_member(member, offset, size)
     fd = os.open(member["tar"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -394,3 +752,17 @@ def read_member(member: dict[str, Any]) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _read_object_member(member: dict[str, Any], offset: int, size: int) -> bytes:
+    """A bucket tar's member: its range checked against the object's size the scan read, then
+    one ranged GET."""
+    url = bucket_url(str(member["tar"]), "a member's tar")
+    tar_size = int(member.get("tar_size", offset + size))
+    if offset + size > tar_size:
+        raise ValueError("truncated: the tar ends inside this member")
+    etag = member.get("etag")
+    data = read_range(BucketObject(url, tar_size, str(etag) if etag else None), offset, offset + size)
+    if len(data) != size:
+        raise ValueError("truncated: the tar ends inside this member")
+    return data
