@@ -563,7 +563,8 @@ OPEN_CLIP_FLAGS: dict[str, Flag] = {
                      "when the store was made; the caption column is the store's `caption`"),
     "json_text_key": Flag("--json-text-key/--json-text-key-probs", H, "(later open_clip; absent in 3.3.0) "
                           "caption names, each sample's picked by probability, an empty pick falling to the "
-                          "next: text={name: prob} (equal without probs); without it the store's `caption`"),
+                          "next: text={name: prob} (equal weights without probs); without it the store's "
+                          "`caption`"),
     "image_key": Flag("--image-key/--max-image-pixels", H, "(later open_clip; absent in 3.3.0) no effect at "
                       "training: `tilefeed preprocess --image-key/--max-pixels` apply them when the store is "
                       "made"),
@@ -587,8 +588,9 @@ OPEN_CLIP_FLAGS: dict[str, Flag] = {
     "color_jitter": Flag("--aug-cfg color_jitter= color_jitter_prob=", H, "colour jitter (4 values) applied "
                          "with that probability: Recipe.color_jitter"),
     "gray_scale_prob": Flag("--aug-cfg gray_scale_prob=", H, "random grayscale: Recipe.grayscale"),
-    "aug_unused": Flag("--aug-cfg ratio= re_prob= re_count=", H, "no effect, as open_clip's own transform "
-                       "leaves them unused without use_timm (it warns)"),
+    "aug_unused": Flag("--aug-cfg ratio= re_prob= re_count= (color_jitter= without color_jitter_prob=)", H,
+                       "no effect, as open_clip's own transform leaves them unused without use_timm (it "
+                       "warns)"),
     "use_timm": Flag("--aug-cfg use_timm=True", R, "timm's create_transform in place of open_clip's",
                      lambda a, c, t: t and bool(_aug(a).get("use_timm", False))),
     "tokenizer": Flag("(the model's tokenizer)", H, "tokenizer: run on the reader threads, each batch's "

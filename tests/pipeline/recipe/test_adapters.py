@@ -14,6 +14,7 @@ from tilefeed.pipeline import ConfigError, Loader
 from tilefeed.pipeline.recipe.adapters import (
     TIMM_FLAGS, TORCHVISION_FLAGS, Verdict, table, timm_options, torchvision_options,
 )
+from tilefeed.pipeline.recipe.adapters import OPEN_CLIP_FLAGS, open_clip_options
 
 
 def timm_args(**changes: Any) -> argparse.Namespace:
@@ -220,7 +221,7 @@ def test_the_integrations_page_shows_the_committed_swaps_and_tables() -> None:
     spec.loader.exec_module(tool)
     page = (root / "docs" / "integrations.md").read_text()
     assert tool.rendered(page) == page, "run python tools/integration_docs.py"
-    assert page.count("<!-- /generated -->") == 4
+    assert page.count("<!-- /generated -->") == 6
     stale = page.replace("| `--aa` | honoured", "| `--aa` | refused")
     assert tool.rendered(stale) != stale  # the negative control: an edited row is rewritten
     detection = (root / "docs" / "detection.md").read_text()
@@ -229,3 +230,106 @@ def test_the_integrations_page_shows_the_committed_swaps_and_tables() -> None:
     row = "| `--data-augmentation ssdlite` | "
     stale = detection.replace(row + "honoured", row + "refused")
     assert stale != detection and tool.rendered(stale) != stale
+
+
+def open_clip_args(**changes: Any) -> argparse.Namespace:
+    """open_clip_train 3.3.0's defaults for the flags its data reads (params.py, written out), after
+    main's setup (device, distributed)."""
+    values: dict[str, Any] = dict(
+                  train_data="stores/train", train_data_upsampling_factors=None, val_data="stores/val",
+                  train_num_samples=None, val_num_samples=None, dataset_type="tilefeed",
+                  dataset_resampled=False, csv_separator="\t", csv_img_key="filepath", csv_caption_key="title",
+                  batch_size=64, workers=4, seed=0, aug_cfg={}, device="cpu", distributed=False, horovod=False,
+                  precision="amp", imagenet_val=None, imagenet_v2=None)
+    values.update(changes)
+    return argparse.Namespace(**values)
+
+
+OPEN_CLIP_CONFIG = {"size": (224, 224), "mode": "RGB", "mean": (0.48145466, 0.4578275, 0.40821073),
+                    "std": (0.26862954, 0.26130258, 0.27577711), "interpolation": "bicubic",
+                    "resize_mode": "shortest", "fill_color": 0}
+
+
+def oc_options(config: dict[str, Any] | None = None, train: bool = True, **changes: Any) -> dict[str, Any]:
+    """open_clip_options for the defaults with ``changes``, the model's config changed by ``config``."""
+    return open_clip_options(open_clip_args(**changes), {**OPEN_CLIP_CONFIG, **(config or {})}, train=train,
+                             tokenizer=None)
+
+
+def test_open_clip_options_follow_its_train_and_eval_transforms() -> None:
+    from tilefeed.pipeline.recipe.recipe import Interpolation
+
+    train = open_clip_options(open_clip_args(), OPEN_CLIP_CONFIG, train=True, tokenizer=None)
+    assert train["store"] == "stores/train" and train["text"] == "caption" and train["tokenizer"] is None
+    assert train["size"] == 224 and train["mean"] == OPEN_CLIP_CONFIG["mean"] and train["batch_size"] == 64
+    assert train["scale"] == (0.9, 1.0) and train["ratio"] == (3 / 4, 4 / 3)  # image_transform's crop
+    recipe = train["recipe"]
+    assert recipe.hflip == 0.0 and recipe.interpolation is Interpolation.BICUBIC and recipe.color_jitter is None
+    assert train["shuffle"] and train["drop_last"] and train["train"]
+    def tokens(texts: list[str]) -> torch.Tensor:
+        return torch.tensor([[len(t)] for t in texts])
+
+    val = open_clip_options(open_clip_args(), {**OPEN_CLIP_CONFIG, "interpolation": "bilinear"}, train=False,
+                            tokenizer=tokens)
+    assert val["store"] == "stores/val" and (val["rank"], val["world_size"]) == (0, 1)
+    assert val["crop_pct"] == 1.0 and val["recipe"].interpolation is Interpolation.BILINEAR
+    assert not val["shuffle"] and not val["drop_last"] and val["tokenizer"] is tokens
+    jitter = oc_options(aug_cfg={"scale": (0.5, 1.0), "color_jitter": (0.4, 0.4, 0.4, 0.1),
+                                 "color_jitter_prob": 0.8, "gray_scale_prob": 0.2})
+    assert jitter["scale"] == (0.5, 1.0) and jitter["recipe"].grayscale == 0.2
+    assert jitter["recipe"].color_jitter.p == 0.8 and jitter["recipe"].color_jitter.hue == (-0.1, 0.1)
+
+
+def test_open_clip_mixing_flags_make_a_mix(tmp_path: Path) -> None:
+    """``a::b`` with upsampling factors is a Mix weighted by size times factor (the sizes read from
+    the stores' metadata), --dataset-resampled its replacement, --train-num-samples its epoch."""
+    from tests.helpers import make_pairs_store
+    from tilefeed.pipeline import Mix
+
+    a, b = make_pairs_store(tmp_path / "a", 8), make_pairs_store(tmp_path / "b", 4)
+    args = open_clip_args(train_data=f"{a}::{b}", train_data_upsampling_factors="1::3", dataset_resampled=True,
+                          train_num_samples=10)
+    store = open_clip_options(args, OPEN_CLIP_CONFIG, train=True, tokenizer=None)["store"]
+    assert isinstance(store, Mix) and store.replacement and store.epoch_samples == 10
+    assert store.weights is not None and dict(store.weights) == {"0:pairs-lz4": 8.0, "1:pairs-lz4": 12.0}
+    assert list(store.stores.values()) == [str(a), str(b)]
+    plain = oc_options(train_data=f"{a}::{b}")["store"]
+    assert isinstance(plain, Mix) and plain.weights is None  # each store's size: every sample once
+    one = oc_options(train_data=str(a), train_num_samples=6)["store"]
+    assert isinstance(one, Mix) and one.epoch_samples == 6
+    with Loader(**{**open_clip_options(args, {**OPEN_CLIP_CONFIG, "size": 32}, train=True, tokenizer=None),
+                   "batch_size": 5, "num_workers": 1}) as loader:
+        images, texts = next(iter(loader))
+        assert images.shape == (5, 3, 32, 32) and len(texts) == 5 and all(isinstance(t, str) for t in texts)
+    with pytest.raises(ConfigError, match="2 factors for 1"):
+        oc_options(train_data=str(a), train_data_upsampling_factors="1::2")
+
+
+def test_later_open_clip_caption_flags_pick_the_captions() -> None:
+    picked = oc_options(json_text_key="caption::synthetic", json_text_key_probs="0.7::0.3")
+    assert picked["text"] == {"caption": 0.7, "synthetic": 0.3}
+    assert oc_options(json_text_key="caption::synthetic")["text"] == {"caption": 1.0, "synthetic": 1.0}
+    assert oc_options(train=False, json_text_key="synthetic")["text"] == "synthetic"
+
+
+@pytest.mark.parametrize("changes, config, train, named", [
+    ({"aug_cfg": {"use_timm": True}}, {}, True, "use_timm"),
+    ({"val_data": "a::b"}, {}, False, "--val-data a::b"),
+    ({"val_num_samples": 100}, {}, False, "--val-num-samples"),
+    ({}, {"size": (224, 192)}, True, "--force-image-size H W"),
+    ({"horovod": True}, {}, True, "--horovod"),
+])
+def test_a_refused_open_clip_flag_is_named_in_one_line(changes: dict[str, Any], config: dict[str, Any],
+                                                       train: bool, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        oc_options(config, train, **changes)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
+    if changes and not train:  # an evaluation-only refusal leaves the training loader alone
+        oc_options(config, True, **changes)
+
+
+def test_every_open_clip_row_says_honoured_or_refused_and_refused_rows_can_fire() -> None:
+    for flag, verdict, meaning in table(OPEN_CLIP_FLAGS):
+        assert flag and meaning and verdict in (Verdict.HONOURED, Verdict.REFUSED)
+    for row in OPEN_CLIP_FLAGS.values():
+        assert (row.active is not None) == (row.verdict is Verdict.REFUSED), row.flag
