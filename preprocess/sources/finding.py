@@ -172,7 +172,7 @@ _FOUND: Final = {SourceKind.WEBDATASET: ".tar shards", SourceKind.PARQUET: ".par
 
 def _prefix_kind(url: str) -> SourceKind:
     """A bucket prefix's kind, as a folder's (``_folder_kind``), from one listing of it."""
-    from tilefeed.preprocess.sources.webdataset import bucket_url, list_objects
+    from tilefeed.preprocess.sources.objects import bucket_url, list_objects
 
     objects, folders = list_objects(bucket_url(url))
     stems = [os.path.splitext(o.url.rsplit("/", 1)[-1]) for o in objects]
@@ -195,7 +195,7 @@ def check_source(src: str | os.PathLike[str], pairs: PairOptions | None = None) 
         kind = decide(src, pairs)  # a folder is decided by its scan, which knows which folder is OUT
     if kind in PAIR_KINDS:
         if is_url(src) or "://" in os.fspath(src):  # shards and parquet in a bucket: read in place
-            from tilefeed.preprocess.sources.webdataset import bucket_url
+            from tilefeed.preprocess.sources.objects import bucket_url
 
             bucket_url(os.fspath(src))
             if kind is SourceKind.TABLE:

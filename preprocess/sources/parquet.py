@@ -35,8 +35,8 @@ from typing import Any, Final
 
 from tilefeed.preprocess.sources.manifest import path_resolver
 from tilefeed.preprocess.sources.scanning import PairOptions, PairSink, Scan, SourceOptions
-from tilefeed.preprocess.sources.webdataset import (BucketObject, ObjectChanged, RangedFile, bucket_resolver,
-                                                    bucket_url, list_objects, stat_object)
+from tilefeed.preprocess.sources.objects import (BucketObject, ObjectChanged, RangedFile, bucket_resolver,
+                                                 bucket_url, list_objects, stat_object)
 from tilefeed.store.errors import SourceError
 from tilefeed.store.storage import is_url
 

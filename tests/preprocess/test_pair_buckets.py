@@ -19,7 +19,7 @@ from tests.helpers import s3_environment
 from tests.preprocess.test_pair_sources import (by_key, hf_metadata, jpeg, scan, store_captions, write_shards)
 from tilefeed.bench.fixtures.netem import Proxy
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
-from tilefeed.preprocess.sources import webdataset
+from tilefeed.preprocess.sources import objects, webdataset
 from tilefeed.preprocess.sources.finding import check_source, decide
 from tilefeed.preprocess.sources.scanning import PairOptions, SourceKind, SourceOptions
 from tilefeed.store import format as fmt
@@ -79,13 +79,14 @@ def test_webdataset_shards_in_a_bucket_read_in_place_as_the_local_ones(s3: str, 
     assert (done.accepted, done.rejected) == (len(written), len(rejects))
 
     fetched: list[tuple[str, int, int]] = []  # every ranged GET of the scan, in this process
-    read_range = webdataset.read_range
+    read_range = objects.read_range
 
-    def counted(obj: webdataset.BucketObject, start: int, end: int) -> bytes:
+    def counted(obj: objects.BucketObject, start: int, end: int) -> bytes:
         fetched.append((obj.url, start, end))
         return read_range(obj, start, end)
 
-    monkeypatch.setattr(webdataset, "read_range", counted)
+    for module in (objects, webdataset):  # the scan's reads through RangedFile, and its own
+        monkeypatch.setattr(module, "read_range", counted)
     monkeypatch.setattr(webdataset, "TAR_READ_AHEAD", 512)  # smaller than any image: each is skipped
     out = tmp_path / "bucket"
     with Proxy(s3) as proxy:
@@ -146,7 +147,7 @@ def test_bucket_shards_by_pattern_list_and_tar_and_their_refusals(s3: str, tmp_p
 
     # a member whose tar was replaced since the scan is refused, never read from the new bytes
     bucket.write("lists/shards/00001.tar", (root / "00000.tar").read_bytes())
-    with pytest.raises(webdataset.ObjectChanged, match="changed since the scan"):
+    with pytest.raises(objects.ObjectChanged, match="changed since the scan"):
         webdataset.read_member(member)
     bucket.write("lists/shards/00001.tar", (root / "00001.tar").read_bytes())
 

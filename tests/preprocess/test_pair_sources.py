@@ -168,9 +168,8 @@ def test_auto_decides_and_refuses_an_ambiguous_folder(tmp_path: Path) -> None:
     assert decide(tmp_path / "comma.csv", PairOptions(csv_separator=",")) is SourceKind.TABLE
     with pytest.raises(SourceError, match="--csv-separator ','"):
         decide(tmp_path / "comma.csv", PairOptions())
-    for pairs in (PairOptions(source=SourceKind.WEBDATASET), PairOptions()):
-        with pytest.raises(SourceError, match="buckets are not supported for webdataset"):
-            scan("s3://bucket/{0..3}.tar", tmp_path, pairs)
+    assert decide("s3://bucket/{0..3}.tar", PairOptions()) is SourceKind.WEBDATASET
+    assert decide("s3://bucket/x.parquet", PairOptions()) is SourceKind.PARQUET
 
 
 def hf_metadata(image: str, caption: str) -> dict[bytes, bytes]:
