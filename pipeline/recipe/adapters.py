@@ -14,8 +14,8 @@ itself looks at, and the mapping lives in ``timm_options``/``torchvision_options
 ``torchvision_detection_options``.
 
 open_clip's trainer (``open_clip_train``) has its table too, ``OPEN_CLIP_FLAGS``, read against the
-model's preprocess config; ``open_clip_options`` returns the store with the options, a ``Mix``
-where ``--train-data`` joins stores with ``::`` or resamples them.
+model's preprocess config; ``open_clip_options`` returns the store with the options, or the
+keywords of a ``Mix`` where ``--train-data`` joins stores with ``::`` or resamples them.
 """
 
 from __future__ import annotations
@@ -609,7 +609,8 @@ OPEN_CLIP_FLAGS: dict[str, Flag] = {
 
 def open_clip_options(args: Any, preprocess_cfg: Mapping[str, Any], *, train: bool,
                       tokenizer: Callable[[list[str]], torch.Tensor] | None) -> dict[str, Any]:
-    """Loader keyword arguments, the store among them, for open_clip's trainer ``open_clip_train``.
+    """Loader keyword arguments, the store or mixture among them, for open_clip's trainer
+    ``open_clip_train``.
 
     Parameters
     ----------
@@ -630,9 +631,11 @@ def open_clip_options(args: Any, preprocess_cfg: Mapping[str, Any], *, train: bo
     Returns
     -------
     dict
-        ``Loader(**options)``: ``store`` (a folder, or a ``Mix`` for ``a::b``, upsampling factors,
-        ``--dataset-resampled`` or ``--train-num-samples``), the captions (``text``) and the
-        tokenizer, so a batch is open_clip's ``(images, texts)``.
+        ``Loader(**options)``, the captions (``text``) and the tokenizer among them, so a batch
+        is open_clip's ``(images, texts)``: ``store`` (a folder) or, where ``--train-data``
+        joins stores with ``::`` or sets upsampling factors, ``--dataset-resampled`` or
+        ``--train-num-samples``, ``mix`` (``Mix`` keywords: ``Loader(Mix(**options.pop("mix")),
+        **options)``).
 
     Raises
     ------
@@ -646,7 +649,7 @@ def open_clip_options(args: Any, preprocess_cfg: Mapping[str, Any], *, train: bo
     if not sources:
         raise ConfigError(f"open_clip_train {flag}: name a tilefeed store (`tilefeed preprocess SRC STORE`)")
     options: dict[str, Any] = {
-        "store": _open_clip_store(args, sources) if train else sources[0],
+        **(_open_clip_store(args, sources) if train else {"store": sources[0]}),
         "batch_size": int(args.batch_size), "shuffle": train, "drop_last": train, "train": train,
         "seed": int(getattr(args, "seed", 0)), "size": _side(preprocess_cfg)[0],
         "mean": tuple(float(v) for v in preprocess_cfg["mean"]),
@@ -668,15 +671,14 @@ def open_clip_options(args: Any, preprocess_cfg: Mapping[str, Any], *, train: bo
     return options
 
 
-def _open_clip_store(args: Any, sources: list[str]) -> Any:
-    """The training store: a folder, or a Mix where open_clip would mix, resample or resize."""
-    from tilefeed.pipeline.mixing.mix import Mix
-
+def _open_clip_store(args: Any, sources: list[str]) -> dict[str, Any]:
+    """The training store: ``{"store": folder}``, or ``{"mix": Mix keywords}`` where open_clip
+    would mix, resample or resize (the Mix is the caller's to make: mixing sits above the recipe)."""
     factors = _sources(getattr(args, "train_data_upsampling_factors", None))
     resampled = bool(getattr(args, "dataset_resampled", False))
     count = getattr(args, "train_num_samples", None)
     if len(sources) == 1 and not factors and not resampled and count is None:
-        return sources[0]
+        return {"store": sources[0]}
     folders = [s.rstrip("/").rsplit("/", 1)[-1] or s for s in sources]
     names = folders if len(set(folders)) == len(folders) else [f"{i}:{f}" for i, f in enumerate(folders)]
     weights = None
@@ -686,8 +688,8 @@ def _open_clip_store(args: Any, sources: list[str]) -> Any:
                               f"{len(sources)} --train-data sources")
         weights = {name: _store_size(source) * float(factor)
                    for name, source, factor in zip(names, sources, factors, strict=True)}
-    return Mix(dict(zip(names, sources, strict=True)), weights=weights,
-               epoch_samples=None if count is None else int(count), replacement=resampled)
+    return {"mix": {"stores": dict(zip(names, sources, strict=True)), "weights": weights,
+                    "epoch_samples": None if count is None else int(count), "replacement": resampled}}
 
 
 def _store_size(source: str) -> int:

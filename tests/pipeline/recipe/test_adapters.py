@@ -260,7 +260,8 @@ def test_open_clip_options_follow_its_train_and_eval_transforms() -> None:
     from tilefeed.pipeline.recipe.recipe import Interpolation
 
     train = open_clip_options(open_clip_args(), OPEN_CLIP_CONFIG, train=True, tokenizer=None)
-    assert train["store"] == "stores/train" and train["text"] == "caption" and train["tokenizer"] is None
+    assert train["store"] == "stores/train" and "mix" not in train
+    assert train["text"] == "caption" and train["tokenizer"] is None
     assert train["size"] == 224 and train["mean"] == OPEN_CLIP_CONFIG["mean"] and train["batch_size"] == 64
     assert train["scale"] == (0.9, 1.0) and train["ratio"] == (3 / 4, 4 / 3)  # image_transform's crop
     recipe = train["recipe"]
@@ -289,16 +290,17 @@ def test_open_clip_mixing_flags_make_a_mix(tmp_path: Path) -> None:
     a, b = make_pairs_store(tmp_path / "a", 8), make_pairs_store(tmp_path / "b", 4)
     args = open_clip_args(train_data=f"{a}::{b}", train_data_upsampling_factors="1::3", dataset_resampled=True,
                           train_num_samples=10)
-    store = open_clip_options(args, OPEN_CLIP_CONFIG, train=True, tokenizer=None)["store"]
-    assert isinstance(store, Mix) and store.replacement and store.epoch_samples == 10
+    options = open_clip_options(args, OPEN_CLIP_CONFIG, train=True, tokenizer=None)
+    assert "store" not in options
+    store = Mix(**options["mix"])
+    assert store.replacement and store.epoch_samples == 10
     assert store.weights is not None and dict(store.weights) == {"0:pairs-lz4": 8.0, "1:pairs-lz4": 12.0}
     assert list(store.stores.values()) == [str(a), str(b)]
-    plain = oc_options(train_data=f"{a}::{b}")["store"]
-    assert isinstance(plain, Mix) and plain.weights is None  # each store's size: every sample once
-    one = oc_options(train_data=str(a), train_num_samples=6)["store"]
-    assert isinstance(one, Mix) and one.epoch_samples == 6
-    with Loader(**{**open_clip_options(args, {**OPEN_CLIP_CONFIG, "size": 32}, train=True, tokenizer=None),
-                   "batch_size": 5, "num_workers": 1}) as loader:
+    plain = Mix(**oc_options(train_data=f"{a}::{b}")["mix"])
+    assert plain.weights is None and not plain.replacement  # each store's size: every sample once
+    assert Mix(**oc_options(train_data=str(a), train_num_samples=6)["mix"]).epoch_samples == 6
+    options = open_clip_options(args, {**OPEN_CLIP_CONFIG, "size": 32}, train=True, tokenizer=None)
+    with Loader(Mix(**options.pop("mix")), **{**options, "batch_size": 5, "num_workers": 1}) as loader:
         images, texts = next(iter(loader))
         assert images.shape == (5, 3, 32, 32) and len(texts) == 5 and all(isinstance(t, str) for t in texts)
     with pytest.raises(ConfigError, match="2 factors for 1"):
