@@ -79,6 +79,9 @@ def format_info(d: StoreInfo, max_rejects: int = 20) -> str:
                      + ("" if d.labelled else "; no class labels"))
     for r in d.rejects[:max_rejects]:
         lines.append(f"rejected   {printable(r['path'])}: {printable(r['reason'])}")
-    if len(d.rejects) > max_rejects:
+    if d.rejected > len(d.rejects):  # the attributes list the first; the store's arrays hold all
+        lines.append(f"rejected   ... and {d.rejected - min(len(d.rejects), max_rejects)} more (--json lists "
+                     f"{len(d.rejects)}; the arrays reject_paths and reject_reasons hold all {d.rejected})")
+    elif len(d.rejects) > max_rejects:
         lines.append(f"rejected   ... and {len(d.rejects) - max_rejects} more (see --json)")
     return "\n".join(lines)

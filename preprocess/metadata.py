@@ -244,20 +244,42 @@ def write_attrs(
         quality=store.quality if store.codec is fmt.Codec.JPEG else None, shard_size=store.shard_size,
         shards=len(shard_bytes), shard_bytes=tuple(shard_bytes),
         images_metadata_sha256=sha256_files([root / fmt.IMAGES / "zarr.json"]),
-        classes=tuple(listing.classes), made=describe(tiles, store), rejects=tuple(rejects),
+        classes=tuple(listing.classes), made=describe(tiles, store),
+        rejects=tuple(rejects[: fmt.MAX_LISTED_REJECTS]),
         fingerprint=fingerprint, arrays={name: _array_record(root, name) for name in names},
         digest="",  # sealed() sets it
         shard_sha256=tuple(shard_sha256), targets=targets, masks=masks,
-        **_pairs_attrs(listing.pairs),
+        **_pairs_attrs(listing.pairs, len(rejects) > fmt.MAX_LISTED_REJECTS),
     ).sealed()
     group = zarr.open_group(str(root), mode="a", zarr_format=3)
     group.update_attributes({fmt.ATTRS_KEY: attrs.to_dict()})  # last: this write marks the store complete
 
 
-def _pairs_attrs(pairs: PairTable | None) -> dict[str, Any]:
-    """The attributes of a store of captions and fields (version 4); a store without them is
-    written as version 3, as it was before they existed."""
+def write_reject_arrays(root: Path, rejects: list[tuple[str, str]]) -> list[str]:
+    """Every reject's path and reason as string arrays (``REJECT_ARRAYS``), where there are more
+    than the attributes list; their names (none where the attributes list them all)."""
+    import zarr
+
+    if len(rejects) <= fmt.MAX_LISTED_REJECTS:
+        return []
+    group = zarr.open_group(str(root), mode="a", zarr_format=3)
+    chunk = min(len(rejects), fmt.PATHS_CHUNK)
+    for column, name in enumerate(fmt.REJECT_ARRAYS):
+        _string_array(group, name, len(rejects), chunk)
+        for index, first in enumerate(range(0, len(rejects), chunk)):
+            # a reason is a line of ours, kept short enough for a row; a path is as listed
+            values = [row[column] if column == 0 else row[column][: fmt.MAX_PATH_BYTES // 4]
+                      for row in rejects[first : first + chunk]]
+            _write_chunk(root, name, index, _paths_chunk(values, chunk))
+    return list(fmt.REJECT_ARRAYS)
+
+
+def _pairs_attrs(pairs: PairTable | None, overflow: bool = False) -> dict[str, Any]:
+    """The attributes of a store of captions and fields, or of more rejects than the attributes
+    list (version 4); any other store is written as version 3, as it was before they existed."""
     if pairs is None:
+        if overflow:
+            return {"version": fmt.PAIRS_VERSION, "texts": (), "fields": (), "labelled": True}
         return {"version": fmt.TILES_VERSION}
     return {"version": fmt.PAIRS_VERSION, "texts": pairs.texts, "fields": pairs.fields,
             "labelled": pairs.labelled}

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tilefeed.preprocess import tasks
-from tilefeed.preprocess.metadata import PartTiles, write_arrays, write_attrs
+from tilefeed.preprocess.metadata import write_reject_arrays, PartTiles, write_arrays, write_attrs
 from tilefeed.store import format as fmt
 from tilefeed.store.errors import SourceError
 
@@ -77,6 +77,7 @@ def publish(build: Scheduler, fingerprint: str) -> Published:
     def write(root: Path) -> None:
         names = write_arrays(root, listing, build.tiles, build.store, samples, parts, objects)
         rejects.extend(listing.skipped)  # after the parts': the order the store lists them
+        names += write_reject_arrays(root, rejects)
         write_attrs(root, listing, build.tiles, build.store, fingerprint, samples, rejects,
                     inputs - len(rejects), names, shard_bytes, shard_sha256, objects, mask_shards)
 

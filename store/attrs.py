@@ -35,11 +35,13 @@ from tilefeed.store.format import (
     FRAMES,
     FIELD_DTYPES,
     MAX_FIELDS,
+    MAX_LISTED_REJECTS,
     MAX_TEXT_BYTES,
     MAX_TEXTS,
     PAIR_NAME,
     PAIRS_VERSION,
     READ_VERSIONS,
+    REJECT_ARRAYS,
     TEXT_CHUNK,
     TEXT_PREFIX,
     ROW_WIDTH,
@@ -198,9 +200,11 @@ class ArrayRecord:
 
     @classmethod
     def from_dict(cls, name: str, f: _Fields, samples: int, sources: int, objects: int = 0,
-                  data_type: str = "") -> ArrayRecord:
+                  data_type: str = "", rejected: int = 0) -> ArrayRecord:
         if name == SOURCE_PATHS:  # one per source read, the skipped ones aside
             length, most = f.whole("length", 1, sources), PATHS_CHUNK
+        elif name in REJECT_ARRAYS:
+            length, most = f.equal("length", rejected, "one per rejected source"), PATHS_CHUNK
         elif is_pair_array(name):  # as source_paths (their lengths are compared once all are read)
             length = f.whole("length", 1, sources)
             most = TEXT_CHUNK if name.startswith(TEXT_PREFIX) else PATHS_CHUNK if data_type == "string" \
@@ -382,7 +386,7 @@ class StoreAttrs:
                          "this tilefeed reads)")
         sources = f.whole("sources", 1, 2**48)
         rejects = _rejects(f)
-        rejected = f.equal("rejected", len(rejects), "the entries of rejects")
+        rejected = _rejected(f, len(rejects), version, sources)
         accepted = f.equal("accepted", sources - rejected, "sources less rejected")
         shard_size = f.whole("shard_size", 1, MAX_SHARD_SIZE)
         samples = f.whole("samples", 1, 2**48)
@@ -401,7 +405,7 @@ class StoreAttrs:
             targets = TargetsRecord.from_dict(f.child("targets"))
         texts, fields, labelled = _pairs(f, version)
         arrays = f.child("arrays")
-        _array_names(arrays, targets, texts, fields)
+        _array_names(arrays, targets, texts, fields, rejected > len(rejects))
         dtypes = {**{text_array(n): "string" for n in texts}, **{field_array(n): t for n, t in fields}}
         images = arrays.child(IMAGES)
         images.equal("chunks", shards, "the shard count")
@@ -415,7 +419,8 @@ class StoreAttrs:
             classes=tuple(f.values("classes", str, low=1)), made=_made(f), rejects=rejects,
             fingerprint=f.text("fingerprint"), digest=f.text("digest", hex64=True),
             arrays={name: ArrayRecord.from_dict(name, arrays.child(name), samples, sources,
-                                                targets.objects if targets else 0, dtypes.get(name, ""))
+                                                targets.objects if targets else 0, dtypes.get(name, ""),
+                                                rejected)
                     for name in arrays.d if name not in (IMAGES, MASKS)},
             shard_sha256=images.digests("shard_sha256", shards) if "shard_sha256" in images.d else None,
             targets=targets, version=int(version),
@@ -553,8 +558,20 @@ def _pairs(f: _Fields, version: int) -> tuple[tuple[str, ...], tuple[tuple[str, 
     return tuple(names), tuple(fields), labelled
 
 
+def _rejected(f: _Fields, listed: int, version: int, sources: int) -> int:
+    """The rejected count: the entries of ``rejects``; from version 4, more where ``rejects``
+    lists its most (MAX_LISTED_REJECTS) and the reject arrays hold every one."""
+    if version < PAIRS_VERSION:
+        return f.equal("rejected", listed, "the entries of rejects")
+    rejected = f.whole("rejected", listed, sources)
+    if rejected > listed != MAX_LISTED_REJECTS:
+        raise f.fail("rejected", f"must be the entries of rejects, or more where rejects lists "
+                     f"{MAX_LISTED_REJECTS}")
+    return rejected
+
+
 def _array_names(arrays: _Fields, targets: TargetsRecord | None, texts: tuple[str, ...] = (),
-                 fields: tuple[tuple[str, str], ...] = ()) -> None:
+                 fields: tuple[tuple[str, str], ...] = (), overflow: bool = False) -> None:
     """Array names come from the fixed set and the captions and fields the attributes name: a
     name is a path under the store root, and ``../elsewhere`` or ``/etc`` would have a reader
     look outside it. The targets', captions' and fields' arrays are present exactly when the
@@ -575,6 +592,12 @@ def _array_names(arrays: _Fields, targets: TargetsRecord | None, texts: tuple[st
             has, hold = ("holds", "do not hold") if name in arrays.d else ("lacks", "hold")
             raise StoreFormatError(f"{arrays.where}: attribute 'arrays' {has} {name}, which the store's "
                                    f"targets {hold}")
+    for name in REJECT_ARRAYS:  # every reject, where the attributes list only the first ones
+        if (name in arrays.d) != overflow:
+            has = "holds" if name in arrays.d else "lacks"
+            raise StoreFormatError(f"{arrays.where}: attribute 'arrays' {has} {name}, which a store "
+                                   f"{'listing' if overflow else 'not listing'} only its first "
+                                   f"{MAX_LISTED_REJECTS} rejects {'holds' if overflow else 'lacks'}")
     if (ROWS in arrays.d) != (COLS in arrays.d):
         raise StoreFormatError(f"{arrays.where}: attribute 'arrays' must hold both {ROWS} and {COLS} "
                                "(grid mode) or neither")

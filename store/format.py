@@ -63,7 +63,13 @@ OBJECTS: Final = "objects"  # (M, 6) float64: x0, y0, x1, y1 (tile pixels, XYXY)
 FRAMES: Final = "frames"  # (N, 4) float64: sx, sy, tx, ty: tile = source * s + t, per axis
 MASKS: Final = "masks"  # (N, T, T) uint8, one tile per chunk, sharded exactly as the images
 TARGET_ARRAYS: Final = (OBJECT_OFFSETS, OBJECTS, FRAMES)  # the targets' arrays read whole
-SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, BOXES, SOURCE_PATHS, *TARGET_ARRAYS)  # read whole
+# Every rejected source, one row each (version 4), where more were rejected than the attributes
+# list (MAX_LISTED_REJECTS): the group's zarr.json stays a small document however many failed
+REJECT_PATHS: Final = "reject_paths"
+REJECT_REASONS: Final = "reject_reasons"
+REJECT_ARRAYS: Final = (REJECT_PATHS, REJECT_REASONS)
+# read whole
+SMALL_ARRAYS: Final = (LABELS, SOURCES, ROWS, COLS, BOXES, SOURCE_PATHS, *TARGET_ARRAYS, *REJECT_ARRAYS)
 SHARDED_ARRAYS: Final = (IMAGES, MASKS)  # one tile per chunk, in shard files
 # Captions and metadata fields (version 4): one row per *source*, as source_paths, so sample i's
 # is row ``sources[i]``. Their names are the user's (``caption``, ``width``, ``uid``), held in
@@ -132,6 +138,7 @@ PATHS_CHUNK: Final = 1 << 16  # rows per chunk of source_paths and of string fie
 MAX_PATH_BYTES: Final = 4096  # one source path, as the OS allows it (PATH_MAX); one string field
 TEXT_CHUNK: Final = 1 << 13  # rows per chunk of a caption array: at most 256 MiB decoded
 MAX_TEXT_BYTES: Final = 1 << 15  # one caption, UTF-8 (a longer one is a reject at preprocess time)
+MAX_LISTED_REJECTS: Final = 10_000  # rejects the attributes list; past them, REJECT_ARRAYS hold all
 MAX_TEXTS: Final = 16  # caption names a store may hold
 MAX_FIELDS: Final = 64  # metadata fields a store may hold
 FIELD_DTYPES: Final = ("int64", "float64", "string")
@@ -139,7 +146,8 @@ MAX_METADATA_BYTES: Final = 64 << 20  # one zarr.json (the group's lists every r
 MAX_NESTING: Final = 16  # tilefeed's own documents nest 6 deep
 SMALL_DTYPES: Final = {LABELS: "int64", SOURCES: "int64", ROWS: "int32", COLS: "int32",
                        BOXES: "int32", SOURCE_PATHS: "string", OBJECT_OFFSETS: "int64",
-                       OBJECTS: "float64", FRAMES: "float64"}
+                       OBJECTS: "float64", FRAMES: "float64", REJECT_PATHS: "string",
+                       REJECT_REASONS: "string"}
 ROW_WIDTH: Final = {BOXES: 4, OBJECTS: 6, FRAMES: 4}  # the arrays whose rows hold several values
 MASK_CODEC: Final = Codec.ZSTD  # masks are class or instance ids: lossless, and they compress well
 MASK_IGNORE: Final = 255  # a semantic mask's "no label" (also the pad areas')

@@ -161,8 +161,9 @@ def write_tar_shards(root: Path, shards: int, per_shard: int) -> Path:
                 key = f"{s:05d}{i:04d}"
                 picture = io.BytesIO()
                 photo(s * 1000 + i, 160, 120).save(picture, format="JPEG", quality=90)
-                for name, data in ((f"{key}.jpg", picture.getvalue()), (f"{key}.txt", f"picture {key}".encode()),
-                                   (f"{key}.json", json.dumps({"key": key, "width": 160}).encode())):
+                members = ((f"{key}.jpg", picture.getvalue()), (f"{key}.txt", f"picture {key}".encode()),
+                           (f"{key}.json", json.dumps({"key": key, "width": 160}).encode()))
+                for name, data in members:
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))

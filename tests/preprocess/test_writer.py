@@ -282,3 +282,29 @@ def test_a_refused_clean_up_does_not_hide_why_nothing_was_stored(tmp_path: Path,
     monkeypatch.setattr(LocalStorage, "remove", refuse)
     with pytest.raises(SourceError, match="no usable image among 1 inputs.*x.jpg"):
         preprocess(tmp_path / "bad", tmp_path / "o", SMALL, workers=1)
+
+
+def test_more_rejects_than_the_attributes_list_are_all_kept_in_arrays(tmp_path: Path) -> None:
+    """Ten thousand and more rejected sources (an img2dataset download's failures) leave the
+    group's zarr.json small: the attributes list the first, two string arrays hold every one."""
+    from tests.helpers import run_cli, write_caption_table
+    from tilefeed.preprocess.sources.scanning import PairOptions
+
+    table = write_caption_table(tmp_path / "src", 3)
+    extra = fmt.MAX_LISTED_REJECTS + 5
+    with open(table, "a", encoding="utf-8") as f:  # rows without a caption: each a reject
+        f.writelines(f"{i % 3:03d}.jpg\t\t\tx\t0\t0\n" for i in range(extra))
+    out = tmp_path / "store"
+    summary = preprocess(table, out, TileSettings(tile=16), workers=1,
+                         pairs=PairOptions(caption_key=("caption", "synthetic")))
+    assert (summary.accepted, summary.rejected) == (3, extra)
+    assert (out / "zarr.json").stat().st_size < 4 << 20
+    attrs = info(out)
+    assert attrs.rejected == extra and len(attrs.rejects) == fmt.MAX_LISTED_REJECTS
+    group = zarr.open_group(str(out), mode="r")
+    paths, reasons = group[fmt.REJECT_PATHS][:], group[fmt.REJECT_REASONS][:]
+    assert len(paths) == len(reasons) == extra and reasons[-1].startswith("no caption")
+    assert [r["path"] for r in attrs.rejects] == list(paths[: fmt.MAX_LISTED_REJECTS])
+    assert verify(out, deep=True) == []
+    shown = run_cli("info", str(out)).stdout
+    assert f"the arrays reject_paths and reject_reasons hold all {extra}" in shown
