@@ -2,8 +2,9 @@
 ``--dataset-type tilefeed``: a Loader built by ``open_clip_options`` feeds it image-text batches. A
 small CLIP (two-layer towers at 32 px, declared in a ``local-dir:`` model folder) trains two epochs
 on the CPU and evaluates after each; a run stopped mid-epoch resumes with the same samples, tokens
-and losses as the uninterrupted run; two processes (gloo) split each epoch between them; a refused
-flag stops it before training."""
+and losses as the uninterrupted run; two processes (gloo) split each epoch between them, and one
+process resumes their stopped epoch with the rest of its samples; a refused flag stops it before
+training."""
 
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def test_swapped_open_clip_trains_evaluates_and_resumes_mid_epoch(data: Path, tm
     assert len(evaluations(log)) == 2 and "num_samples: 24.0000" in evaluations(log)[-1], log[-3000:]
     seen = batches(log)
     assert len(seen) == 12, sorted(seen)  # 24 samples an epoch, batches of 4, two epochs
-    ids = [int(i) for key, (found, _) in seen.items() if key.startswith("0:") for i in json.loads(found)]
+    ids = epoch_ids(log, 0)
     assert len(ids) == 24 and max(ids) >= 24  # the Mix's ids: store b's samples come after a's 24
     import torch
 
@@ -144,35 +145,61 @@ def test_a_refused_open_clip_flag_stops_the_script_before_training(data: Path, t
     assert "Train Epoch" not in done.stdout + done.stderr
 
 
-@pytest.mark.slow
-def test_two_gloo_processes_split_each_epoch(data: Path, tmp_path: Path) -> None:
-    """open_clip's own distributed start (env://, gloo on the CPU) with two processes; its DDP
-    wrap passes ``device_ids`` that torch refuses for a CPU model, which cpu_ddp.patch leaves out."""
-    script = swapped_open_clip(tmp_path / "open_clip", "cpu_ddp.patch")
+def launch(script: Path, args: list[str], **env: str) -> list[str]:
+    """``args`` run by two processes through open_clip's own distributed start (env://, gloo on the
+    CPU); their logs once both ended well."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = command(data, tmp_path / "logs", "ddp", "--train-data", str(data / "a" / "pairs-lz4"))
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-               "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TILEFEED_LOG_BATCHES": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": str(rank),
-               "LOCAL_RANK": str(rank)}
-        procs.append(subprocess.Popen([sys.executable, *args], cwd=script, env=env, text=True,
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+                   "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TILEFEED_LOG_BATCHES": "1",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                   "RANK": str(rank), "LOCAL_RANK": str(rank), **env}
+        procs.append(subprocess.Popen([sys.executable, *args], cwd=script, env=environ, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    logs = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out[-3000:]
-        logs.append(out)
+    logs = [proc.communicate(timeout=600)[0] for proc in procs]
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.returncode == 0, log[-3000:]
+    return logs
+
+
+def epoch_ids(log: str, epoch: int) -> list[int]:
+    """The sample ids of ``epoch``'s logged batches, in order."""
+    return [int(i) for key, (ids, _) in batches(log).items() if key.startswith(f"{epoch}:")
+            for i in json.loads(ids)]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_split_each_epoch_and_one_resumes_them(data: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes each train half of every epoch; stopped after their first batch of epoch 0,
+    the run resumes in one process with exactly the samples neither had trained on. open_clip's
+    DDP wrap passes ``device_ids``, which torch refuses for a CPU model: cpu_ddp.patch leaves them
+    out."""
+    script = swapped_open_clip(tmp_path / "open_clip", "cpu_ddp.patch")
+    logs = tmp_path / "logs"
+    train = ["--train-data", str(data / "a" / "pairs-lz4")]
+    ranks = launch(script, command(data, logs, "ddp", *train))
     for epoch in (0, 1):
-        shares = [[int(i) for key, (ids, _) in batches(log).items() if key.startswith(f"{epoch}:")
-                   for i in json.loads(ids)] for log in logs]
+        shares = [epoch_ids(log, epoch) for log in ranks]
         assert [len(share) for share in shares] == [12, 12], shares  # three batches of 4 each
         assert sorted(shares[0] + shares[1]) == list(range(24))  # every sample once over both ranks
-    assert len(evaluations(logs[0])) == 2 and "num_samples: 24.0000" in evaluations(logs[0])[-1]
-    assert not evaluations(logs[1])  # open_clip evaluates on its master alone, the whole store
+    assert len(evaluations(ranks[0])) == 2 and "num_samples: 24.0000" in evaluations(ranks[0])[-1]
+    assert not evaluations(ranks[1])  # open_clip evaluates on its master alone, the whole store
+
+    stopped = launch(script, command(data, logs, "ddp-stopped", *train), TILEFEED_STOP_AT="0:0")
+    handed = [epoch_ids(log, 0) for log in stopped]
+    assert [len(share) for share in handed] == [4, 4], handed
+    monkeypatch.setenv("TILEFEED_LOG_BATCHES", "1")
+    latest = logs / "ddp-stopped" / "checkpoints" / "epoch_latest.pt"
+    alone = run(command(data, logs, "ddp-alone", *train, "--resume", str(latest)), script)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    rest = alone.stdout + alone.stderr
+    assert sorted(key for key in batches(rest) if key.startswith("0:")) == ["0:2", "0:3", "0:4", "0:5"]
+    assert sorted(handed[0] + handed[1] + epoch_ids(rest, 0)) == list(range(24))  # once over both launches
+    assert sorted(epoch_ids(rest, 1)) == list(range(24))
 
 
 def test_every_flag_the_table_names_is_one_open_clip_has() -> None:
