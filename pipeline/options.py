@@ -207,10 +207,12 @@ def parse_where(value: Any) -> Where | None:
         raise ConfigError(f"where's expression is longer than {MAX_WHERE_CHARS} characters")
     try:
         tree = ast.parse(value.strip(), mode="eval")
+        names: list[str] = []
+        _check_where(tree.body, names, value)
     except SyntaxError as e:
-        raise ConfigError(f"where: {e.msg} in {value!r}") from None
-    names: list[str] = []
-    _check_where(tree.body, names, value)
+        raise ConfigError(f"where: {e.msg} in {value[:200]!r}") from None
+    except (RecursionError, MemoryError):  # parentheses or not's nested past what Python parses
+        raise ConfigError("where's expression nests too deeply") from None
     return Where(text=value, tree=tree, names=tuple(dict.fromkeys(names)))
 
 
@@ -245,10 +247,10 @@ def _check_where(node: ast.AST, names: list[str], text: str) -> None:
 
 
 def _is_value(node: ast.AST) -> bool:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):  # a negative number
         node = node.operand
-    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)) and not isinstance(
-        node.value, bool)
+        return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float, str)
 
 
 def _is_members(node: ast.AST) -> bool:

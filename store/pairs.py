@@ -26,7 +26,7 @@ from tilefeed.store import format as fmt
 from tilefeed.store.arrays import check_array, read_small_array
 from tilefeed.store.attrs import StoreAttrs, store_attrs
 from tilefeed.store.codec import COMPRESSORS, zstd_content_size
-from tilefeed.store.errors import CorruptChunkError, one_line
+from tilefeed.store.errors import ConfigError, CorruptChunkError, one_line
 
 STRINGS = np.dtypes.StringDType()
 _VLEN_UTF8 = VLenUTF8()
@@ -115,3 +115,23 @@ def read_pairs(root: Path, attrs: Mapping[str, Any] | StoreAttrs, texts: tuple[s
         fields={n: (read_strings(root, store, fmt.field_array(n)) if dtypes[n] == "string"
                     else read_small_array(root, store, fmt.field_array(n))) for n in wanted_fields},
         labelled=store.labelled)
+
+
+def sample_rows(root: Path, attrs: Mapping[str, Any] | StoreAttrs) -> np.ndarray:
+    """Each sample's row of the captions and fields: its source (the ``sources`` array)."""
+    return read_small_array(root, attrs, fmt.SOURCES)
+
+
+def check_held(attrs: StoreAttrs, texts: tuple[str, ...], fields: tuple[str, ...], location: str,
+               asked: str = "fields") -> None:
+    """A one-line ConfigError naming the first caption or field the store does not hold, and
+    what it holds; ``asked``: the option that named the fields (``fields``, ``where``)."""
+    missing = [n for n in texts if n not in attrs.texts]
+    if missing:
+        raise ConfigError(f"text: store {location!r} holds no caption named {missing[0]!r} "
+                          f"(it holds: {', '.join(attrs.texts) or 'none'})")
+    kinds = dict(attrs.fields)
+    missing = [n for n in fields if n not in kinds]
+    if missing:
+        raise ConfigError(f"{asked}: store {location!r} holds no field {missing[0]!r} "
+                          f"(it holds: {', '.join(kinds) or 'none'})")

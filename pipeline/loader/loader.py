@@ -35,7 +35,7 @@ from tilefeed.pipeline.loader.epochs import EpochState, OpenEpoch, Shares
 from tilefeed.pipeline.engine.feed import Feed, Following
 from tilefeed.pipeline.audit.ledger import Ledger
 from tilefeed.pipeline.mixing.mix import Mix, Sources, open_sources
-from tilefeed.pipeline.loader.pairs import FIELDS, TEXTS, BatchPairs, PairColumns, gather_columns
+from tilefeed.pipeline.loader.pairs import FIELDS, TEXTS, BatchPairs, PairColumns, Tokenizer, gather_columns
 from tilefeed.pipeline.reading.mixed import MixedReader
 from tilefeed.pipeline.options import (DATALOADER_ONLY, IMAGENET_MEAN, IMAGENET_STD, Layout, Shuffle,
                                       TargetsLayout)
@@ -350,6 +350,7 @@ class Loader:
                   else [(reader.location, reader)])
         labelled = all(r.meta.labelled for _, r in stores)
         self.labels = s.labels if s.labels is not None else s.text is None and (labelled or bool(s.targets))
+        self._tokenizer = None if s.tokenizer is None else Tokenizer(s.tokenizer)
         if s.text is None and not s.fields and not (s.labels and not labelled):
             return None
         return gather_columns(stores, s.text, s.fields, bool(s.labels))
@@ -603,7 +604,7 @@ class Loader:
         per_batch = tuple(op for op in (self._batch_ops(plan), self._batch_targets(plan)) if op is not None)
         s = self.settings
         carry = (None if self._pairs is None
-                 else BatchPairs(self._pairs, s.text, s.tokenizer, self.seed, plan.epoch))
+                 else BatchPairs(self._pairs, s.text, self._tokenizer, self.seed, plan.epoch))
         return Epoch(plan.epoch, plan.indices, plan.positions, extras, plan.size,
                      self.sources.epoch_labels(plan.indices), per_batch, carry)
 

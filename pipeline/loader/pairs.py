@@ -14,6 +14,7 @@ position) alone, and the first that is not empty is its caption (open_clip's rul
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,8 @@ import torch
 from tilefeed.pipeline.options import TextChoice
 from tilefeed.pipeline.planning.counters import stream_seed, uniforms
 from tilefeed.store import format as fmt
-from tilefeed.store.errors import ConfigError
+from tilefeed.store.errors import ConfigError, one_line
+from tilefeed.store.pairs import check_held, read_pairs, sample_rows
 
 TEXT_STREAM = "text"  # the draw stream of the caption picks
 TEXTS = "texts"  # the keys of a handed-over batch: its captions (or tokens) and its fields
@@ -33,102 +35,123 @@ FIELDS = "fields"
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays are among the fields
 class PairColumns:
-    """The captions and fields of every sample a Loader reads, by the reader's ids.
+    """The captions and fields of every store a Loader reads, one row per source, and each
+    sample's row (the reader's ids index ``rows``): a caption is held once however many tiles
+    its picture made, and a sample costs 8 bytes.
 
     Attributes
     ----------
     texts : dict of str to numpy.ndarray
-        Caption name -> one string a sample (numpy ``StringDType``).
+        Caption name -> one string a source (numpy ``StringDType``), the stores' one after another.
     fields : dict of str to numpy.ndarray
-        Field name -> one value a sample.
+        Field name -> one value a source.
+    rows : numpy.ndarray
+        int64, one a sample: its row of ``texts`` and ``fields``.
     """
 
     texts: dict[str, np.ndarray]
     fields: dict[str, np.ndarray]
+    rows: np.ndarray
 
 
 def gather_columns(stores: Sequence[tuple[str, Any]], text: TextChoice | None, fields: tuple[str, ...],
                    labels: bool) -> PairColumns:
     """The columns of ``stores`` ((location, StoreReader), in the reader's order, their samples
-    concatenated as its global ids are), after checking that each holds what is asked; a
+    one after another as its global ids are), after checking that each holds what is asked; a
     ConfigError naming the store and what it lacks otherwise."""
-    from tilefeed.store.arrays import read_small_array
-    from tilefeed.store.pairs import read_pairs
-
     names = text.names if text is not None else ()
     parts_texts: dict[str, list[np.ndarray]] = {n: [] for n in names}
     parts_fields: dict[str, list[np.ndarray]] = {n: [] for n in fields}
+    rows: list[np.ndarray] = []
+    listed = 0  # the sources of the stores before this one
     for location, reader in stores:
         meta = reader.meta
-        missing = [n for n in names if n not in meta.texts]
-        if missing:
-            held = ", ".join(meta.texts) or "none"
-            raise ConfigError(f"text: store {location!r} holds no caption named {missing[0]!r} "
-                              f"(it holds: {held})")
-        kinds = dict(meta.fields)
-        missing = [n for n in fields if n not in kinds]
-        if missing:
-            held = ", ".join(kinds) or "none"
-            raise ConfigError(f"fields: store {location!r} holds no field {missing[0]!r} (it holds: {held})")
+        check_held(meta, names, fields, location)
         if labels and not meta.labelled:
             raise ConfigError(f"labels=True: store {location!r} holds no class labels (an image-text store "
                               "made without a label column); leave labels out")
         if not names and not fields:
             continue
         pairs = read_pairs(reader.root, meta, names, fields)
-        owners = read_small_array(reader.root, meta, fmt.SOURCES)  # each sample's source row
         for n in names:
-            parts_texts[n].append(pairs.texts[n][owners])
+            parts_texts[n].append(pairs.texts[n])
         for n in fields:
-            parts_fields[n].append(pairs.fields[n][owners])
+            parts_fields[n].append(pairs.fields[n])
+        rows.append(sample_rows(reader.root, meta) + listed)
+        listed += meta.arrays[fmt.SOURCE_PATHS].length
     dtypes = {n: {dict(r.meta.fields)[n] for _, r in stores} for n in fields}
     for n, found in dtypes.items():
         if len(found) > 1:
             raise ConfigError(f"fields: {n!r} is {' in one store and '.join(sorted(found))} in another; "
                               "a batch's field holds one type")
     return PairColumns({n: np.concatenate(p) for n, p in parts_texts.items()},
-                       {n: np.concatenate(p) for n, p in parts_fields.items()})
+                       {n: np.concatenate(p) for n, p in parts_fields.items()},
+                       np.concatenate(rows) if rows else np.empty(0, np.int64))
 
 
-@dataclass(frozen=True, eq=False)
 class BatchPairs:
     """One epoch's captions and fields per batch, on a reader thread: called with the batch's
     sample ids and positions, it gives what the hand-over adds to the batch (``TEXTS``: a list
-    of str, or the tokenizer's tensor; ``FIELDS``: name -> tensor, or list of str)."""
+    of str, or the tokenizer's tensor; ``FIELDS``: name -> tensor, or list of str).
 
-    columns: PairColumns
-    text: TextChoice | None
-    tokenizer: Callable[[list[str]], Any] | None
-    seed: int
-    epoch: int
+    The tokenizer is called by one reader thread at a time (``Tokenizer``): Hugging Face's fast
+    tokenizers refuse concurrent calls that pad or truncate ("Already borrowed")."""
+
+    def __init__(self, columns: PairColumns, text: TextChoice | None, tokenizer: Tokenizer | None,
+                 seed: int, epoch: int) -> None:
+        self.columns, self.text, self.tokenizer, self.seed, self.epoch = columns, text, tokenizer, seed, epoch
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        rows = self.columns.rows[ids]
         if self.text is not None:
-            texts = pick(self.columns.texts, self.text, self.seed, self.epoch, ids, positions)
-            out[TEXTS] = texts if self.tokenizer is None else self.tokenizer(texts)
+            texts = pick(self.columns.texts, self.text, self.seed, self.epoch, rows, positions)
+            out[TEXTS] = texts if self.tokenizer is None else self.tokenizer(texts, ids)
         if self.columns.fields:
-            out[FIELDS] = {name: _field(values[ids]) for name, values in self.columns.fields.items()}
+            out[FIELDS] = {name: _field(values[rows]) for name, values in self.columns.fields.items()}
         return out
 
 
-def pick(texts: Mapping[str, np.ndarray], text: TextChoice, seed: int, epoch: int, ids: np.ndarray,
+class Tokenizer:
+    """The caller's tokenizer, called by one thread at a time; a failure or a result that is not
+    one row per caption is a one-line ConfigError naming the batch's first sample."""
+
+    def __init__(self, call: Callable[[list[str]], Any]) -> None:
+        self.call = call
+        self.lock = threading.Lock()
+
+    def __call__(self, texts: list[str], ids: np.ndarray) -> Any:
+        first = int(ids[0]) if len(ids) else -1
+        try:
+            with self.lock:
+                tokens = self.call(texts)
+        except Exception as e:  # noqa: BLE001 - the caller's function: its failure, named, in one line
+            raise ConfigError(f"the tokenizer raised {type(e).__name__} on the batch from sample {first}: "
+                              f"{one_line(e)}") from None
+        if len(tokens) != len(texts):
+            raise ConfigError(f"the tokenizer gave {len(tokens)} rows for {len(texts)} captions (the batch "
+                              f"from sample {first}): it must give one row a caption")
+        return tokens
+
+
+def pick(texts: Mapping[str, np.ndarray], text: TextChoice, seed: int, epoch: int, rows: np.ndarray,
          positions: np.ndarray) -> list[str]:
-    """Each sample's caption: the first name not empty in its weighted order (module docstring)."""
-    rows = np.stack([texts[n][ids] for n in text.names], axis=1) if len(ids) else np.empty((0, 1), "T")
+    """Each sample's caption (``rows``: its row of ``texts``): the first name not empty in its
+    weighted order, drawn from (seed, epoch, position) (module docstring)."""
+    found = np.stack([texts[n][rows] for n in text.names], axis=1) if len(rows) else np.empty((0, 1), "T")
     if len(text.names) == 1:
-        return [str(s) for s in rows[:, 0]]
+        return [str(s) for s in found[:, 0]]
     # a weighted random order (Efraimidis and Spirakis): sorting u ** (1 / w) downwards puts
     # name k first with probability w_k / sum(w), then the rest by the same rule
     u = uniforms(stream_seed(seed, TEXT_STREAM), epoch, np.asarray(positions, dtype=np.int64), len(text.names))
     keys = np.log(np.maximum(u, 1e-300)) / np.asarray(text.weights)
     order = np.argsort(-keys, axis=1, kind="stable")
-    chosen = np.take_along_axis(rows, order[:, :1], axis=1)[:, 0]
+    chosen = np.take_along_axis(found, order[:, :1], axis=1)[:, 0]
     for rank in range(1, len(text.names)):
         empty = chosen == ""
         if not empty.any():
             break
-        nxt = np.take_along_axis(rows, order[:, rank : rank + 1], axis=1)[:, 0]
+        nxt = np.take_along_axis(found, order[:, rank : rank + 1], axis=1)[:, 0]
         chosen = np.where(empty, nxt, chosen)
     return [str(s) for s in chosen]
 

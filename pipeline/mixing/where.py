@@ -11,7 +11,10 @@ is refused). A missing number (NaN) fails every comparison but ``!=``; a missing
 from __future__ import annotations
 
 import ast
+import io
 import operator
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -19,8 +22,7 @@ from typing import Any, Final
 import numpy as np
 
 from tilefeed.pipeline.options import Where
-from tilefeed.store import format as fmt
-from tilefeed.store.errors import ConfigError
+from tilefeed.store.errors import ConfigError, one_line
 
 MAX_ID_FILE_BYTES: Final = 1 << 30  # a file of ids: DataComp's largest subsets are a few GB of uids
 _OPS: Final[dict[type, Callable[[Any, Any], Any]]] = {
@@ -32,17 +34,12 @@ _OPS: Final[dict[type, Callable[[Any, Any], Any]]] = {
 def select(reader: Any, where: Where, location: str) -> np.ndarray:
     """The samples of ``reader``'s store that pass ``where``, ascending; a ConfigError naming
     the store where a field is missing, a value cannot be compared or nothing passes."""
-    from tilefeed.store.arrays import read_small_array
-    from tilefeed.store.pairs import read_pairs
+    from tilefeed.store.pairs import check_held, read_pairs, sample_rows
 
     meta = reader.meta
-    kinds = dict(meta.fields)
-    names = where.names if where.test is None else tuple(kinds)
-    missing = [n for n in names if n not in kinds]
-    if missing:
-        raise ConfigError(f"where: store {location!r} holds no field {missing[0]!r} "
-                          f"(it holds: {', '.join(kinds) or 'none'})")
-    owners = read_small_array(reader.root, meta, fmt.SOURCES)  # each sample's row of the fields
+    names = where.names if where.test is None else tuple(n for n, _ in meta.fields)
+    check_held(meta, (), names, location, asked="where")
+    owners = sample_rows(reader.root, meta)  # each sample's row of the fields
     held = read_pairs(reader.root, meta, texts=(), fields=names).fields
     columns = {n: held[n][owners] for n in names}
     if where.test is not None:
@@ -56,18 +53,21 @@ def select(reader: Any, where: Where, location: str) -> np.ndarray:
     else:
         assert where.tree is not None
         mask = np.broadcast_to(_evaluate(where.tree.body, columns, where.text), owners.shape)
-    kept = np.flatnonzero(mask)
-    if not kept.size:
-        raise ConfigError(f"where={where.text or 'function'!r} keeps no sample of store {location!r}")
-    return kept
+    return np.flatnonzero(mask)
 
 
 def narrowed(reader: Any, where: Where | None, subset: np.ndarray | None, location: str) -> np.ndarray | None:
-    """``subset`` (None: every sample) less the samples ``where`` does not pass."""
+    """``subset`` (None: every sample) less the samples ``where`` does not pass; a ConfigError
+    where none is left."""
     if where is None:
         return subset
     kept = select(reader, where, location)
-    return kept if subset is None else np.intersect1d(subset, kept)
+    if subset is not None:
+        kept = np.intersect1d(subset, kept)
+    if not kept.size:
+        among = "" if subset is None else " among the indices given"
+        raise ConfigError(f"where={where.text or 'function'!r} keeps no sample of store {location!r}{among}")
+    return kept
 
 
 def _evaluate(node: ast.AST, columns: dict[str, np.ndarray], text: str) -> Any:
@@ -118,6 +118,11 @@ def _members(values: Any, field: np.ndarray, text: str) -> np.ndarray:
     strings = field.dtype.kind == "T"
     if isinstance(values, _FileIds):
         values = _read_ids(Path(values.path), text)
+    if isinstance(values, np.ndarray):  # a .npy file's: of its own dtype
+        if strings != (values.dtype.kind in "TUS"):
+            raise ConfigError(f"where: a {'text' if strings else 'number'} field is compared with the "
+                              f"{values.dtype} ids of a .npy file in {text!r}")
+        return values.astype("T") if strings else values
     items = list(values)
     if strings:
         if not all(isinstance(v, str) for v in items):
@@ -128,22 +133,44 @@ def _members(values: Any, field: np.ndarray, text: str) -> np.ndarray:
             return np.asarray([v if isinstance(v, float) else int(v) for v in items], dtype=object).astype(
                 np.int64 if all(not isinstance(v, float) for v in items) else np.float64)
         return np.asarray([float(v) for v in items], dtype=np.float64)
-    except (ValueError, OverflowError):
+    except OverflowError:
+        raise ConfigError(f"where: a number past int64 is compared with a whole-number field in {text!r}") from None
+    except ValueError:
         raise ConfigError(f"where: a number field is compared with text in {text!r}") from None
 
 
-def _read_ids(path: Path, text: str) -> list[str]:
-    """The ids in a file, one a line (blank lines skipped)."""
+def _read_ids(path: Path, text: str) -> list[str] | np.ndarray:
+    """The ids in a file: one a line (blank lines skipped), or a ``.npy`` array (DataComp's
+    subsets: pairs of uint64 read as the 32 hex digits of its ``uid`` field, or plain numbers or
+    strings). A plain file of at most MAX_ID_FILE_BYTES, read once."""
+    where = f"where: file({str(path)!r})"
     try:
-        size = path.stat().st_size
-        if size > MAX_ID_FILE_BYTES:
-            raise ConfigError(f"where: file({str(path)!r}) holds {size} bytes, more than {MAX_ID_FILE_BYTES}")
-        with open(path, encoding="utf-8") as f:
-            return [line.strip() for line in f if line.strip()]
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):  # a FIFO would block, /dev/zero never end
+                raise ConfigError(f"{where} is not a plain file")
+            if st.st_size > MAX_ID_FILE_BYTES:
+                raise ConfigError(f"{where} holds {st.st_size} bytes, more than {MAX_ID_FILE_BYTES}")
+            data = f.read(MAX_ID_FILE_BYTES + 1)
     except OSError as e:
-        raise ConfigError(f"where: file({str(path)!r}) cannot be read: {e.strerror or e}") from None
+        raise ConfigError(f"{where} cannot be read: {e.strerror or e}") from None
+    if path.suffix.lower() == ".npy":
+        try:
+            ids = np.load(io.BytesIO(data), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise ConfigError(f"{where} is not a .npy array: {one_line(e)}") from None
+        if ids.dtype.names and len(ids.dtype.names) == 2 and all(
+                ids.dtype[n] == np.uint64 for n in ids.dtype.names):  # DataComp: a 128-bit uid
+            high, low = (ids[n].astype(np.uint64) for n in ids.dtype.names)
+            return np.asarray([f"{a:016x}{b:016x}" for a, b in zip(high.tolist(), low.tolist(), strict=True)],
+                              dtype="T")
+        if ids.ndim != 1 or ids.dtype.kind not in "iufUS":
+            raise ConfigError(f"{where} holds a {ids.dtype} array of shape {ids.shape}, not ids")
+        return ids
+    try:
+        return [line.strip() for line in data.decode("utf-8").splitlines() if line.strip()]
     except UnicodeDecodeError:
-        raise ConfigError(f"where: file({str(path)!r}) is not UTF-8 text (one id a line)") from None
+        raise ConfigError(f"{where} is not UTF-8 text (one id a line)") from None
 
 
 def _comparable(a: Any, b: Any, text: str) -> None:

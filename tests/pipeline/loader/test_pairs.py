@@ -5,6 +5,7 @@ resumed epoch, the tokenizer on a reader thread, and a one-line refusal for what
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +232,57 @@ def test_stats_say_how_many_samples_passed_where(store: Path) -> None:
         pass
     stats = loader.stats()
     assert stats.selected == (12, SAMPLES) and "| samples that passed where= | 12 of 24 |" in str(stats)
+
+
+def test_a_tokenizer_that_fails_or_miscounts_stops_the_epoch_in_one_line(store: Path) -> None:
+    def raising(texts: list[str]) -> torch.Tensor:
+        raise ValueError("boom\nsecond line")
+
+    for tokenizer, says in ((raising, "the tokenizer raised ValueError on the batch from sample"),
+                            (lambda texts: torch.zeros(len(texts) + 1, 4), "rows for 4 captions")):
+        loader = Loader(store, 4, text="caption", tokenizer=tokenizer, size=32)
+        with pytest.raises(ConfigError) as refused:
+            next(iter(loader))
+        assert says in str(refused.value) and "\n" not in str(refused.value), refused.value
+        loader.close()
+
+
+def test_the_tokenizer_is_never_called_by_two_threads_at_once(store: Path) -> None:
+    inside, most = [0], [0]
+    lock = threading.Lock()
+
+    def tokenizer(texts: list[str]) -> torch.Tensor:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.01)  # long enough for another reader thread to arrive
+        with lock:
+            inside[0] -= 1
+        return torch.zeros(len(texts), 2)
+
+    loader = Loader(store, 2, text="caption", tokenizer=tokenizer, num_workers=4, size=32)
+    assert sum(len(tokens) for _, tokens in loader) == SAMPLES
+    assert most[0] == 1
+
+
+def test_where_reads_datacomp_s_npy_subsets_and_refuses_what_is_no_id_file(store: Path, tmp_path: Path) -> None:
+    numbers = tmp_path / "widths.npy"
+    np.save(numbers, np.array([40, 45, 63], dtype=np.int64))
+    assert sorted(i for _, f in Loader(store, 4, where=f"width in file('{numbers}')", fields="width", size=32)
+                  for i in f["width"].tolist()) == [40, 45, 63]
+    uids = tmp_path / "uids.npy"  # DataComp's layout: each 128-bit uid as two uint64
+    np.save(uids, np.array([(0, 1), (0xFFFF, 2)], dtype="u8,u8"))
+    with pytest.raises(ConfigError, match="keeps no sample"):  # hex uids, none of this store's
+        Loader(store, 4, where=f"uid in file('{uids}')")
+    for where, says in ((f"uid in file('/dev/zero')", "not a plain file"),
+                        ("width in [2**63]", "not part of the expression"),
+                        ("width in [9223372036854775808]", "past int64"),
+                        ("uid == -'x'", "not part of the expression"),
+                        ("not " * 2400 + "width > 1", "nests too deeply")):
+        with pytest.raises(ConfigError) as refused:
+            Loader(store, 4, where=where)
+        assert says in str(refused.value) and "\n" not in str(refused.value), (where[:40], refused.value)
+    with pytest.raises(ConfigError, match="among the indices given"):
+        Loader(store, 4, where="score > 3", indices=[0, 2, 4])
+    with pytest.raises(ConfigError, match="labels=False with targets"):
+        Loader(store, 4, labels=False, targets="boxes")
