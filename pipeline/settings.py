@@ -393,7 +393,8 @@ def _together(values: dict[str, Any]) -> None:
     if values["tokenizer"] is not None and values["text"] is None:
         raise ConfigError("tokenizer needs text=: name the captions it tokenises")
     if values["labels"] is False and values["targets"]:  # targets take the labels' place in a batch
-        raise ConfigError("labels=False with targets: the boxes and masks are a batch's labels; leave labels out")
+        raise ConfigError("labels=False with targets: the boxes and masks are a batch's labels; "
+                          "leave labels out")
     if values["text"] is not None and values["targets"]:
         raise ConfigError("text and targets cannot be asked together: a batch carries captions or boxes "
                           "and masks")

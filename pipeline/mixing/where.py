@@ -134,7 +134,8 @@ def _members(values: Any, field: np.ndarray, text: str) -> np.ndarray:
                 np.int64 if all(not isinstance(v, float) for v in items) else np.float64)
         return np.asarray([float(v) for v in items], dtype=np.float64)
     except OverflowError:
-        raise ConfigError(f"where: a number past int64 is compared with a whole-number field in {text!r}") from None
+        raise ConfigError(f"where: a number past int64 is compared with a whole-number field "
+                          f"in {text!r}") from None
     except ValueError:
         raise ConfigError(f"where: a number field is compared with text in {text!r}") from None
 

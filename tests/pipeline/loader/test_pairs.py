@@ -274,7 +274,7 @@ def test_where_reads_datacomp_s_npy_subsets_and_refuses_what_is_no_id_file(store
     np.save(uids, np.array([(0, 1), (0xFFFF, 2)], dtype="u8,u8"))
     with pytest.raises(ConfigError, match="keeps no sample"):  # hex uids, none of this store's
         Loader(store, 4, where=f"uid in file('{uids}')")
-    for where, says in ((f"uid in file('/dev/zero')", "not a plain file"),
+    for where, says in (("uid in file('/dev/zero')", "not a plain file"),
                         ("width in [2**63]", "not part of the expression"),
                         ("width in [9223372036854775808]", "past int64"),
                         ("uid == -'x'", "not part of the expression"),
