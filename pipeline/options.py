@@ -105,41 +105,51 @@ DATALOADER_ONLY: Final = {
 
 @dataclass(frozen=True)
 class TextChoice:
-    """Which captions a batch carries: one name, or several with their weights (a pick per sample).
+    """Which captions a batch carries: one name; several in a fixed order of priority (the first
+    that is not empty); or several with weights (a weighted order per sample, drawn).
 
     Attributes
     ----------
     names : tuple of str
         The caption names, in the order given.
-    weights : tuple of float
-        Their weights (1.0 for a single name), positive.
+    weights : tuple of float or None
+        Their weights, >= 0 with one > 0 (a weight of 0: a fallback after the others, in the
+        order given); None: the names' own order, no draw.
     """
 
     names: tuple[str, ...]
-    weights: tuple[float, ...]
+    weights: tuple[float, ...] | None = None
 
     def identity(self) -> list[Any]:
         """What a saved state names: the names and weights."""
-        return [list(self.names), list(self.weights)]
+        return [list(self.names), None if self.weights is None else list(self.weights)]
 
 
 def parse_text(value: Any) -> TextChoice | None:
-    """``Loader(text=...)``: None, a caption name, or a mapping of names to positive weights."""
+    """``Loader(text=...)``: None, a caption name, a list of names in priority order, or a
+    mapping of names to weights (open_clip's ``--json-text-key`` and ``--json-text-key-probs``)."""
     if value is None:
         return None
-    if isinstance(value, str):
-        value = {value: 1.0}
-    if not isinstance(value, Mapping) or not value:
-        raise ConfigError(f"text must be a caption name or a dict of caption names to weights, got {value!r}")
-    names, weights = [], []
-    for name, weight in value.items():
+    weighted = isinstance(value, Mapping)
+    names = ([value] if isinstance(value, str)
+             else list(value) if isinstance(value, (Mapping, list, tuple)) else None)
+    if not names:
+        raise ConfigError(f"text must be a caption name, a list of them or a dict of names to weights, "
+                          f"got {value!r}")
+    for name in names:
         if not isinstance(name, str) or not PAIR_NAME.fullmatch(name):
             raise ConfigError(f"text names a caption by its store name (letters, digits and _), got {name!r}")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
-            raise ConfigError(f"text's weight for {name!r} must be a positive number, got {weight!r}")
-        names.append(name)
-        weights.append(float(weight))
-    return TextChoice(tuple(names), tuple(weights))
+    if len(set(names)) != len(names):
+        raise ConfigError(f"text names a caption twice: {names}")
+    if not weighted:
+        return TextChoice(tuple(names))
+    weights = list(value.values())
+    for name, weight in zip(names, weights, strict=True):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
+            raise ConfigError(f"text's weight for {name!r} must be a number >= 0, got {weight!r}")
+    if not any(w > 0 for w in weights):
+        raise ConfigError(f"text's weights must hold one above 0, got {dict(value)!r}")
+    return TextChoice(tuple(names), tuple(float(w) for w in weights))
 
 
 def parse_fields(value: Any) -> tuple[str, ...]:

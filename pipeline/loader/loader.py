@@ -198,13 +198,15 @@ class Loader:
     max_objects : int, optional
         The padded layout's slots per image; default the batch's largest count. An image with
         more is an error, never cut.
-    text : str or dict of str to float, optional
+    text : str, list of str or dict of str to float, optional
         From an image-text store (``tilefeed preprocess`` of WebDataset shards, parquet or a
         caption table): each batch carries its samples' captions, a list of str, right after
-        the images: ``images, texts = batch`` as open_clip unpacks it. A dict of caption names
-        to weights picks one name per sample per epoch by weight, from (seed, epoch, sample)
-        alone, an empty pick falling to the next name in that sample's drawn order (open_clip's
-        ``--json-text-key-probs``). Part of the resume state's identity.
+        the images: ``images, texts = batch`` as open_clip unpacks it. A list of caption names
+        takes each sample's first that is not empty (open_clip's ``--json-text-key a;b``). A
+        dict of names to weights puts each sample's names in a weighted random order, drawn
+        from (seed, epoch, position) alone, and takes the first that is not empty; a weight of
+        0 is a fallback after the others (open_clip's ``--json-text-key-probs``). Part of the
+        resume state's identity.
     tokenizer : callable, optional
         With ``text``: called with each batch's list of captions on a reader thread, never on
         the training loop's (``open_clip.get_tokenizer(name)``, a Hugging Face tokenizer's
@@ -293,7 +295,7 @@ class Loader:
         targets: str | Iterable[str] | None = None,
         targets_layout: TargetsLayout | str = "dicts",
         max_objects: int | None = None,
-        text: str | Mapping[str, float] | None = None,
+        text: str | Sequence[str] | Mapping[str, float] | None = None,
         tokenizer: Callable[[list[str]], Any] | None = None,
         fields: str | Sequence[str] | None = None,
         labels: bool | None = None,

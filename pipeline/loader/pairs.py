@@ -138,14 +138,20 @@ def pick(texts: Mapping[str, np.ndarray], text: TextChoice, seed: int, epoch: in
          positions: np.ndarray) -> list[str]:
     """Each sample's caption (``rows``: its row of ``texts``): the first name not empty in its
     weighted order, drawn from (seed, epoch, position) (module docstring)."""
-    found = np.stack([texts[n][rows] for n in text.names], axis=1) if len(rows) else np.empty((0, 1), "T")
-    if len(text.names) == 1:
+    count = len(text.names)
+    found = np.stack([texts[n][rows] for n in text.names], axis=1) if len(rows) else np.empty((0, count), "T")
+    if count == 1:
         return [str(s) for s in found[:, 0]]
-    # a weighted random order (Efraimidis and Spirakis): sorting u ** (1 / w) downwards puts
-    # name k first with probability w_k / sum(w), then the rest by the same rule
-    u = uniforms(stream_seed(seed, TEXT_STREAM), epoch, np.asarray(positions, dtype=np.int64), len(text.names))
-    keys = np.log(np.maximum(u, 1e-300)) / np.asarray(text.weights)
-    order = np.argsort(-keys, axis=1, kind="stable")
+    if text.weights is None:  # the order given, for every sample
+        order = np.broadcast_to(np.arange(count), found.shape)
+    else:
+        # a weighted random order (Efraimidis and Spirakis): sorting u ** (1 / w) downwards puts
+        # name k first with probability w_k / sum(w), then the rest by the same rule; a weight
+        # of 0 sorts after every other, in the order given (open_clip's fallbacks)
+        u = uniforms(stream_seed(seed, TEXT_STREAM), epoch, np.asarray(positions, dtype=np.int64), count)
+        with np.errstate(divide="ignore"):
+            keys = np.log(np.maximum(u, 1e-300)) / np.asarray(text.weights)
+        order = np.argsort(-keys, axis=1, kind="stable")
     chosen = np.take_along_axis(found, order[:, :1], axis=1)[:, 0]
     for rank in range(1, len(text.names)):
         empty = chosen == ""

@@ -132,7 +132,7 @@ def test_what_a_store_lacks_is_refused_in_one_line(store: Path) -> None:
                           ({"text": "nope"}, "holds no caption named 'nope' (it holds: caption, synthetic)"),
                           ({"fields": ("nope",)}, "holds no field 'nope'"),
                           ({"tokenizer": str.split}, "tokenizer needs text="),
-                          ({"text": {"caption": 0}}, "positive number"),
+                          ({"text": {"caption": 0}}, "one above 0"),
                           ({"text": "../x"}, "letters, digits and _"),
                           ({"text": "caption", "targets": "boxes"}, "cannot be asked together")):
         with pytest.raises(ConfigError) as refused:
@@ -141,7 +141,7 @@ def test_what_a_store_lacks_is_refused_in_one_line(store: Path) -> None:
 
 
 def test_parse_text_takes_a_name_or_weights() -> None:
-    assert parse_text("caption") == TextChoice(("caption",), (1.0,))
+    assert parse_text("caption") == TextChoice(("caption",))
     assert parse_text({"a": 2, "b": 0.5}) == TextChoice(("a", "b"), (2.0, 0.5))
     assert parse_text(None) is None
     with pytest.raises(ConfigError):
@@ -286,3 +286,17 @@ def test_where_reads_datacomp_s_npy_subsets_and_refuses_what_is_no_id_file(store
         Loader(store, 4, where="score > 3", indices=[0, 2, 4])
     with pytest.raises(ConfigError, match="labels=False with targets"):
         Loader(store, 4, labels=False, targets="boxes")
+
+
+def test_text_in_priority_order_or_with_fallbacks_of_weight_zero() -> None:
+    count = 4000
+    texts = {"a": np.array(["" if i % 3 == 0 else f"a{i}" for i in range(count)], dtype="T"),
+             "b": np.array([f"b{i}" for i in range(count)], dtype="T"),
+             "c": np.array([f"c{i}" for i in range(count)], dtype="T")}
+    ids = np.arange(count)
+    ordered = pick(texts, parse_text(["a", "b"]), 0, 0, ids, ids)  # open_clip's --json-text-key a;b
+    assert ordered == [f"b{i}" if i % 3 == 0 else f"a{i}" for i in range(count)]
+    fallback = pick(texts, parse_text({"a": 1, "c": 0, "b": 0}), 0, 0, ids, ids)
+    assert fallback == [f"c{i}" if i % 3 == 0 else f"a{i}" for i in range(count)]  # zeros in the order given
+    with pytest.raises(ConfigError, match="one above 0"):
+        parse_text({"a": 0})
