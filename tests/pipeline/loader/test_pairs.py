@@ -300,3 +300,32 @@ def test_text_in_priority_order_or_with_fallbacks_of_weight_zero() -> None:
     assert fallback == [f"c{i}" if i % 3 == 0 else f"a{i}" for i in range(count)]  # zeros in the order given
     with pytest.raises(ConfigError, match="one above 0"):
         parse_text({"a": 0})
+
+
+def test_a_weighted_mix_with_tokens_resumes_on_another_world_size_exactly_once(store: Path,
+                                                                               tmp_path: Path) -> None:
+    small = make_pairs_store(tmp_path, 10)
+    mix = Mix({"big": store, "small": small}, weights={"big": 2, "small": 1}, epoch_samples=30)
+
+    def tokenizer(texts: list[str]) -> torch.Tensor:
+        return torch.tensor([[sum(map(ord, t))] for t in texts])
+
+    options = dict(text={"caption": 1.0, "synthetic": 1.0}, tokenizer=tokenizer, with_index=True, seed=6,
+                   size=32)
+    whole = sorted((i, int(t)) for _, tokens, ids in Loader(mix, 3, **options)
+                   for i, t in zip(ids.tolist(), tokens[:, 0].tolist(), strict=True))
+    done = []
+    for rank in range(2):
+        it = iter(Loader(mix, 3, rank=rank, world_size=2, **options))
+        for _ in range(2):
+            _, tokens, ids = next(it)
+            done += list(zip(ids.tolist(), tokens[:, 0].tolist(), strict=True))
+    first = Loader(mix, 3, rank=0, world_size=2, **options)
+    run = iter(first)
+    for _ in range(2):
+        next(run)
+    resumed = Loader(mix, 3, **options)  # one process now
+    resumed.load_state_dict(first.state_dict())
+    rest = [(i, int(t)) for _, tokens, ids in resumed for i, t in zip(ids.tolist(), tokens[:, 0].tolist(),
+                                                                       strict=True)]
+    assert sorted(done + rest) == whole  # each position once, with the caption drawn for it
