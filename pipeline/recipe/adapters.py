@@ -562,12 +562,13 @@ OPEN_CLIP_FLAGS: dict[str, Flag] = {
                      "preprocess --csv-img-key/--csv-caption-key/--csv-separator` read the table with them "
                      "when the store was made; the caption column is the store's `caption`"),
     "json_text_key": Flag("--json-text-key/--json-text-key-probs", H, "(later open_clip; absent in 3.3.0) "
-                          "caption names, each sample's picked by probability, an empty pick falling to the "
-                          "next: text={name: prob} (equal weights without probs); without it the store's "
+                          "caption names split on `;`, each sample's first not empty: text=[names]; with "
+                          "probs, each sample's names in a weighted random order (a missing or 0 weight a "
+                          "fallback after the drawn ones): text={name: prob}; without it the store's "
                           "`caption`"),
-    "image_key": Flag("--image-key/--max-image-pixels", H, "(later open_clip; absent in 3.3.0) no effect at "
-                      "training: `tilefeed preprocess --image-key/--max-pixels` apply them when the store is "
-                      "made"),
+    "image_key": Flag("--image-key/--text-key/--max-image-pixels", H, "(later open_clip; absent in 3.3.0) "
+                      "no effect at training: `tilefeed preprocess --image-key`, `--caption-key` and "
+                      "`--max-pixels` apply them when the store is made"),
     "batch_size": Flag("--batch-size", H, "batch size per rank, training and evaluation: batch_size "
                        "(training drops the incomplete tail, as the script's DataLoader)"),
     "workers": Flag("--workers", H, "loader workers: num_workers (DALI's threads)"),
@@ -702,17 +703,22 @@ def _store_size(source: str) -> int:
     return int(open_store(source)[1].samples)
 
 
-def _open_clip_text(args: Any) -> str | dict[str, float]:
-    """The caption names: --json-text-key (and its probs) where the script has them, else ``caption``."""
-    keys = _sources(getattr(args, "json_text_key", None))
-    if not keys:
+def _open_clip_text(args: Any) -> str | list[str] | dict[str, float]:
+    """The caption names, as open_clip's later ``--json-text-key`` (names split on ``;``, the
+    first not empty taken) and ``--json-text-key-probs`` (weights, the missing ones 0: fallbacks
+    after the drawn ones) pick them; without them the store's ``caption``."""
+    keys = getattr(args, "json_text_key", None)
+    names = [k.strip() for k in (keys.split(";") if isinstance(keys, str) else list(keys or [])) if k.strip()]
+    if not names:
         return "caption"
-    probs = _sources(getattr(args, "json_text_key_probs", None))
-    if probs and len(probs) != len(keys):
-        raise ConfigError(f"open_clip_train --json-text-key-probs: {len(probs)} values for {len(keys)} keys")
-    if len(keys) == 1:
-        return keys[0]
-    return {key: float(p) for key, p in zip(keys, probs or ["1"] * len(keys), strict=True)}
+    probs = getattr(args, "json_text_key_probs", None)
+    if probs is None:
+        return names[0] if len(names) == 1 else names
+    weights = [float(p) for p in (probs.split() if isinstance(probs, str) else probs)]
+    if len(weights) > len(names):
+        raise ConfigError(f"open_clip_train --json-text-key-probs: {len(weights)} values for {len(names)} "
+                          "keys (open_clip refuses more values than keys)")
+    return dict(zip(names, weights + [0.0] * (len(names) - len(weights)), strict=True))
 
 
 def _open_clip_recipe(args: Any) -> Recipe:

@@ -211,7 +211,7 @@ def test_every_flag_the_table_names_is_one_open_clip_has() -> None:
     if spec is None or spec.origin is None:
         pytest.skip("open_clip_train not installed: pip install open_clip_torch==3.3.0 (the dev extra)")
     params = (Path(spec.origin).parent / "params.py").read_text()
-    later = {"--json-text-key", "--json-text-key-probs", "--image-key", "--max-image-pixels"}
+    later = {"--json-text-key", "--json-text-key-probs", "--image-key", "--text-key", "--max-image-pixels"}
     for row in OPEN_CLIP_FLAGS.values():
         for flag in re.findall(r"--[a-z][a-z0-9-]*", row.flag):
             if flag in later:

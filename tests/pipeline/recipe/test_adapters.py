@@ -308,10 +308,16 @@ def test_open_clip_mixing_flags_make_a_mix(tmp_path: Path) -> None:
 
 
 def test_later_open_clip_caption_flags_pick_the_captions() -> None:
-    picked = oc_options(json_text_key="caption::synthetic", json_text_key_probs="0.7::0.3")
+    """open_clip's main branch: ``--json-text-key 'a;b'`` is an order of fallbacks, its
+    ``--json-text-key-probs`` (nargs floats) weights padded with 0 for the keys it leaves out."""
+    picked = oc_options(json_text_key="caption;synthetic", json_text_key_probs=[0.7, 0.3])
     assert picked["text"] == {"caption": 0.7, "synthetic": 0.3}
-    assert oc_options(json_text_key="caption::synthetic")["text"] == {"caption": 1.0, "synthetic": 1.0}
+    assert oc_options(json_text_key="caption;synthetic", json_text_key_probs=[1.0])["text"] == {
+        "caption": 1.0, "synthetic": 0.0}
+    assert oc_options(json_text_key="caption; synthetic")["text"] == ["caption", "synthetic"]
     assert oc_options(train=False, json_text_key="synthetic")["text"] == "synthetic"
+    with pytest.raises(ConfigError, match="3 values for 2 keys"):
+        oc_options(json_text_key="caption;synthetic", json_text_key_probs=[0.5, 0.3, 0.2])
 
 
 @pytest.mark.parametrize("changes, config, train, named", [
