@@ -24,7 +24,7 @@ from tilefeed.store.shard import sha256_files
 from tilefeed.preprocess.settings import Mode, StoreSettings, TargetKind, TileSettings, describe
 from tilefeed.preprocess.sources.source_list import decode_paths
 from tilefeed.preprocess.sources.finding import Listing
-from tilefeed.preprocess.sources.pairs import PairTable
+from tilefeed.preprocess.sources.pairs import PairTable, stored
 
 
 _WIDTH = {name: (width,) for name, width in fmt.ROW_WIDTH.items()}  # rows of several values
@@ -120,23 +120,47 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
 
 
 def _write_pairs(root: Path, group: object, pairs: PairTable) -> list[str]:
-    """The captions' and fields' arrays, one row per listed source, streamed from the scan's
-    table one array and one chunk at a time; their names, captions first."""
+    """The captions' and fields' arrays, one row per listed source, written in one pass over the
+    scan's table (parsing each line once): each array holds its current chunk and writes it when
+    full. Their names, captions first."""
+    columns = [*((n, True, "string") for n in pairs.texts), *((n, False, d) for n, d in pairs.fields)]
+    strings: list[tuple[str, bool, str, int, list[str]]] = []  # (name, text, array, chunk, held)
+    numbers: list[tuple[str, str, _RowWriter, list[Any]]] = []  # (name, dtype, writer, held)
     names = []
-    for name, text in [*((n, True) for n in pairs.texts), *((n, False) for n, _ in pairs.fields)]:
+    for name, text, dtype in columns:
         array = fmt.text_array(name) if text else fmt.field_array(name)
-        dtype = "string" if text else dict(pairs.fields)[name]
         if dtype == "string":
             chunk = min(pairs.count, fmt.TEXT_CHUNK if text else fmt.PATHS_CHUNK)
             _string_array(group, array, pairs.count, chunk)
-            for index, values in enumerate(pairs.column(name, text, chunk)):
-                _write_chunk(root, array, index, _paths_chunk(list(values), chunk))
+            strings.append((name, text, array, chunk, []))
         else:
-            writer = _RowWriter(_small_array(group, array, pairs.count, dtype), fmt.SMALL_CHUNK)
-            for values in pairs.column(name, text, fmt.SMALL_CHUNK):
-                writer.add(values)
-            writer.close()
+            numbers.append((name, dtype, _RowWriter(_small_array(group, array, pairs.count, dtype),
+                                                    fmt.SMALL_CHUNK), []))
         names.append(array)
+    if not columns:
+        return names
+    written = dict.fromkeys((array for _, _, array, _, _ in strings), 0)  # chunks written, by array
+    rows = fmt.SMALL_CHUNK  # numbers are handed to their writers this many rows at a time
+    for record in pairs.rows():
+        texts, fields = record["t"], record["f"]
+        for name, text, array, chunk, held in strings:
+            held.append(stored((texts if text else fields).get(name), "string"))
+            if len(held) == chunk:
+                _write_chunk(root, array, written[array], _paths_chunk(held, chunk))
+                written[array] += 1
+                held.clear()
+        for name, dtype, writer, values in numbers:
+            values.append(stored(fields.get(name), dtype))
+            if len(values) == rows:
+                writer.add(np.array(values, dtype=dtype))
+                values.clear()
+    for _, _, array, chunk, held in strings:
+        if held:
+            _write_chunk(root, array, written[array], _paths_chunk(held, chunk))
+    for _, dtype, writer, values in numbers:
+        if values:
+            writer.add(np.array(values, dtype=dtype))
+        writer.close()
     return names
 
 

@@ -5,8 +5,8 @@ where its bytes are (its *member*).
 A table is a folder of two files, written in store order as the scan lists sources: ``lines``,
 one JSON object a source (``{"t": {name: caption}, "f": {name: value}, "m": member or null}``),
 and ``index``, the little-endian int64 offset of every line and then the file's size, so a
-part's lines are one byte range. Nothing holds every source: the writer streams the lines once
-per array it writes (``PairTable.column``).
+part's lines are one byte range. Nothing holds every source: the writer streams the lines once,
+holding a chunk of each array it writes (``metadata._write_pairs``).
 
 A field's dtype is decided by the values the scan met: whole numbers only, int64; numbers,
 float64 (a source without the field: NaN); anything else, a string (numbers written as JSON
@@ -65,26 +65,16 @@ class PairTable:
             for line in f:
                 yield json.loads(line)
 
-    def column(self, name: str, text: bool, rows: int) -> Iterator[np.ndarray]:
-        """The values of caption (``text``) or field ``name``, ``rows`` sources at a time, as
-        the store holds them (strings as a numpy object array of str)."""
-        dtype = "string" if text else dict(self.fields)[name]
-        held: list[Any] = []
-        for record in self.rows():
-            held.append(_stored((record["t"] if text else record["f"]).get(name), dtype))
-            if len(held) == rows:
-                yield _array(held, dtype)
-                held = []
-        if held:
-            yield _array(held, dtype)
-
 
 def members(lines: bytes) -> list[dict[str, Any] | None]:
     """Each source's member (None: a file of its own), from a part's lines."""
     return [json.loads(line)["m"] for line in lines.splitlines()]
 
 
-def _stored(value: Any, dtype: str) -> Any:
+def stored(value: Any, dtype: str) -> Any:
+    """A caption's or field's value as the store holds it in an array of ``dtype``: text as it
+    is (an absent one ""; numbers, objects and lists as JSON writes them), a number as int or
+    float (absent: 0 or NaN)."""
     if dtype == "string":
         if value is None:
             return ""
@@ -92,14 +82,6 @@ def _stored(value: Any, dtype: str) -> Any:
     if value is None:
         return math.nan if dtype == "float64" else 0
     return float(value) if dtype == "float64" else int(value)
-
-
-def _array(values: list[Any], dtype: str) -> np.ndarray:
-    if dtype == "string":
-        out = np.empty(len(values), dtype=object)
-        out[:] = values
-        return out
-    return np.array(values, dtype=dtype)
 
 
 def _kind(value: Any) -> str:
@@ -166,6 +148,20 @@ class PairTableWriter:
         self._hash.update(line)
         self.count += 1
         self.nbytes += len(line)
+
+    def container(self, path: str, size: int, mtime_ns: int) -> None:
+        """A local file the members that follow lie in (a tar, a parquet file): its size and
+        time of change go into the digest, not the lines, so that a run over a file rewritten
+        in place is not found up to date (a member records only where its bytes lie).
+
+        Parameters
+        ----------
+        path : str
+            The file's real path, as its members name it.
+        size, mtime_ns : int
+            Its ``st_size`` and ``st_mtime_ns`` as the scan read it.
+        """
+        self._hash.update(b"\0container\0" + json.dumps([path, size, mtime_ns]).encode() + b"\n")
 
     def close(self) -> PairTable:
         self._index.write(self.nbytes.to_bytes(8, "little"))

@@ -3,11 +3,16 @@ image bytes): each row a sample, its image in one column and its captions and fi
 
 Every file is checked on its footer before any of its data is read: a footer of more than
 ``MAX_FOOTER`` bytes, more than ``MAX_ROWS`` rows, or a row group whose columns read here (the
-image column included, which a worker reads a row group of) declare more than
-``MAX_GROUP_BYTES`` uncompressed is refused in one line. The driver then reads one row group of
-the caption, field and label columns at a time and never the image bytes: each sample is listed
-with its *member* (file, row group, row, column), which the worker reads
-(``read_member``). The image column is ``--image-column``, else the one ``datasets`` marks as
+image column included) declare more than ``MAX_GROUP_BYTES`` uncompressed makes the file a
+reject, as does a file that is no parquet file, cannot be read or lacks the run's columns: the
+run goes on with the other files (a SRC whose every file is such a reject holds no images, and
+is refused naming the first). A row group whose image column declares more than
+``MAX_IMAGE_GROUP_BYTES`` (a worker holds one group's image column) is a reject of its rows.
+The driver reads the caption, field and label columns ``BATCH_ROWS`` rows at a time and never
+the image bytes; a row group that fails there keeps the rows listed before it and makes the
+file a reject. Each sample is listed with its *member* (file, row group, row, column), which
+the worker reads (``read_member``); a local file's size and time of change are part of the
+run's fingerprint. The image column is ``--image-column``, else the one ``datasets`` marks as
 an ``Image`` in the file's schema metadata, else ``image``; it is binary, or a struct of
 ``bytes`` and ``path`` as ``datasets`` writes it. A row whose bytes are null and whose path is
 set names a file beside the parquet file, resolved and checked as a manifest's row is.
@@ -43,6 +48,10 @@ from tilefeed.store.storage import is_url
 MAX_ROWS: Final = 1 << 31  # rows of one file, and of all of SRC's files together
 MAX_GROUP_BYTES: Final = 2 << 30  # the columns read of one row group, uncompressed
 MAX_FOOTER: Final = 64 << 20  # a file's footer (its metadata), read whole by pyarrow
+# A row group's image column, which a worker holds whole while it reads the group's rows: a
+# group over this is a reject
+MAX_IMAGE_GROUP_BYTES: Final = 512 << 20
+BATCH_ROWS: Final = 4096  # rows of captions and fields the scan turns into objects at a time
 HF_KEY: Final = b"huggingface"  # the schema metadata where `datasets` describes its features
 NEEDS_PYARROW: Final = "reading parquet files needs pyarrow: pip install tilefeed[text]"
 # A bucket parquet file's read-ahead: pyarrow reads the footer's tail and then each column chunk
@@ -205,24 +214,41 @@ def _struct_image(schema: Any, column: str, path: Path | BucketObject) -> bool:
 
 def scan_parquet(src: Path | str, options: SourceOptions, pairs: PairOptions, out: PairSink) -> Scan:
     """Every row of SRC's parquet files into ``out``, file by file (sorted), row group by row
-    group; the rows' rejects and the files' refusals as the module docstring says."""
+    group; the rows' rejects and the files' as the module docstring says."""
     files = parquet_files(src)
     out.notes.append(f"SRC read as parquet ({len(files)} file{'s' if len(files) > 1 else ''})")
-    total = 0
+    total, listed = 0, out.table.count
+    refused: list[str] = []  # the files that are rejects, why
     for path in files:
-        total += _scan_file(path, options, pairs, out)
+        total += _scan_file(path, options, pairs, out, refused)
         if total > MAX_ROWS:
             raise SourceError(f"SRC {str(src)!r} holds more than the {MAX_ROWS} rows a parquet source may hold")
+    if len(refused) == len(files) and out.table.count == listed:
+        others = len(files) - 1
+        more = f" (and {others} other file{'s' if others > 1 else ''}, each a reject)" if others else ""
+        raise SourceError(f"SRC {str(src)!r} holds no images: {refused[0]}{more}")
     return out.scan()
 
 
-def _scan_file(found: Path | str, options: SourceOptions, pairs: PairOptions, out: PairSink) -> int:
+def _scan_file(found: Path | str, options: SourceOptions, pairs: PairOptions, out: PairSink,
+               refused: list[str]) -> int:
+    """One file's rows into ``out``; the rows it read. A file that cannot be opened, or whose
+    columns are not those of the run, is a reject; one that fails in a row group keeps the rows
+    listed before it and is a reject naming the group. Each such reason is added to
+    ``refused``."""
+
+    def refuse(reason: str) -> None:
+        out.reject(name, reason)
+        refused.append(reason)
+
     path: Path | BucketObject
     if isinstance(found, str):  # an object in a bucket: its size and ETag, read once
         try:
             path = stat_object(found)
         except FileNotFoundError:
-            raise SourceError(f"SRC {found!r} does not exist") from None
+            out.reject(found, f"{found!r}: missing: object not found")
+            refused.append(f"{found!r}: missing: object not found")
+            return 0
     else:
         path = found
     name = _name(path)
@@ -243,9 +269,18 @@ def _scan_file(found: Path | str, options: SourceOptions, pairs: PairOptions, ou
         holder.update(image=image, data=list(dict.fromkeys(n for n in (*captions, *others) if n != image)))
         return [image, *holder["data"]]
 
-    pf = open_checked(path, read_columns)
-    image, data = holder["image"], holder["data"]
-    struct = _struct_image(pf.schema_arrow, image, path)
+    try:
+        pf = open_checked(path, read_columns)
+        image, data = holder["image"], holder["data"]
+        struct = _struct_image(pf.schema_arrow, image, path)
+        if not isinstance(path, BucketObject):
+            # the file's size and time of change, in the run's fingerprint: its members record
+            # only where a row lies, so a file rewritten in place must still change the run
+            info = os.stat(path)
+            out.table.container(os.path.realpath(path), info.st_size, info.st_mtime_ns)
+    except (SourceError, OSError) as e:
+        refuse(str(e) if isinstance(e, SourceError) else f"{name!r}: unreadable: {e.strerror or e}")
+        return 0
     resolve: Callable[[int, str], tuple[str, str | None]]
     extra: dict[str, Any] = {}  # a bucket object's size and ETag, in every member
     if isinstance(path, BucketObject):
@@ -265,43 +300,76 @@ def _scan_file(found: Path | str, options: SourceOptions, pairs: PairOptions, ou
     row = 0
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
+        images = _declared_bytes(group, image)
+        if images > MAX_IMAGE_GROUP_BYTES:
+            out.reject(f"{file}#{row}-{row + group.num_rows - 1}",
+                       f"row group {g}: its image column declares {images} bytes uncompressed, over the "
+                       f"{MAX_IMAGE_GROUP_BYTES >> 20} MiB a worker holds; rewrite the file with smaller row "
+                       "groups")
+            row += group.num_rows
+            continue
         nulls = _null_count(group, leaf) if struct else 0
-        try:
-            table = pf.read_row_group(g, columns=data) if data else None
-            values = {name: table.column(name).to_pylist() for name in data} if table is not None else {}
-            del table
-            paths = None
-            if nulls != 0 and named_files:  # some rows may name a file instead of holding bytes: their paths
-                paths = pf.read_row_group(g, columns=[f"{image}.path"]).column(image).to_pylist()
-            columns = [*values.values(), *([paths] if paths is not None else [])]
-            if any(len(column) != group.num_rows for column in columns):
-                raise ValueError(f"it holds other than the {group.num_rows} rows its footer declares")
-        except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on damaged pages: one line
-            raise SourceError(f"{name!r}: row group {g} cannot be read: {_line(e)}") from None
-        for r in range(group.num_rows):
-            record = {name: column[r] for name, column in values.items()}
-            captions = {name: record.get(name) for name in pairs.caption_key}
-            listed = f"{file}#{row}"
-            held: dict[str, Any] = {"parquet": real, "group": g, "row": r, "column": image, **extra}
-            member: dict[str, Any] | None = held
-            named = (paths[r] or {}).get("path") if paths else None
-            if named:
-                if not isinstance(named, str) or "\0" in named:
-                    out.reject(listed, "unusable image path: not text or holding a NUL")
-                    row += 1
-                    continue
-                where, _ = resolve(row, named)  # a path outside the folder refuses the run
-                if nulls == group.num_rows:
-                    listed, member = where, None  # no row holds bytes: the file is the source
-                else:
-                    held["path"] = where  # read when the row's bytes are null
-            elif nulls == group.num_rows:
-                out.reject(listed, "no image: its bytes and its path are both null")
+        with_paths = nulls != 0 and named_files  # some rows may name a file instead of holding bytes
+        # the captions and fields a batch at a time: never a whole row group of them as objects
+        batches = pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], use_threads=False,
+                                  columns=[*data, *([f"{image}.path"] if with_paths else [])])
+        done = 0
+        while True:
+            try:
+                batch = next(batches, None)
+                if batch is None:
+                    if done != group.num_rows:
+                        raise ValueError(f"it holds {done} rows, not the {group.num_rows} its footer declares")
+                    break
+                if done + batch.num_rows > group.num_rows:
+                    raise ValueError(f"it holds more than the {group.num_rows} rows its footer declares")
+                values = {n: batch.column(n).to_pylist() for n in data}
+                paths = batch.column(image).to_pylist() if with_paths else None
+            except Exception as e:  # noqa: BLE001 - whatever pyarrow raises on damaged pages: one line
+                refuse(f"{name!r}: row group {g} cannot be read after {row} rows (those kept): {_line(e)}")
+                return row
+            for r in range(batch.num_rows):
+                _row(out, pairs, resolve, {n: column[r] for n, column in values.items()},
+                     paths[r] if paths else None, row, f"{file}#{row}",
+                     {"parquet": real, "group": g, "row": done + r, "column": image, **extra},
+                     nulls == group.num_rows)
                 row += 1
-                continue
-            out.sample(listed, captions, record, member)
-            row += 1
+            done += batch.num_rows
     return row
+
+
+def _row(out: PairSink, pairs: PairOptions, resolve: Callable[[int, str], tuple[str, str | None]],
+         record: dict[str, Any], named: Any, row: int, listed: str, held: dict[str, Any],
+         no_bytes: bool) -> None:
+    """One row into ``out``: ``held`` its member, ``named`` its image's struct of ``path`` where
+    read, ``no_bytes`` when no row of its group holds bytes (a row naming a file is that file)."""
+    captions = {n: record.get(n) for n in pairs.caption_key}
+    member: dict[str, Any] | None = held
+    path = (named or {}).get("path")
+    if path:
+        if not isinstance(path, str) or "\0" in path:
+            out.reject(listed, "unusable image path: not text or holding a NUL")
+            return
+        where, _ = resolve(row, path)  # a path outside the folder refuses the run
+        if no_bytes:
+            listed, member = where, None  # no row holds bytes: the file is the source
+        else:
+            held["path"] = where  # read when the row's bytes are null
+    elif no_bytes:
+        out.reject(listed, "no image: its bytes and its path are both null")
+        return
+    out.sample(listed, captions, record, member)
+
+
+def _declared_bytes(group: Any, column: str) -> int:
+    """The bytes the row group's chunks of ``column`` (and of its struct's fields) declare
+    uncompressed."""
+    size = 0
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        if chunk.path_in_schema == column or chunk.path_in_schema.startswith(column + "."):
+            size += max(chunk.total_uncompressed_size, 0)
+    return size
 
 
 def _null_count(group: Any, leaf: int | None) -> int | None:
@@ -328,6 +396,12 @@ class MemberReader:
         if key != self._key:
             self._key, self._column = None, None  # the last group's column goes before the next is read
             pf = open_checked(_member_file(member), lambda schema: [key[2]])
+            if not 0 <= key[1] < pf.metadata.num_row_groups:
+                raise ValueError(f"the file has no row group {key[1]}")
+            images = _declared_bytes(pf.metadata.row_group(key[1]), key[2])
+            if images > MAX_IMAGE_GROUP_BYTES:
+                raise ValueError(f"its row group's image column declares {images} bytes uncompressed, over "
+                                 f"the {MAX_IMAGE_GROUP_BYTES >> 20} MiB a worker holds")
             self._column = pf.read_row_group(key[1], columns=[key[2]]).column(key[2])
             self._key = key
         value = self._column[int(member["row"])].as_py()  # this row's bytes alone are copied

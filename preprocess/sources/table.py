@@ -7,24 +7,33 @@ captions, by their names. Other columns named by ``--fields`` are the sample's f
 
 Paths resolve as a manifest's do (``manifest.path_resolver``): against the table's folder,
 inside it unless ``--allow-outside``, a URL only in an allowed bucket; a row at fault there
-refuses the run naming its line. A row without a caption is a reject. Unlike a manifest's, a
-path may repeat: a picture with several captions is several samples.
+refuses the run naming its line. A row that cannot be read (a line over ``MAX_LINE_BYTES``, a
+field over csv's limit, text that is not UTF-8, a JSON line that is not an object), a row
+without an image path or without a caption is a reject naming its line. Lines are read one at
+a time with a bound, and deciding what a file is reads at most ``MAX_HEADER_BYTES`` of it.
+Unlike a manifest's, a path may repeat: a picture with several captions is several samples.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from tilefeed.preprocess.sources.manifest import path_resolver
 from tilefeed.preprocess.sources.scanning import PairOptions, PairSink, Scan, SourceOptions
 from tilefeed.store.errors import SourceError
 
 JSON_SUFFIXES: Final = (".jsonl", ".ndjson")
+MAX_HEADER_BYTES: Final = 1 << 20  # what deciding on a table reads of it, at most
+# One line of a table: 16 captions and 64 fields at their limits take under 1 MiB; a field over
+# csv's own limit (128 KiB, four captions' worth) rejects its row too
+MAX_LINE_BYTES: Final = 4 << 20
 _INT: Final = re.compile(r"-?(0|[1-9][0-9]*)")
 _FLOAT: Final = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
@@ -38,54 +47,96 @@ def caption_columns(pairs: PairOptions) -> dict[str, str]:
 
 def header(table: Path, pairs: PairOptions, separator: str | None = None) -> list[str]:
     """The column names of ``table``: its CSV header (split on ``separator``, default
-    ``--csv-separator``) or the keys of its first JSON line; [] when it cannot be read so."""
+    ``--csv-separator``) or the keys of its first JSON line; [] when it cannot be read so, or
+    when it does not end within the first ``MAX_HEADER_BYTES`` (never more is read)."""
     try:
-        with open(table, newline="", encoding="utf-8-sig") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                if table.suffix.lower() in JSON_SUFFIXES:
-                    first = json.loads(line)
-                    return [str(k) for k in first] if isinstance(first, dict) else []
-                return [c.strip() for c in next(csv.reader([line], delimiter=separator or pairs.csv_separator))]
-    except (OSError, UnicodeDecodeError, ValueError, csv.Error, StopIteration):
+        fd = os.open(table, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a named pipe never waits
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
+            prefix = os.pread(fd, MAX_HEADER_BYTES, 0)
+        finally:
+            os.close(fd)
+    except OSError:
         return []
+    lines = prefix.split(b"\n")
+    if len(prefix) == MAX_HEADER_BYTES:
+        lines.pop()  # cut short: the last line may go on past the prefix
+    for data in lines:
+        try:
+            line = data.decode("utf-8-sig")
+            if not line.strip():
+                continue
+            if table.suffix.lower() in JSON_SUFFIXES:
+                first = json.loads(line)
+                return [str(k) for k in first] if isinstance(first, dict) else []
+            return [c.strip() for c in next(csv.reader([line], delimiter=separator or pairs.csv_separator))]
+        except (UnicodeDecodeError, ValueError, RecursionError, csv.Error, StopIteration):
+            return []
     return []
 
 
-def _rows(table: Path, pairs: PairOptions) -> Iterator[tuple[int, dict[str, object]]]:
-    """(line, row as column -> value), read as a stream; a row that cannot be read refuses the
-    run naming its line."""
+def _lines(f: BinaryIO, problems: list[tuple[int, str]]) -> Iterator[str]:
+    """The lines of ``f`` as text, each read with a bound: a line over ``MAX_LINE_BYTES`` or not
+    UTF-8 is skipped to its end, its number and reason added to ``problems``, and a blank line
+    given in its place, so that line numbers hold."""
+    number = 0
+    while data := f.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(data) > MAX_LINE_BYTES:
+            while data and not data.endswith(b"\n"):  # the rest of it, a bounded read at a time
+                data = f.readline(MAX_LINE_BYTES)
+            problems.append((number, f"a line over the {MAX_LINE_BYTES} bytes a row may hold"))
+            yield "\n"
+            continue
+        try:
+            yield data.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError:
+            problems.append((number, "not UTF-8 text"))
+            yield "\n"
+
+
+def _rows(table: Path, pairs: PairOptions) -> Iterator[tuple[int, dict[str, object] | str]]:
+    """(line, row as column -> value, or why the line cannot be read), read as a stream, each
+    line with a bound."""
+    problems: list[tuple[int, str]] = []
     try:
-        with open(table, newline="", encoding="utf-8-sig") as f:
+        with open(table, "rb") as f:
+            lines = _lines(f, problems)
             if table.suffix.lower() in JSON_SUFFIXES:
-                for line, text in enumerate(f, start=1):
+                for line, text in enumerate(lines, start=1):
+                    yield from problems
+                    problems.clear()
                     if not text.strip():
                         continue
                     try:
                         row = json.loads(text)
                     except (ValueError, RecursionError):
-                        raise SourceError(f"{table}:{line}: not a JSON object") from None
-                    if not isinstance(row, dict):
-                        raise SourceError(f"{table}:{line}: not a JSON object")
-                    yield line, row
+                        row = None
+                    yield line, row if isinstance(row, dict) else "not a JSON object"
                 return
-            reader = csv.reader(f, delimiter=pairs.csv_separator)
+            reader = csv.reader(lines, delimiter=pairs.csv_separator)
             names: list[str] | None = None
-            try:
-                for cells in reader:
-                    if not cells or not "".join(cells).strip():
-                        continue
-                    if names is None:
-                        names = [c.strip() for c in cells]
-                        continue
-                    yield reader.line_num, dict(zip(names, cells, strict=False))
-            except csv.Error as e:
-                raise SourceError(f"{table}:{reader.line_num}: {e}") from None
+            while True:
+                try:
+                    cells = next(reader, None)
+                except csv.Error as e:  # a field over csv's limit: this row only, the next read on
+                    yield from problems
+                    problems.clear()
+                    yield reader.line_num, f"unreadable row: {e}"
+                    continue
+                yield from problems
+                problems.clear()
+                if cells is None:
+                    return
+                if not cells or not "".join(cells).strip():
+                    continue
+                if names is None:
+                    names = [c.strip() for c in cells]
+                    continue
+                yield reader.line_num, dict(zip(names, cells, strict=False))
     except OSError as e:
         raise SourceError(f"cannot read {str(table)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise SourceError(f"{str(table)!r} is not UTF-8 text") from None
 
 
 def _number(value: object) -> object:
@@ -116,11 +167,16 @@ def scan_table(table: Path, options: SourceOptions, pairs: PairOptions, out: Pai
     resolve = path_resolver(table, options)
     text_values = table.suffix.lower() not in JSON_SUFFIXES  # a CSV's cells are text: numbers read as such
     for line, row in _rows(table, pairs):
+        if isinstance(row, str):
+            out.reject(f"{table}:{line}", row)
+            continue
         path = row.get(pairs.csv_img_key)
         if not isinstance(path, str) or not path.strip():
-            raise SourceError(f"{table}:{line}: no image path in {pairs.csv_img_key!r}")
+            out.reject(f"{table}:{line}", f"no image path in {pairs.csv_img_key!r}")
+            continue
         if "\0" in path:
-            raise SourceError(f"{table}:{line}: the path holds a NUL")
+            out.reject(f"{table}:{line}", "the path holds a NUL")
+            continue
         where, _ = resolve(line, path.strip())
         captions = {name: row.get(column) for name, column in columns.items()}
         out.sample(where, captions, row if text_values is False else {k: _number(v) for k, v in row.items()})

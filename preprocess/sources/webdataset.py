@@ -23,7 +23,8 @@ Every name is untrusted: a member that is a link, a device or a fifo, whose name
 climbs out with ``..``, or is not UTF-8, rejects its sample with the reason and is never
 followed. Header data (long names, pax attributes) is read up to ``MAX_HEADER_DATA``, a ``.json``
 member up to ``MAX_JSON``, a ``.txt`` caption up to what a caption may hold; an image member
-over ``MAX_MEMBER`` is a reject. A truncated or corrupt tar (an object that is no tar at all
+over ``MAX_MEMBER`` is a reject, and so is a sample of more than ``MAX_SAMPLE_MEMBERS`` members
+(none of which is kept past the limit). A truncated or corrupt tar (an object that is no tar at all
 included) keeps the samples read before the damage and is itself a reject naming the error.
 
 Beside a shard, img2dataset writes ``NAME.parquet`` with a row per sample it tried: its rows
@@ -64,6 +65,7 @@ MAX_SHARDS: Final = 1 << 20  # shards a pattern or a list may name
 MAX_JSON: Final = 1 << 20  # a sample's .json member
 MAX_HEADER_DATA: Final = 1 << 20  # one read of tar header data: a long name, pax attributes
 MAX_MEMBER: Final = 1 << 30  # one image member
+MAX_SAMPLE_MEMBERS: Final = 64  # members of one key: a sample of more is a reject, its entries dropped
 MAX_LIST_BYTES: Final = 64 << 20  # a .txt list of shards
 # A bucket tar's read-ahead: member data inside it is read through (one request costs more than
 # a megabyte on most object stores), larger members are skipped by seeking; the scan holds at
@@ -307,6 +309,9 @@ def _scan_tar(shard: str, pairs: PairOptions, out: PairSink) -> bool:
         if not stat.S_ISREG(info.st_mode):
             out.reject(shard, "not a regular file")
             return True
+        # its size and time of change, in the run's fingerprint: a member records only where its
+        # bytes lie, so a tar rewritten in place must still change the run
+        out.table.container(os.path.realpath(shard), info.st_size, info.st_mtime_ns)
         _read_tar(_BoundedReads(f), lambda offset, count: os.pread(fd, count, offset), info.st_size, shard,
                   {"tar": os.path.realpath(shard)}, pairs, out)
     _failed_downloads(shard, out)
@@ -352,10 +357,16 @@ def _read_tar(f: _BoundedReads, pread: _Pread, size: int, shard: str, locator: d
                 if group is not None:
                     samples += _sample(group, pread, shard, locator, pairs, out)
                 group = _Sample(key)
+            if group.problem is None and problem is None:
+                if ext in group.members:
+                    problem = f"a second .{ext} member in one sample"
+                elif len(group.members) >= MAX_SAMPLE_MEMBERS:
+                    problem = f"more than the {MAX_SAMPLE_MEMBERS} members a sample may hold"
+            if group.problem is not None:
+                continue  # the sample is a reject already: nothing more of it is kept
             if problem is not None:
-                group.problem = group.problem or (member.name, problem)
-            elif ext in group.members:
-                group.problem = group.problem or (member.name, f"a second .{ext} member in one sample")
+                group.problem = (member.name, problem)
+                group.members.clear()
             else:
                 group.members[ext] = member
         end = tar.offset

@@ -411,3 +411,28 @@ def test_a_parquet_footer_declaring_a_trillion_rows_is_refused_unread(tmp_path: 
     bounded(run_measured("preprocess", str(bomb), str(tmp_path / "out"), *ARGS)).refused(
         str(bomb), "declares 1000000000000 rows")
     assert not (tmp_path / "out" / "zarr.json").exists()
+
+
+def test_a_caption_table_line_of_gigabytes_is_a_reject_read_in_bounded_memory(tmp_path: Path) -> None:
+    """A row of 1.5 GiB (a sparse run of NULs) is skipped a bounded read at a time and rejected
+    naming its line; a first line as long is no header, and the run is refused in one line."""
+    photo(0, 40, 30).save(tmp_path / "0.jpg")
+    table = tmp_path / "t.tsv"
+    with open(table, "wb") as f:
+        f.write(b"filepath\ttitle\n0.jpg\tfirst\n0.jpg\t")
+        f.seek(1536 * MIB, os.SEEK_CUR)
+        f.write(b"\n0.jpg\tlast\n")
+    out = tmp_path / "out"
+    done = bounded(run_measured("preprocess", str(table), str(out), *ARGS))
+    assert done.returncode == 0, done.output
+    attrs = load_attrs(out)
+    assert {r["path"]: r["reason"] for r in attrs["rejects"]} == {
+        f"{table}:3": f"a line over the {4 * MIB} bytes a row may hold"}
+    assert attrs["accepted"] == 2
+    head = tmp_path / "h.jsonl"
+    with open(head, "wb") as f:
+        f.write(b'{"filepath": "0.jpg", "title": "')
+        f.seek(1536 * MIB, os.SEEK_CUR)
+        f.write(b'"}\n')
+    bounded(run_measured("preprocess", str(head), str(tmp_path / "out2"), *ARGS, "--source", "table")).refused(
+        str(head), "lacks the image column")

@@ -296,15 +296,223 @@ def test_preprocess_runs_on_webdataset_shards(tmp_path: Path) -> None:
     assert "already complete" in done.stdout
 
 
-def test_a_row_group_over_the_limit_is_refused_before_its_data_is_read(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_parquet_file_is_a_reject_and_the_others_are_read(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from tilefeed.preprocess.sources import parquet
 
-    pictures = pa.table({"image": [jpeg(i) for i in range(4)], "caption": list("abcd")})
-    pq.write_table(pictures, tmp_path / "a.parquet")
-    monkeypatch.setattr(parquet, "MAX_GROUP_BYTES", 1000)  # the four pictures take more, the captions less
-    with pytest.raises(SourceError, match="row group 0 declares .* bytes uncompressed in the columns read"):
-        scan(tmp_path / "a.parquet", tmp_path)
-    (tmp_path / "notes.parquet").write_bytes(b"PAR1 not really PAR1")
-    with pytest.raises(SourceError, match="not a parquet file: its footer declares"):
-        scan(tmp_path / "notes.parquet", tmp_path)
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    pictures = pa.table({"image": [jpeg(i) for i in range(10)], "caption": [f"c{i}" for i in range(10)]})
+    pq.write_table(pictures, folder / "a-good.parquet", row_group_size=4)
+    pq.write_table(pictures, folder / "b-big.parquet")
+    (folder / "c-notes.parquet").write_bytes(b"just some notes")
+    pq.write_table(pa.table({"other": [1]}), folder / "d-columns.parquet")
+    (folder / "e-cut.parquet").write_bytes((folder / "a-good.parquet").read_bytes()[:-100])
+    pq.write_table(pictures, folder / "f-damaged.parquet", row_group_size=4)
+    meta = pq.ParquetFile(folder / "f-damaged.parquet").metadata
+    with open(folder / "f-damaged.parquet", "r+b") as f:  # group 1's captions: a page header of garbage
+        f.seek(meta.row_group(1).column(1).data_page_offset)
+        f.write(b"\xff" * 16)
+    monkeypatch.setattr(parquet, "MAX_GROUP_BYTES", 7000)  # ten pictures take more, four less
+    monkeypatch.setattr(parquet, "BATCH_ROWS", 3)  # batches that cross no group
+    listing = scan(folder, tmp_path)
+    found = by_key(listing, key=lambda p: p.rsplit("/", 1)[-1])
+    good = [f"a-good.parquet#{i}" for i in range(10)]
+    assert list(found) == [*good, "f-damaged.parquet#0", "f-damaged.parquet#1", "f-damaged.parquet#2",
+                           "f-damaged.parquet#3"]
+    assert [found[k]["m"]["row"] for k in good] == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert [found[k]["t"]["caption"] for k in good] == [f"c{i}" for i in range(10)]
+    reasons = {os.path.basename(p): r for p, r in listing.skipped}
+    assert "row group 0 declares" in reasons.pop("b-big.parquet")
+    assert "no PAR1 footer" in reasons.pop("c-notes.parquet")
+    assert "no image column 'image'" in reasons.pop("d-columns.parquet")
+    assert "not a parquet file" in reasons.pop("e-cut.parquet")
+    assert "row group 1 cannot be read after 4 rows (those kept)" in reasons.pop("f-damaged.parquet")
+    assert reasons == {}
+    # a row group whose image column a worker could not hold: its rows are one reject
+    monkeypatch.setattr(parquet, "MAX_IMAGE_GROUP_BYTES", 2 * len(jpeg(0)) + 100)
+    pq.write_table(pa.table({"image": [jpeg(0), jpeg(1), b"", b"x"], "caption": list("abcd")}),
+                   tmp_path / "g.parquet", row_group_size=2)
+    listing = scan(tmp_path / "g.parquet", tmp_path)
+    g = os.path.abspath(tmp_path / "g.parquet")
+    assert [p.decode() for p in listing.files.paths()] == [f"{g}#2", f"{g}#3"]
+    assert listing.skipped[0][0] == f"{g}#0-1"
+    assert "row group 0: its image column declares" in listing.skipped[0][1]
+    with pytest.raises(ValueError, match="a worker holds"):
+        parquet.MemberReader().read({"parquet": g, "group": 0, "row": 0, "column": "image"})
+
+
+def test_a_container_rewritten_in_place_changes_the_run(tmp_path: Path) -> None:
+    """A member records where its bytes lie, not what they are: the container's size and time of
+    change are in the table's digest, and a rerun over a rewritten file makes a new store."""
+    written, _ = write_shards(tmp_path / "shards", shards=1)
+    tar = tmp_path / "shards" / "00000.tar"
+    before = scan(tar, tmp_path).pairs.digest  # type: ignore[union-attr]
+    assert scan(tar, tmp_path).pairs.digest == before  # type: ignore[union-attr]
+    os.utime(tar, ns=(1, 1))
+    assert scan(tar, tmp_path).pairs.digest != before  # type: ignore[union-attr]
+    import zarr
+
+    def write(seed: int) -> None:
+        pictures = [jpeg(seed + i) for i in range(4)]
+        pq.write_table(pa.table({"image": pictures, "caption": list("abcd")}), tmp_path / "p.parquet")
+
+    def images(out: Path) -> Any:
+        return zarr.open_group(str(out), mode="r")[fmt.IMAGES][:]  # type: ignore[index]
+
+    write(0)
+    out = tmp_path / "out"
+    done = run_cli("preprocess", str(tmp_path / "p.parquet"), str(out), *ARGS)
+    assert done.returncode == 0, done.stderr
+    old = images(out)
+    write(50)  # other pictures, the same captions
+    done = run_cli("preprocess", str(tmp_path / "p.parquet"), str(out), *ARGS[:-1])
+    assert done.returncode == 1 and "made from other sources or settings" in done.stderr, done.stderr
+    done = run_cli("preprocess", str(tmp_path / "p.parquet"), str(out), *ARGS[:-1], "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert "already complete" not in done.stdout
+    fresh = tmp_path / "fresh"
+    assert run_cli("preprocess", str(tmp_path / "p.parquet"), str(fresh), *ARGS).returncode == 0
+    assert (images(out) == images(fresh)).all() and not (images(out) == old).all()
+
+
+def test_a_sample_of_too_many_members_is_a_reject(tmp_path: Path) -> None:
+    from tilefeed.preprocess.sources.webdataset import MAX_SAMPLE_MEMBERS
+
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tar:
+        add(tar, "many.jpg", jpeg(1))
+        add(tar, "many.txt", b"a caption")
+        for k in range(100):
+            add(tar, f"many.x{k}", b"")
+        add(tar, "fine.jpg", jpeg(2))
+        add(tar, "fine.txt", b"fine")
+    listing = scan(shard, tmp_path)
+    assert [key_of(p.decode()) for p in listing.files.paths()] == ["fine"]
+    assert listing.skipped == [(f"{shard}#many.x{MAX_SAMPLE_MEMBERS - 2}",
+                                f"more than the {MAX_SAMPLE_MEMBERS} members a sample may hold")]
+
+
+def test_caption_table_rows_that_cannot_be_read_are_rejects_naming_their_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilefeed.preprocess.sources import table
+
+    photo(0, 40, 30).save(tmp_path / "0.jpg")
+    rows = [b"filepath\ttitle", b"0.jpg\tfirst", b"0.jpg\t" + b"x" * 200_000, b"\tno path",
+            b"0.jpg\tcaf\xe9", b"0.jpg\t" + b"y" * 500_000, b"0.jpg\tlast"]
+    (tmp_path / "t.tsv").write_bytes(b"\n".join(rows) + b"\n")
+    monkeypatch.setattr(table, "MAX_LINE_BYTES", 300_000)
+    listing = scan(tmp_path / "t.tsv", tmp_path)
+    assert [r["t"]["caption"] for r in listing.pairs.rows()] == ["first", "last"]  # type: ignore[union-attr]
+    where = f"{tmp_path / 't.tsv'}"
+    assert listing.skipped == [(f"{where}:3", "unreadable row: field larger than field limit (131072)"),
+                               (f"{where}:4", "no image path in 'filepath'"),
+                               (f"{where}:5", "not UTF-8 text"),
+                               (f"{where}:6", "a line over the 300000 bytes a row may hold")]
+    lines = [b'{"filepath": "0.jpg", "title": "one"}', b"{not json", b"[1, 2]", b"[" * 100_000,
+             b'{"title": "no path"}', b'{"filepath": "0.jpg", "title": "two"}']
+    (tmp_path / "t.jsonl").write_bytes(b"\n".join(lines))
+    monkeypatch.setattr(table, "MAX_LINE_BYTES", 1 << 20)
+    listing = scan(tmp_path / "t.jsonl", tmp_path)
+    assert [r["t"]["caption"] for r in listing.pairs.rows()] == ["one", "two"]  # type: ignore[union-attr]
+    where = f"{tmp_path / 't.jsonl'}"
+    assert listing.skipped == [(f"{where}:2", "not a JSON object"), (f"{where}:3", "not a JSON object"),
+                               (f"{where}:4", "not a JSON object"),
+                               (f"{where}:5", "no image path in 'filepath'")]
+    # deciding what a file is reads a bounded prefix: a first line past it is no header
+    monkeypatch.setattr(table, "MAX_HEADER_BYTES", 64)
+    (tmp_path / "long.csv").write_text("filepath\ttitle" + "\tz" * 40 + "\n0.jpg\tok\n")
+    assert table.header(tmp_path / "long.csv", PairOptions()) == []
+    assert table.header(tmp_path / "t.jsonl", PairOptions()) == ["filepath", "title"]
+
+
+def _reference_pairs(root: Path, group: Any, table: Any) -> list[str]:
+    """The captions' and fields' arrays as they were written one array at a time, each from a
+    pass of its own over the table: what the one-pass writer must match byte for byte."""
+    import math
+
+    import numpy as np
+
+    from tilefeed.preprocess import metadata
+
+    def values(name: str, text: bool, dtype: str, rows: int) -> Any:
+        held: list[Any] = []
+        for record in table.rows():
+            value = (record["t"] if text else record["f"]).get(name)
+            if dtype == "string":
+                value = "" if value is None else value if isinstance(value, str) else json.dumps(
+                    value, ensure_ascii=False)
+            elif value is None:
+                value = math.nan if dtype == "float64" else 0
+            else:
+                value = float(value) if dtype == "float64" else int(value)
+            held.append(value)
+            if len(held) == rows:
+                yield held
+                held = []
+        if held:
+            yield held
+
+    names = []
+    for name, text in [*((n, True) for n in table.texts), *((n, False) for n, _ in table.fields)]:
+        array = fmt.text_array(name) if text else fmt.field_array(name)
+        dtype = "string" if text else dict(table.fields)[name]
+        if dtype == "string":
+            chunk = min(table.count, fmt.TEXT_CHUNK if text else fmt.PATHS_CHUNK)
+            metadata._string_array(group, array, table.count, chunk)
+            for index, held in enumerate(values(name, text, dtype, chunk)):
+                metadata._write_chunk(root, array, index, metadata._paths_chunk(held, chunk))
+        else:
+            writer = metadata._RowWriter(metadata._small_array(group, array, table.count, dtype),
+                                         fmt.SMALL_CHUNK)
+            for held in values(name, text, dtype, fmt.SMALL_CHUNK):
+                writer.add(np.array(held, dtype=dtype))
+            writer.close()
+        names.append(array)
+    return names
+
+
+@pytest.mark.parametrize("count", [0, 1, 37])
+def test_the_pair_arrays_are_written_in_one_pass_byte_for_byte_as_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    import zarr
+
+    from tilefeed.preprocess import metadata
+    from tilefeed.preprocess.sources.pairs import PairTable, PairTableWriter
+
+    monkeypatch.setattr(fmt, "TEXT_CHUNK", 4)  # several chunks of each array, the last one short
+    monkeypatch.setattr(fmt, "PATHS_CHUNK", 8)
+    monkeypatch.setattr(fmt, "SMALL_CHUNK", 16)
+    writer = PairTableWriter(tmp_path / "table", ("caption", "alt"), ("width", "score", "key", "meta"), False)
+    for i in range(count):
+        texts = {"caption": f"caf\u00e9 {i}" * (i % 5), **({"alt": f"alt {i}"} if i % 3 else {})}
+        fields = {"width": i * 7 if i % 4 else None, "score": (i / 3 if i % 2 else i), "key": f"{i:06d}",
+                  "meta": {"n": i} if i % 5 == 0 else (i if i % 5 == 1 else None)}
+        writer.add(texts, fields, None)
+    table: PairTable = writer.close()
+    reads = []
+    real_rows = PairTable.rows
+    monkeypatch.setattr(PairTable, "rows", lambda self: reads.append(1) or real_rows(self))
+    built = {}
+    for how, write in (("one pass", metadata._write_pairs), ("reference", _reference_pairs)):
+        root = tmp_path / how
+        group = zarr.open_group(str(root), mode="a", zarr_format=3)
+        reads.clear()
+        names = write(root, group, table)
+        if how == "one pass":
+            assert len(reads) <= 1  # the table is read once for every array
+        built[how] = (names, {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+                              if p.is_file()})
+    assert built["one pass"][0] == built["reference"][0]
+    assert built["one pass"][1].keys() == built["reference"][1].keys()
+    for name, data in built["one pass"][1].items():
+        assert data == built["reference"][1][name], name
+
+
+def test_a_parquet_source_of_only_bad_files_holds_no_images(tmp_path: Path) -> None:
+    (tmp_path / "pq").mkdir()
+    (tmp_path / "pq" / "a.parquet").write_bytes(b"just some notes")
+    (tmp_path / "pq" / "b.parquet").write_bytes(b"PAR1")
+    with pytest.raises(SourceError, match=r"holds no images: .*a.parquet' is not a parquet file "
+                                          r"\(no PAR1 footer\) \(and 1 other file, each a reject\)"):
+        scan(tmp_path / "pq", tmp_path)
