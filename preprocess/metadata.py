@@ -119,49 +119,72 @@ def write_arrays(root: Path, listing: Listing, tiles: TileSettings, store: Store
     return [*names, *rows, fmt.SOURCE_PATHS, *pairs]
 
 
+PASS_BYTES = 512 << 20  # the string chunks one pass over the pair table may hold at their largest
+
+
 def _write_pairs(root: Path, group: object, pairs: PairTable) -> list[str]:
-    """The captions' and fields' arrays, one row per listed source, written in one pass over the
-    scan's table (parsing each line once): each array holds its current chunk and writes it when
-    full. Their names, captions first."""
-    columns = [*((n, True, "string") for n in pairs.texts), *((n, False, d) for n, d in pairs.fields)]
-    strings: list[tuple[str, bool, str, int, list[str]]] = []  # (name, text, array, chunk, held)
-    numbers: list[tuple[str, str, _RowWriter, list[Any]]] = []  # (name, dtype, writer, held)
+    """The captions' and fields' arrays, one row per listed source; their names, captions
+    first. Each pass over the scan's table parses each line once and has every array it writes
+    hold its current chunk, writing it when full; the string arrays are spread over as few
+    passes as keep their chunks, at the most their rows may hold, within PASS_BYTES."""
+    strings: list[tuple[str, bool, str, int]] = []  # (name, text, array, chunk)
+    numbers: list[tuple[str, str, _RowWriter]] = []  # (name, dtype, writer)
     names = []
-    for name, text, dtype in columns:
+    for name, text, dtype in [*((n, True, "string") for n in pairs.texts),
+                              *((n, False, d) for n, d in pairs.fields)]:
         array = fmt.text_array(name) if text else fmt.field_array(name)
         if dtype == "string":
             chunk = min(pairs.count, fmt.TEXT_CHUNK if text else fmt.PATHS_CHUNK)
             _string_array(group, array, pairs.count, chunk)
-            strings.append((name, text, array, chunk, []))
+            strings.append((name, text, array, chunk))
         else:
             numbers.append((name, dtype, _RowWriter(_small_array(group, array, pairs.count, dtype),
-                                                    fmt.SMALL_CHUNK), []))
+                                                    fmt.SMALL_CHUNK)))
         names.append(array)
-    if not columns:
-        return names
-    written = dict.fromkeys((array for _, _, array, _, _ in strings), 0)  # chunks written, by array
+    passes: list[list[tuple[str, bool, str, int]]] = [[]]
+    held = 0
+    for column in strings:
+        most = column[3] * (fmt.MAX_TEXT_BYTES if column[1] else fmt.MAX_PATH_BYTES)
+        if passes[-1] and held + most > PASS_BYTES:
+            passes.append([])
+            held = 0
+        passes[-1].append(column)
+        held += most
+    for k, group_strings in enumerate(passes):
+        if group_strings or (k == 0 and numbers):
+            _pairs_pass(root, pairs, group_strings, numbers if k == 0 else [])
+    return names
+
+
+def _pairs_pass(root: Path, pairs: PairTable, strings: list[tuple[str, bool, str, int]],
+                numbers: list[tuple[str, str, _RowWriter]]) -> None:
+    """One pass over the pair table writing ``strings`` and ``numbers`` whole."""
+    held: dict[str, list[str]] = {array: [] for _, _, array, _ in strings}
+    written = dict.fromkeys(held, 0)  # chunks written, by array
+    values: dict[str, list[Any]] = {name: [] for name, _, _ in numbers}
     rows = fmt.SMALL_CHUNK  # numbers are handed to their writers this many rows at a time
     for record in pairs.rows():
         texts, fields = record["t"], record["f"]
-        for name, text, array, chunk, held in strings:
-            held.append(stored((texts if text else fields).get(name), "string"))
-            if len(held) == chunk:
-                _write_chunk(root, array, written[array], _paths_chunk(held, chunk))
+        for name, text, array, chunk in strings:
+            column = held[array]
+            column.append(stored((texts if text else fields).get(name), "string"))
+            if len(column) == chunk:
+                _write_chunk(root, array, written[array], _paths_chunk(column, chunk))
                 written[array] += 1
-                held.clear()
-        for name, dtype, writer, values in numbers:
-            values.append(stored(fields.get(name), dtype))
-            if len(values) == rows:
-                writer.add(np.array(values, dtype=dtype))
-                values.clear()
-    for _, _, array, chunk, held in strings:
-        if held:
-            _write_chunk(root, array, written[array], _paths_chunk(held, chunk))
-    for _, dtype, writer, values in numbers:
-        if values:
-            writer.add(np.array(values, dtype=dtype))
+                column.clear()
+        for name, dtype, writer in numbers:
+            kept = values[name]
+            kept.append(stored(fields.get(name), dtype))
+            if len(kept) == rows:
+                writer.add(np.array(kept, dtype=dtype))
+                kept.clear()
+    for _, _, array, chunk in strings:
+        if held[array]:
+            _write_chunk(root, array, written[array], _paths_chunk(held[array], chunk))
+    for name, dtype, writer in numbers:
+        if values[name]:
+            writer.add(np.array(values[name], dtype=dtype))
         writer.close()
-    return names
 
 
 def _string_array(group: object, name: str, length: int, chunk: int) -> None:

@@ -494,19 +494,24 @@ def test_the_pair_arrays_are_written_in_one_pass_byte_for_byte_as_before(
     real_rows = PairTable.rows
     monkeypatch.setattr(PairTable, "rows", lambda self: reads.append(1) or real_rows(self))
     built = {}
-    for how, write in (("one pass", metadata._write_pairs), ("reference", _reference_pairs)):
+    strings = len(table.texts) + sum(dtype == "string" for _, dtype in table.fields)
+    # one pass; then a pass budget below any string chunk: a pass per string array (of any rows)
+    for how, write, budget, passes in (("one pass", metadata._write_pairs, metadata.PASS_BYTES, 1),
+                                       ("a pass each", metadata._write_pairs, 1, strings if count else 1),
+                                       ("reference", _reference_pairs, 0, 6)):
+        monkeypatch.setattr(metadata, "PASS_BYTES", budget)
         root = tmp_path / how
         group = zarr.open_group(str(root), mode="a", zarr_format=3)
         reads.clear()
         names = write(root, group, table)
-        if how == "one pass":
-            assert len(reads) <= 1  # the table is read once for every array
+        assert len(reads) == passes  # the table is read once for every array of a pass
         built[how] = (names, {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
                               if p.is_file()})
-    assert built["one pass"][0] == built["reference"][0]
-    assert built["one pass"][1].keys() == built["reference"][1].keys()
-    for name, data in built["one pass"][1].items():
-        assert data == built["reference"][1][name], name
+    for how in ("one pass", "a pass each"):
+        assert built[how][0] == built["reference"][0]
+        assert built[how][1].keys() == built["reference"][1].keys()
+        for name, data in built[how][1].items():
+            assert data == built["reference"][1][name], (how, name)
 
 
 def test_a_parquet_source_of_only_bad_files_holds_no_images(tmp_path: Path) -> None:
