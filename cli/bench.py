@@ -150,4 +150,4 @@ FORMS: dict[str, Form] = {form.name: form for form in (
     bench_forms.PREPROCESS, bench_forms.LOADER, SWEEP, DIAGNOSE, bench_forms.SOAK, bench_forms.ASPECT,
     bench_forms.SCHEDULE, bench_forms.RECIPE, bench_forms.DETECTION, bench_forms.DEVICE_GRAPH,
     bench_forms.GPU_REPORT, bench_forms.CLOUD, bench_forms.CLIENTS, bench_forms.PARTS, bench_forms.STATS,
-    bench_forms.SCALE)}
+    bench_forms.SCALE, bench_forms.CLIP)}

@@ -512,6 +512,43 @@ DETECTION = Form(
     _detection_options, _detection)
 
 
+def _clip_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shards", type=Path, default=None, metavar="DIR",
+                   help="a folder of img2dataset-style .tar shards (KEY.jpg, KEY.txt, KEY.json), at least "
+                   "--workers of them (default: generated photographs with captions, in the cache)")
+    p.add_argument("--count", type=positive, default=2048, help="generated samples, without --shards (256 "
+                   "a tar)")
+    p.add_argument("--size", type=positive, default=224, help="output side in pixels (ViT-B-32's 224)")
+    loop_args(p, rounds=3)
+    p.add_argument("--steps", type=positive, default=30, help="measured steps per run")
+    p.add_argument("--step-ms", type=float, default=50.0, help="the emulated step the stall is measured at, "
+                   "in ms per batch")
+    out_arg(p)
+
+
+def _clip(args: argparse.Namespace) -> BenchResult:
+    from tilefeed.bench.suites.clip import bench_clip, make_clip_shards
+
+    shards = args.shards
+    if shards is None:
+        shards = cache_dir() / f"clip-shards-{args.count}"
+        print(f"shards: {shards} ({args.count} generated photographs with captions, made once, then reused)",
+              flush=True)
+        make_clip_shards(shards, count=args.count)
+    return bench_clip(shards, cache_dir() / "clip-work", batch_size=args.batch_size, workers=args.workers,
+                      size=args.size, steps=args.steps, step_ms=args.step_ms, rounds=args.rounds)
+
+
+CLIP = Form(
+    "clip", "open_clip's input from img2dataset shards: the Loader against WebDataset and LitData",
+    "open_clip's training input (random-resized crop 0.9-1, CLIP's normalisation, ViT-B-32 tokens) from "
+    "the same img2dataset-style shards: the Loader over stores made by tilefeed preprocess (JPEG tiles "
+    "no larger than the tars, and lz4 tiles), open_clip's WebDataset pipeline (get_wds_dataset) over "
+    "the tars, and LitData's StreamingDataset over litdata.optimize's copy (where litdata is installed): "
+    "images/s with no step, the stall at --step-ms, bytes on disk and conversion seconds; each round "
+    "converts again, rows alternate their order, medians and ranges.", _clip_options, _clip)
+
+
 def _device_graph_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count", type=positive, default=24, help="generated pictures (with boxes and masks)")
     p.add_argument("--tile", type=positive, default=64, help="the stores' tile side, in pixels")
