@@ -20,8 +20,9 @@ BLOCK = re.compile(r"(<!-- (swap|flags): (\w+) -->\n).*?(<!-- /generated -->)", 
 
 def flags_table(script: str) -> str:
     """The script's adapter table as a markdown table."""
-    from tilefeed.pipeline.recipe.adapters import (OPEN_CLIP_FLAGS, TIMM_FLAGS, TORCHVISION_DETECTION_FLAGS,
-                                                   TORCHVISION_FLAGS, table)
+    from tilefeed.pipeline.recipe.adapters import (TIMM_FLAGS, TORCHVISION_DETECTION_FLAGS, TORCHVISION_FLAGS,
+                                                   table)
+    from tilefeed.pipeline.recipe.open_clip_adapter import OPEN_CLIP_FLAGS
 
     rows = table({"timm": TIMM_FLAGS, "torchvision": TORCHVISION_FLAGS,
                   "torchvision_detection": TORCHVISION_DETECTION_FLAGS, "open_clip": OPEN_CLIP_FLAGS}[script])

@@ -48,7 +48,7 @@ from tilefeed.bench.peers.clip_peers import (CONTEXT_LENGTH, IMAGE_EXTENSIONS, B
 from tilefeed.bench.suites.compare import UnfairComparison
 from tilefeed.pipeline import Loader
 from tilefeed.pipeline.device import default_device
-from tilefeed.pipeline.recipe.adapters import open_clip_options
+from tilefeed.pipeline.recipe.open_clip_adapter import open_clip_options
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess.sources.scanning import PairOptions, SourceKind
 from tilefeed.store.format import Codec

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.recipe.solarize import RandomSolarize
     from tilefeed.pipeline.recipe.policy_tables import Family, Policy, PolicyInterpolation, Table
     from tilefeed.pipeline.recipe.adapters import timm_options, torchvision_options
+    from tilefeed.pipeline.recipe.open_clip_adapter import open_clip_options
     from tilefeed.pipeline.options import Layout, Shuffle, Targets, TargetsLayout
     from tilefeed.pipeline.planning.sizes import ramp
     from tilefeed.pipeline.loader.coco import dataset_samples, torchvision_detection_loader
@@ -76,6 +77,7 @@ _PUBLIC = {
     # a training script's flags as Loader options, and torchvision's detection reference's loaders
     "timm_options": ("tilefeed.pipeline.recipe.adapters", "timm_options"),
     "torchvision_options": ("tilefeed.pipeline.recipe.adapters", "torchvision_options"),
+    "open_clip_options": ("tilefeed.pipeline.recipe.open_clip_adapter", "open_clip_options"),
     "dataset_samples": ("tilefeed.pipeline.loader.coco", "dataset_samples"),
     "torchvision_detection_loader": ("tilefeed.pipeline.loader.coco", "torchvision_detection_loader"),
     # boxes between a batch's pixels and the source image's
@@ -99,15 +101,14 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop",
-    "DaliMissingError", "Family", "Fill", "Fit", "Framing", "Icc", "Interpolation", "Layout", "Loader",
-    "Mix", "MixStyle", "Mode", "PairOptions", "PhotometricDistort", "Policy", "PolicyInterpolation",
-    "RandomErasing", "RandomSolarize", "Recipe", "Resample", "RunResult", "Shuffle", "SourceError",
-    "SourceKind", "SourceOptions",
-    "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings", "StoreWriteError",
-    "Summary", "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset", "TileSettings",
-    "TilefeedError", "boxes_to_source", "dataset_samples", "make_coco_folder", "make_image_folder",
-    "map_boxes", "measure", "preprocess_images", "ramp", "source_to_output", "timm_options",
+    "AutoAugment", "BatchMix", "ColorJitter", "ConfigError", "CorruptChunkError", "Crop", "DaliMissingError",
+    "Family", "Fill", "Fit", "Framing", "Icc", "Interpolation", "Layout", "Loader", "Mix", "MixStyle", "Mode",
+    "PairOptions", "PhotometricDistort", "Policy", "PolicyInterpolation", "RandomErasing", "RandomSolarize",
+    "Recipe", "Resample", "RunResult", "Shuffle", "SourceError", "SourceKind", "SourceOptions",
+    "StoreExistsError", "StoreFormatError", "StoreReader", "StoreSettings", "StoreWriteError", "Summary",
+    "Table", "TargetOptions", "Targets", "TargetsLayout", "TileDataset", "TileSettings", "TilefeedError",
+    "boxes_to_source", "dataset_samples", "make_coco_folder", "make_image_folder", "map_boxes", "measure",
+    "open_clip_options", "preprocess_images", "ramp", "source_to_output", "timm_options",
     "torchvision_detection_loader", "torchvision_options", "watch", "__version__",
 ]
 

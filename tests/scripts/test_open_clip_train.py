@@ -205,7 +205,7 @@ def test_two_gloo_processes_split_each_epoch_and_one_resumes_them(data: Path, tm
 def test_every_flag_the_table_names_is_one_open_clip_has() -> None:
     """Each ``--flag`` of OPEN_CLIP_FLAGS is in open_clip_train 3.3.0's params.py, but the choice the
     swap adds and the flags of later open_clip versions, which the table marks so."""
-    from tilefeed.pipeline.recipe.adapters import OPEN_CLIP_FLAGS
+    from tilefeed.pipeline.recipe.open_clip_adapter import OPEN_CLIP_FLAGS
 
     spec = importlib.util.find_spec("open_clip_train")
     if spec is None or spec.origin is None:

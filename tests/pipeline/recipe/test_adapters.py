@@ -14,7 +14,7 @@ from tilefeed.pipeline import ConfigError, Loader
 from tilefeed.pipeline.recipe.adapters import (
     TIMM_FLAGS, TORCHVISION_FLAGS, Verdict, table, timm_options, torchvision_options,
 )
-from tilefeed.pipeline.recipe.adapters import OPEN_CLIP_FLAGS, open_clip_options
+from tilefeed.pipeline.recipe.open_clip_adapter import OPEN_CLIP_FLAGS, open_clip_options
 
 
 def timm_args(**changes: Any) -> argparse.Namespace:
