@@ -243,6 +243,12 @@ def detection_table(files: list[Json]) -> str:
     return markdown(DetectionResult.from_dict(_fields(files[0])).table())
 
 
+def clip_table(files: list[Json]) -> str:
+    from tilefeed.bench.suites.clip import ClipResult
+
+    return markdown(ClipResult.from_dict(_fields(files[0])).table())
+
+
 def device_graph_table(files: list[Json]) -> str:
     from tilefeed.bench.suites.device_graph import DeviceGraphResult
 
@@ -280,6 +286,7 @@ TABLES: dict[str, Table] = {
     "recipe": Table(("docs/data/recipe.json",), recipe_table),
     "detection": Table(("docs/data/detection.json",), detection_table),
     "device-graph": Table(("docs/data/device-graph.json",), device_graph_table),
+    "clip": Table(("docs/data/clip.json",), clip_table),
 }
 
 

@@ -122,10 +122,18 @@ def wds_loader(shards: list[Path], *, batch_size: int, workers: int, size: int, 
 def litdata_optimize(shards: list[Path], out: Path, *, workers: int) -> None:
     """LitData's copy of the shards' pairs: ``litdata.optimize`` of each tar's (image bytes,
     caption) pairs into chunks under ``out``, ``workers`` processes."""
+    import multiprocessing
+
     import litdata
 
-    litdata.optimize(fn=tar_pairs, inputs=[str(p) for p in shards], output_dir=str(out),
-                     num_workers=max(1, workers), chunk_bytes="64MB", mode="overwrite")
+    # optimize sets the process's start method to spawn for good: every DataLoader started after it
+    # would then pickle its dataset, which open_clip's pipeline (lambdas) cannot be
+    before = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(fn=tar_pairs, inputs=[str(p) for p in shards], output_dir=str(out),
+                         num_workers=max(1, workers), chunk_bytes="64MB", mode="overwrite")
+    finally:
+        multiprocessing.set_start_method(before, force=True)
 
 
 class PairTransform:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,12 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def written(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("clip-out") / "clip.json"
+    start = multiprocessing.get_start_method()
     assert bench_main(["clip", "--shards", str(shards), "--size", str(SIZE), "--batch-size", str(BATCH),
                        "--workers", "2", "--rounds", "1", "--steps", str(STEPS), "--step-ms", "5",
                        "--out", str(out)]) == 0
+    # litdata.optimize's spawn left behind would break the DataLoaders of the rounds after it
+    assert multiprocessing.get_start_method() == start
     data: dict[str, Any] = json.loads(out.read_text())
     return data
 
