@@ -89,9 +89,10 @@ VOCABULARY: dict[str, Term] = {
     "--storage-option": Term("storage setting", "a setting for a store URL, added to the cloud's "
                              "standard configuration; repeat for more", "KEY=VALUE"),
     "--images": Term("source images", "the source JPEG folder, one subfolder per class", "folder"),
+    "--shards": Term("source shards", "a folder of WebDataset .tar shards, img2dataset's layout", "folder"),
     "--store": Term("store", "a tilefeed store (a folder or a bucket URL)", "folder or URL"),
-    "--count": Term("how many", "how many items: the images generated when no --images is given "
-                    "(bench, demo), the samples drawn (show)", "items"),
+    "--count": Term("how many", "how many items: the images generated when no --images or --shards is "
+                    "given (bench, demo), the samples drawn (show)", "items"),
     "--tile": Term("tile side", "the side of a store's square tiles", "pixels"),
     "--tiles": Term("tile sides", "several tile sides, one store each", "pixels, comma list"),
     "--codec": Term("tile codec", "how a store's tiles are compressed", "lz4, zstd, none, jpeg"),

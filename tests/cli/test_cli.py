@@ -85,7 +85,7 @@ def test_every_bench_form_has_a_summary_and_every_option_help() -> None:
     from tilefeed.cli.bench import FORMS, main_parser
 
     assert {"preprocess", "loader", "sweep", "diagnose", "soak", "aspect", "schedule", "recipe", "detection",
-            "device-graph", "gpu-report", "cloud", "clients", "parts", "stats", "scale"} == set(FORMS)
+            "device-graph", "gpu-report", "cloud", "clients", "parts", "stats", "scale", "clip"} == set(FORMS)
     parsers = {"": main_parser()}
     for name, form in FORMS.items():
         assert form.name == name and form.summary.strip() and "\n" not in form.summary, name
@@ -105,7 +105,7 @@ def test_bench_names_an_unknown_form_and_lists_the_forms() -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == ("tilefeed: error: unknown bench form 'nonsense'; the forms: preprocess, "
                                 "loader, sweep, diagnose, soak, aspect, schedule, recipe, detection, "
-                                "device-graph, gpu-report, cloud, clients, parts, stats, scale")
+                                "device-graph, gpu-report, cloud, clients, parts, stats, scale, clip")
 
 
 def test_bench_rejects_unknown_loader(data: tuple[Path, Path]) -> None:
