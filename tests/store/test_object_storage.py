@@ -355,7 +355,8 @@ def test_stats_name_the_download_when_the_bucket_is_slow(
                 pass
             stats = slow.stats()
     assert stats.bottleneck == "download", str(stats)
-    assert stats.epoch.stage_seconds["download"] > 0.25 and stats.last.wait > 0.2
+    # at least one request's wait, less the timers' own offsets (0.2499 s was seen for 0.25)
+    assert stats.epoch.stage_seconds["download"] > 0.2 and stats.last.wait > 0.2
     assert stats.cache is not None and stats.cache["downloads"] == 6  # a cold cache: every shard
     assert stats.cache["downloaded_bytes"] > 0 and "downloaded" in str(stats)
 
