@@ -158,16 +158,23 @@ def _folder_kind(root: Path, exclude: Path | None) -> SourceKind:
                     folders += 1
     except OSError as e:
         raise SourceError(f"cannot read SRC {str(root)!r}: {e.strerror or e}") from None
-    found = [kind for kind, there in ((SourceKind.WEBDATASET, tars), (SourceKind.PARQUET, tables - tars),
-                                      (SourceKind.FOLDERS, folders)) if there]
-    if len(found) > 1 and (tars or tables):
-        raise SourceError(f"SRC {str(root)!r} holds {' and '.join(_FOUND[k] for k in found)}: pass --source "
-                          f"{' or --source '.join(k.value for k in found)} to say which to read")
-    return found[0] if found else SourceKind.FOLDERS
+    return _kind_held(str(root), tars, tables, folders)
 
 
 _FOUND: Final = {SourceKind.WEBDATASET: ".tar shards", SourceKind.PARQUET: ".parquet files",
                  SourceKind.FOLDERS: "subfolders"}
+
+
+def _kind_held(src: str, tars: set[str], tables: set[str], folders: int | bool) -> SourceKind:
+    """What a folder or a bucket prefix holding these tar stems, parquet stems and subfolders
+    is: one kind, or a SourceError naming --source where it holds two (img2dataset's parquet
+    beside its tar, of the same stem, is the tar's, not a source of its own)."""
+    found = [kind for kind, there in ((SourceKind.WEBDATASET, tars), (SourceKind.PARQUET, tables - tars),
+                                      (SourceKind.FOLDERS, folders)) if there]
+    if len(found) > 1 and (tars or tables):
+        raise SourceError(f"SRC {src!r} holds {' and '.join(_FOUND[k] for k in found)}: pass --source "
+                          f"{' or --source '.join(k.value for k in found)} to say which to read")
+    return found[0] if found else SourceKind.FOLDERS
 
 
 def _prefix_kind(url: str) -> SourceKind:
@@ -178,12 +185,7 @@ def _prefix_kind(url: str) -> SourceKind:
     stems = [os.path.splitext(o.url.rsplit("/", 1)[-1]) for o in objects]
     tars = {stem for stem, suffix in stems if suffix.lower() == ".tar"}
     tables = {stem for stem, suffix in stems if suffix.lower() == ".parquet"}
-    found = [kind for kind, there in ((SourceKind.WEBDATASET, tars), (SourceKind.PARQUET, tables - tars),
-                                      (SourceKind.FOLDERS, folders)) if there]
-    if len(found) > 1 and (tars or tables):
-        raise SourceError(f"SRC {url!r} holds {' and '.join(_FOUND[k] for k in found)}: pass --source "
-                          f"{' or --source '.join(k.value for k in found)} to say which to read")
-    return found[0] if found else SourceKind.FOLDERS
+    return _kind_held(url, tars, tables, bool(folders))
 
 
 def check_source(src: str | os.PathLike[str], pairs: PairOptions | None = None) -> None:
