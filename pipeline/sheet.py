@@ -270,12 +270,11 @@ def sample_texts(reader: StoreReader, indices: np.ndarray, name: str) -> list[st
         Per sample, the caption of its source, runs of whitespace (newlines too) as one space
         and other control characters escaped.
     """
-    from tilefeed.store.arrays import read_small_array
-    from tilefeed.store.pairs import read_strings
+    from tilefeed.store.pairs import read_strings, sample_rows
 
     captions = read_strings(reader.root, reader.meta, fmt.text_array(name))
-    owners = read_small_array(reader.root, reader.meta, fmt.SOURCES)
-    return [printable(" ".join(str(captions[int(o)]).split())) for o in owners[indices]]
+    rows = sample_rows(reader.root, reader.meta)[indices]
+    return [printable(" ".join(str(captions[int(row)]).split())) for row in rows]
 
 
 def _longest(draw: ImageDraw.ImageDraw, text: str, width: int, font: Any, suffix: str = "") -> int:

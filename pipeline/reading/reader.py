@@ -27,7 +27,7 @@ from tilefeed.store.codec import jpeg_size
 from tilefeed.store.documents import open_store
 from tilefeed.store.shard import ShardFile, chunks, read_tiles_into
 from tilefeed.store import format as fmt
-from tilefeed.store.arrays import read_small_array
+from tilefeed.store.pairs import sample_rows
 from tilefeed.store.errors import ConfigError, CorruptChunkError, StoreFormatError, TileDecodeError
 from tilefeed.store.checked import checked_arrays
 from tilefeed.store.cache_dir import default_cache_dir
@@ -336,7 +336,7 @@ def source_paths(reader: StoreReader, indices: np.ndarray) -> list[str]:
     arrays = reader.meta.arrays
     if fmt.SOURCE_PATHS not in arrays or fmt.SOURCES not in arrays:
         return [""] * len(indices)
-    owners = read_small_array(reader.root, reader.meta, fmt.SOURCES)
+    owners = sample_rows(reader.root, reader.meta)
     try:  # strings: zarr reads them (the reader checked the chunks' digests when it opened)
         import zarr
 
