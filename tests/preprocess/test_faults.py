@@ -29,20 +29,20 @@ from tests.helpers import FAULT_ARGS, tree_bytes
 from tests.preprocess import corpus
 
 
-@pytest.mark.slow
-def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
-        tmp_path: Path, source: tuple[Path, Path]) -> None:
-    src, reference = source
-    rng = random.Random(1234)
+def killed_and_resumed(src: Path, reference: Path, runs: Path, rng: random.Random, trials: int, kills: int,
+                       parts: int) -> int:
+    """``trials`` runs of ``tilefeed preprocess SRC`` into folders under ``runs``, each killed
+    (SIGKILL to its process group) up to ``kills`` times at a random moment (after some of its
+    ``parts`` parts, plus a few ms), then run to the end: each must hold the bytes of
+    ``reference``. Returns how many kills landed mid-run."""
+    command = [sys.executable, "-m", "tilefeed", "preprocess", str(src)]
     interrupted = 0
-    for trial in range(4):
-        out = tmp_path / f"run{trial}"
-        for _kill in range(3):  # up to three kills on the same store
-            proc = subprocess.Popen([sys.executable, "-m", "tilefeed", "preprocess",
-                                     str(src), str(out), *FAULT_ARGS], start_new_session=True)
-            # a random moment of the run: after some number of its 8 parts, plus a few ms
-            parts = rng.randrange(8)
-            while proc.poll() is None and len(list(out.glob(f"{fmt.WORK_DIR}/part-*.json"))) < parts:
+    for trial in range(trials):
+        out = runs / f"run{trial}"
+        for _kill in range(kills):
+            proc = subprocess.Popen([*command, str(out), *FAULT_ARGS], start_new_session=True)
+            after = rng.randrange(parts)
+            while proc.poll() is None and len(list(out.glob(f"{fmt.WORK_DIR}/part-*.json"))) < after:
                 time.sleep(0.005)
             time.sleep(rng.uniform(0, 0.05))
             if proc.poll() is not None:
@@ -51,10 +51,17 @@ def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
             proc.wait()
             if read_attrs(out) is None:
                 interrupted += 1
-        done = subprocess.run([sys.executable, "-m", "tilefeed", "preprocess", str(src),
-                               str(out), *FAULT_ARGS], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([*command, str(out), *FAULT_ARGS], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert tree_bytes(out) == tree_bytes(reference), f"trial {trial} differs"
+    return interrupted
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_always_resumes_to_the_same_store(
+        tmp_path: Path, source: tuple[Path, Path]) -> None:
+    src, reference = source
+    interrupted = killed_and_resumed(src, reference, tmp_path, random.Random(1234), trials=4, kills=3, parts=8)
     assert interrupted >= 4, f"only {interrupted} kills landed mid-run: the test proved little"
 
 
@@ -175,26 +182,8 @@ def test_sigkill_of_a_run_over_tar_shards_resumes_to_the_same_store(tmp_path: Pa
     """A run over WebDataset shards killed at random moments resumes to the bytes of a run never
     killed: members are read where the scan found them, and the captions' table is the same."""
     shards = write_tar_shards(tmp_path / "shards", shards=6, per_shard=80)
-    command = [sys.executable, "-m", "tilefeed", "preprocess", str(shards)]
     reference = tmp_path / "reference"
-    subprocess.run([*command, str(reference), *FAULT_ARGS], check=True, timeout=300)
-    rng = random.Random(99)
-    interrupted = 0
-    for trial in range(3):
-        out = tmp_path / f"run{trial}"
-        for _kill in range(2):
-            proc = subprocess.Popen([*command, str(out), *FAULT_ARGS], start_new_session=True)
-            parts = rng.randrange(6)
-            while proc.poll() is None and len(list(out.glob(f"{fmt.WORK_DIR}/part-*.json"))) < parts:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0, 0.05))
-            if proc.poll() is not None:
-                break
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            if read_attrs(out) is None:
-                interrupted += 1
-        done = subprocess.run([*command, str(out), *FAULT_ARGS], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        assert tree_bytes(out) == tree_bytes(reference), f"trial {trial} differs"
+    subprocess.run([sys.executable, "-m", "tilefeed", "preprocess", str(shards), str(reference), *FAULT_ARGS],
+                   check=True, timeout=300)
+    interrupted = killed_and_resumed(shards, reference, tmp_path, random.Random(99), trials=3, kills=2, parts=6)
     assert interrupted >= 2, f"only {interrupted} kills landed mid-run: the test proved little"

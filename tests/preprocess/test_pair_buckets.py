@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from tests.helpers import s3_environment
-from tests.preprocess.test_pair_sources import (by_key, hf_metadata, jpeg, scan, store_captions, write_shards)
+from tests.preprocess.test_pair_sources import (by_key, jpeg, scan, store_captions, write_parquet_folder,
+                                               write_shards)
 from tilefeed.bench.fixtures.netem import Proxy
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess.sources import objects, webdataset
@@ -176,20 +177,8 @@ def test_bucket_shards_by_pattern_list_and_tar_and_their_refusals(s3: str, tmp_p
 
 
 def test_parquet_in_a_bucket_read_through_ranged_gets_as_the_local_file(s3: str, tmp_path: Path) -> None:
-    folder = tmp_path / "pq"
-    folder.mkdir()
-    (folder / "side.jpg").write_bytes(jpeg(7))
-    images = [{"bytes": jpeg(i), "path": f"{i}.jpg"} for i in range(5)]
-    captions = [f"row {i}" for i in range(5)]
-    captions[3] = ""  # no caption: a reject
-    schema = pa.schema([("picture", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-                        ("text", pa.string()), ("width", pa.int64())], metadata=hf_metadata("picture", "text"))
-    table = pa.table({"picture": images, "text": captions, "width": list(range(5))}, schema=schema)
-    pq.write_table(table, folder / "a.parquet", row_group_size=2)
-    # a file whose one row names a picture beside it rather than holding its bytes
-    side = pa.table({"picture": [{"bytes": None, "path": "side.jpg"}], "text": ["beside"], "width": [9]},
-                    schema=schema)
-    pq.write_table(side, folder / "b.parquet")
+    folder = write_parquet_folder(tmp_path / "pq")
+    schema = pq.read_schema(folder / "a.parquet")
     upload(folder, "data/pq")
     pairs = PairOptions(caption_key=("text",), fields=("width",))
     assert decide(f"{BUCKET}/data/pq/", pairs) is SourceKind.PARQUET

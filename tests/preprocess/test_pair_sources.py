@@ -177,8 +177,10 @@ def hf_metadata(image: str, caption: str) -> dict[bytes, bytes]:
     return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
 
 
-def test_parquet_rows_of_bytes_and_paths(tmp_path: Path) -> None:
-    folder = tmp_path / "pq"
+def write_parquet_folder(folder: Path) -> Path:
+    """Two parquet files as Hugging Face ``datasets`` marks them: ``a.parquet``, five rows of
+    ``{bytes, path}`` pictures in row groups of two (row 3 without a caption), and
+    ``b.parquet``, one row naming ``side.jpg`` beside it rather than holding its bytes."""
     folder.mkdir()
     (folder / "side.jpg").write_bytes(jpeg(7))
     images = [{"bytes": jpeg(i), "path": f"{i}.jpg"} for i in range(5)]
@@ -188,10 +190,14 @@ def test_parquet_rows_of_bytes_and_paths(tmp_path: Path) -> None:
                         ("text", pa.string()), ("width", pa.int64())], metadata=hf_metadata("picture", "text"))
     table = pa.table({"picture": images, "text": captions, "width": list(range(5))}, schema=schema)
     pq.write_table(table, folder / "a.parquet", row_group_size=2)
-    # a file whose one row names a file beside it rather than holding bytes
     side = pa.table({"picture": [{"bytes": None, "path": "side.jpg"}], "text": ["beside"], "width": [9]},
                     schema=schema)
     pq.write_table(side, folder / "b.parquet")
+    return folder
+
+
+def test_parquet_rows_of_bytes_and_paths(tmp_path: Path) -> None:
+    folder = write_parquet_folder(tmp_path / "pq")
     pairs = PairOptions(caption_key=("text",), fields=("width",))
     listing = scan(folder, tmp_path, pairs)
     assert "SRC read as parquet (2 files)" in listing.notes
