@@ -17,7 +17,7 @@ from tilefeed.pipeline.loader.pairs import pick
 from tilefeed.pipeline.options import TextChoice, parse_text
 from tilefeed.pipeline.reading.reader import source_paths
 from tilefeed.store.errors import ConfigError
-from tests.helpers import caption_of, make_pairs_store
+from tests.helpers import DEVICE_SIDES, caption_of, device_sides, make_pairs_store, on_side
 
 SAMPLES = 24
 
@@ -53,6 +53,32 @@ def test_captions_and_fields_follow_their_picture_by_key(store: Path) -> None:
             assert fields["width"].tolist() == [40 + number(k) for k in keys]
             seen += ids.tolist()
     assert sorted(seen) == list(range(SAMPLES))  # every sample once over the two ranks
+
+
+@pytest.mark.parametrize("side", [pytest.param("host"), *device_sides()])
+def test_captions_tokens_and_fields_ride_with_their_images_in_every_graph_shape(store: Path, side: str) -> None:
+    """The host shape, the GPU's graph on DALI's CPU backend, and CUDA itself (its side stream's
+    hand-over): each batch's captions, tokens and fields are its own images' samples', on the
+    host, while the images are on the Loader's device."""
+    assert side == "host" or side in DEVICE_SIDES
+
+    def tokenizer(texts: list[str]) -> torch.Tensor:
+        return torch.tensor([[len(t)] for t in texts])
+
+    seen: list[int] = []
+    with on_side(side) as device:
+        for train in (True, False):
+            loader = Loader(store, 5, text="caption", tokenizer=tokenizer, fields=("uid",), with_index=True,
+                            train=train, size=32, device=device)
+            for images, tokens, fields, ids in loader:
+                keys = keys_of(store, ids.cpu())
+                assert images.device.type == torch.device(device).type and len(images) == len(ids)
+                assert tokens.device.type == "cpu"
+                assert tokens[:, 0].tolist() == [len(caption_of(k)) for k in keys]
+                assert fields["uid"] == [f"u{number(k):04d}" for k in keys]
+                seen += ids.tolist()
+            loader.close()
+    assert sorted(seen) == sorted(list(range(SAMPLES)) * 2)
 
 
 def test_a_batch_is_images_and_texts_as_open_clip_unpacks_it(store: Path) -> None:
