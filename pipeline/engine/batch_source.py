@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tilefeed.pipeline.engine.crops import PASTE_NAMES
 from tilefeed.pipeline.engine.cuda import host_buffer
 from tilefeed.pipeline.engine.operations import Input
 from tilefeed.pipeline.reading.protocol import Reader
@@ -34,8 +33,8 @@ if TYPE_CHECKING:
     from tilefeed.pipeline.recipe.recipe import Recipe
 
 Batch = tuple[Any, ...]  # images (array or list of byte arrays), labels, indices, the graph's inputs
-# (sample indices, the keys their crops and flips are drawn from) -> per-sample inputs by name
-# (``operations.graph_inputs``)
+# (sample indices, the keys their crops and flips are drawn from) -> the operations' inputs by
+# name (``operations.graph_inputs``): per sample, but for what only the host reads (``Input``)
 Extras = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 # What runs on a batch as it is handed over, given its outputs by name, its batch number in the
 # epoch's stretch and the inputs its operations drew for the graph (``operations.graph_inputs``,
@@ -45,27 +44,15 @@ Extras = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 PerBatch = Callable[[dict[str, Any], int, Mapping[str, np.ndarray]], None]
 
 
-# the per-sample extras a host resize uses itself (the window, the output side, the filter) and
-# does not pass on to the graph
-HOST_CUT = ("start", "end", "size", "interp", *PASTE_NAMES)
-# all the extras that stay here on the host-resize path: the cut's, then the recipe's pixel
-# operations' (``recipe.host_ops``); the graph declares the rest (the horizontal flip)
-HOST_USED = HOST_CUT + host_ops.INPUTS
-# what a crop that pads sends beside its part inside the picture: the whole window, which the
-# host resize does not read either (the boxes and masks take it from the same draws)
-WINDOW = ("start", "end")
-
-
 def graph_names(inputs: Mapping[str, Input], host_resize: bool) -> tuple[str, ...]:
-    """Of the per-sample ``inputs`` the operations send (``operations.inputs``, in order), those
-    the graph reads: on the host-resize path what the batch source did not use itself
-    (``HOST_USED``); on the graph's own path all but what only the host kernels read
-    (``Input.host_only``) and, for a crop that pads, the whole window (the graph cuts its part
-    inside the picture, ``PASTE_NAMES``). DALI is fed only what it reads."""
-    if host_resize:  # HOST_USED holds the host-only inputs too
-        return tuple(n for n in inputs if n not in HOST_USED)
-    pads = "cut_start" in inputs
-    return tuple(n for n, spec in inputs.items() if not spec.host_only and not (pads and n in WINDOW))
+    """Of the ``inputs`` the operations send (``operations.inputs``, in order), those the graph
+    reads, as their operations declare them: all but what only the host reads
+    (``Input.host_only``: a policy's drawn filter, an IoU crop's keep, the whole window of a
+    crop that pads) and, on the host-resize path, what the batch source applies itself
+    (``Input.host_applied``: the cut, the output side, the filter, the recipe's pixel
+    operations; the horizontal flip stays with the graph). DALI is fed only what it reads."""
+    return tuple(name for name, spec in inputs.items()
+                 if not spec.host_only and not (host_resize and spec.host_applied))
 
 
 # DALI's interp codes (``recipe.INTERP_CODES``) as PIL's filters: torchvision's PIL path
@@ -147,9 +134,10 @@ class BatchSource:
     that change between epochs reuse them; ``inputs`` are what the operations send (the window's
     ``start`` and ``end``, a recipe's per-sample filter ``interp``, else bilinear); a training
     ``recipe``'s pixel operations are then applied here too (``recipe.host_ops``, with the
-    sample's drawn inputs): the inputs ``HOST_USED`` names stay here, the rest go on to the
-    graph. Either way the threads here decode JPEG tiles too (``decodes``; ``fast_idct``: see
-    ``codec.decode_jpeg``; ``scaled_decode``: see ``decode_scale``).
+    sample's drawn inputs): the inputs declared ``host_applied`` stay here, the rest go on to
+    the graph (``graph_names``). Either way the threads here decode JPEG tiles too
+    (``decodes``; ``fast_idct``: see ``codec.decode_jpeg``; ``scaled_decode``: see
+    ``decode_scale``).
     """
 
     def __init__(self, reader: Reader, batch_size: int, threads: int, ahead: int,

@@ -6,6 +6,8 @@ mid-epoch, or on another world size or batch size, sees exactly the crops an uni
 would. The window follows torchvision's ``RandomResizedCrop.get_params``: area fraction
 uniform in ``scale``, aspect ratio log-uniform in ``ratio``, ten tries, then the centre fallback.
 The graph then cuts and resizes on the device (DALI takes the windows as per-sample inputs).
+SSD's IoU crop is drawn once with its windows, which objects it keeps beside them (``keep``,
+read by the targets alone).
 """
 
 from __future__ import annotations
@@ -123,8 +125,8 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
     jitter's cut (these two reach past the picture). Evaluation: its
     framing of the picture for output ``size`` (default the tile side: shorter side to
     ``size / crop_pct``, centre crop ``size``), no flip. ``iou``: the IoU crop's windows of these
-    samples already drawn (``iou_windows``, for the boxes they keep), taken as they are rather
-    than drawn a second time.
+    samples already drawn (``iou_windows``: ``frame_inputs`` draws them once, for the windows and
+    the boxes they keep), taken as they are rather than drawn a second time.
     """
     top, left, height, width = boxes[samples].T
     if a.train:
@@ -152,20 +154,23 @@ def window_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: 
 
 def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
                  samples: np.ndarray, keys: np.ndarray,
-                 objects: StoreObjects | None = None,
-                 iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
+                 objects: StoreObjects | None = None) -> dict[str, np.ndarray]:
     """What the graph takes per sample to cut, frame and flip, for an epoch at ``size``, by name.
 
     With windows: ``start``, ``end``, ``flip`` and the output ``size`` [h, w], then for a crop
     that pads (``PASTE_NAMES``) the cut inside the picture, its output size and the paste's
-    anchor. Without (evaluation framing of whole tiles by fixed ops): ``resize`` [h, w] and the
+    anchor, then for a crop against the stored boxes (``against_boxes``) its ``keep``: which of
+    the samples' objects (concatenated in sample order) it keeps, one bool an object, for the
+    targets. Without (evaluation framing of whole tiles by fixed ops): ``resize`` [h, w] and the
     centre ``crop`` [h, w]. The size travels as an input, so one graph serves every size.
-    ``iou``: the IoU crop's windows already drawn (``window_inputs``).
     """
     n = len(samples)
     if not a.windows:
         return {"resize": np.full((n, 2), a.resize_to(size), np.float32),
                 "crop": np.full((n, 2), size, np.float32)}
+    # SSD's crop, drawn once: its windows frame the pixels, its keep marks the boxes
+    zoom = a.recipe is not None and a.recipe.crop is Crop.ZOOM_IOU
+    iou = iou_windows(seed, epoch, samples, keys, boxes[samples], objects, zoom) if against_boxes(a) else None
     start, end, flip = window_inputs(boxes, a, seed, epoch, samples, keys, size, objects, iou)
     framed = {"start": start, "end": end, "flip": flip, "size": np.full((n, 2), size, np.float32)}
     if pads(a):
@@ -174,6 +179,8 @@ def frame_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
         cut = pasted(start, end, boxes[samples], size)
         paste = (cut.cut_start, cut.cut_end, cut.cut_size, -cut.place)
         framed.update(zip(PASTE_NAMES, (v.astype(np.float32) for v in paste), strict=True))
+    if iou is not None:
+        framed["keep"] = iou.keep
     return framed
 
 
@@ -181,3 +188,9 @@ def pads(a: Augment) -> bool:
     """``a``'s windows may reach past the picture: the graph pastes their part inside it on
     the recipe's fill (``Crop.pads``; training only)."""
     return a.windows and a.train and a.recipe is not None and a.recipe.crop.pads
+
+
+def against_boxes(a: Augment) -> bool:
+    """``a``'s windows are SSD's IoU crop, drawn against each sample's stored boxes
+    (``Crop.against_boxes``; training only), which keeps some of its objects."""
+    return a.windows and a.train and a.recipe is not None and a.recipe.crop.against_boxes

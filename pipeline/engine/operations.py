@@ -2,45 +2,62 @@
 
 Every operation the graph applies per sample (the crop window and flip or evaluation's framing,
 the recipe's filter, flips and pixel operations, an auto-augment policy) is one object that
-declares the inputs it sends (their names, dtypes, and whether only the host kernels read them)
-and draws them on the host from (seed, epoch, key). ``draw_inputs`` runs the operations of
-``OPERATIONS`` in turn into one named mapping per batch; the batch source, the graph (both
-shapes), the host path and the targets all read that mapping by name, and the graph declares
-its per-sample inputs from the same declarations (``inputs``). A new operation is one object
-here, its draws in its own module, and one line of ``OPERATIONS``.
+declares the inputs it sends (their names, dtypes, whether only the host reads them and whether
+the host-resize path applies them itself: ``Input``) and draws them on the host from (seed,
+epoch, key). ``draw_inputs`` runs the operations of ``OPERATIONS`` in turn into one named
+mapping per batch; the batch source, the graph (both shapes), the host path and the targets
+all read that mapping by name, and which inputs the graph declares and is fed on each path
+follows from the same declarations alone (``inputs``, ``batch_source.graph_names``). A new
+operation is one object here, its draws in its own module, and one line of ``OPERATIONS``.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from tilefeed.pipeline.engine.crops import PASTE_NAMES, StoreObjects, frame_inputs, pads
+from tilefeed.pipeline.engine.crops import PASTE_NAMES, StoreObjects, against_boxes, frame_inputs, pads
 from tilefeed.pipeline.recipe import draws, policies
 from tilefeed.pipeline.recipe.recipe import Recipe
 
 if TYPE_CHECKING:
     from tilefeed.pipeline.engine.augment import Augment
     from tilefeed.pipeline.reading.mixed import MixedArray
-    from tilefeed.pipeline.targets.windows import DrawnWindows
 
 
 @dataclass(frozen=True)
 class Input:
-    """One per-sample input an operation sends: its numpy dtype (int32 or float32, what the graph
-    declares it as) and whether only the host kernels read it (the graph is not fed it)."""
+    """One input an operation sends with a batch.
+
+    Attributes
+    ----------
+    dtype : numpy.dtype
+        Its numpy dtype: int32 or float32 where the graph is fed it (what the graph declares it
+        as).
+    host_only : bool
+        Only the host reads it (the host kernels, the targets), so the graph is not fed it on
+        either path. Only such an input may hold other than one value per sample.
+    host_applied : bool
+        The host-resize path applies it itself (the batch source's cut, resize and paste, the
+        recipe's pixel operations: ``recipe.host_ops``), so the graph is not fed it there.
+    """
 
     dtype: np.dtype
     host_only: bool = False
+    host_applied: bool = False
 
 
 INT = Input(np.dtype(np.int32))
 FLOAT = Input(np.dtype(np.float32))
+# the window's cut, output size and paste, which the host-resize path does itself
+CUT = Input(np.dtype(np.float32), host_applied=True)
+# the IoU crop's keep: one flag per object of the batch's samples, read by the targets alone
+KEEP = Input(np.dtype(np.bool_), host_only=True)
 
 
 @dataclass(frozen=True)
@@ -61,8 +78,6 @@ class Draw:
         Their positions in the epoch, which every draw is keyed on (of one store, the samples).
     objects : tuple of numpy.ndarray, optional
         The store's object offsets and rows, which a recipe's ``crop="iou"`` draws against.
-    iou : DrawnWindows, optional
-        The IoU crop's windows of these samples already drawn (the targets' keep mask needs them).
     """
 
     boxes: np.ndarray | MixedArray
@@ -73,7 +88,6 @@ class Draw:
     samples: np.ndarray
     keys: np.ndarray
     objects: StoreObjects | None = None
-    iou: DrawnWindows | None = None
 
     @property
     def recipe(self) -> Recipe | None:
@@ -94,18 +108,24 @@ class Operation(Protocol):
 
 class Windows:
     """The crop window, flip and output size of each sample (training, or tiles with padding),
-    with the cut and paste of a window reaching past the picture; else evaluation's framing of
-    whole tiles (resize, centre crop). ``crops.frame_inputs`` draws them."""
+    with the cut and paste of a window reaching past the picture, and an IoU crop's ``keep`` of
+    the samples' objects; else evaluation's framing of whole tiles (resize, centre crop).
+    ``crops.frame_inputs`` draws them."""
 
     def inputs(self, a: Augment) -> dict[str, Input]:
         if not a.windows:
             return {"resize": FLOAT, "crop": FLOAT}
-        sent = {"start": FLOAT, "end": FLOAT, "flip": INT, "size": FLOAT}
-        return sent | ({name: FLOAT for name in PASTE_NAMES} if pads(a) else {})
+        padding = pads(a)
+        # a window past the picture is cut by its part inside it (``PASTE_NAMES``): the whole
+        # window is then read on the host alone (the targets frame the boxes with it)
+        window = replace(CUT, host_only=padding)
+        sent = {"start": window, "end": window, "flip": INT, "size": CUT}
+        if padding:
+            sent |= {name: CUT for name in PASTE_NAMES}
+        return sent | ({"keep": KEEP} if against_boxes(a) else {})
 
     def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
-        a = d.augment
-        sent.update(frame_inputs(d.boxes, a, d.seed, d.epoch, d.size, d.samples, d.keys, d.objects, d.iou))
+        sent.update(frame_inputs(d.boxes, d.augment, d.seed, d.epoch, d.size, d.samples, d.keys, d.objects))
 
 
 class RecipeDraws:
@@ -115,7 +135,9 @@ class RecipeDraws:
     def inputs(self, a: Augment) -> dict[str, Input]:
         if a.recipe is None:
             return {}
-        return {name: Input(draws.INPUTS[name]) for name in draws.input_names(a.recipe, a.train)}
+        # the host-resize path applies them all: the filter in its resize, the rest in host_ops
+        return {name: Input(draws.INPUTS[name], host_applied=True)
+                for name in draws.input_names(a.recipe, a.train)}
 
     def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
         recipe = d.recipe
@@ -135,7 +157,8 @@ class PolicyDraws:
         policy = a.recipe.auto_augment if a.recipe is not None and a.train else None
         if policy is None:
             return {}
-        return {name: Input(policies.INPUTS[name], host_only=name in policies.HOST_ONLY_INPUTS)
+        return {name: Input(policies.INPUTS[name], host_only=name in policies.HOST_ONLY_INPUTS,
+                            host_applied=True)
                 for name in policy.input_names()}
 
     def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
@@ -154,7 +177,7 @@ class PixelDraws:
     def inputs(self, a: Augment) -> dict[str, Input]:
         if a.recipe is None or not a.train:
             return {}
-        return {name: Input(dtype) for op, _ in a.recipe.pixel_operations()
+        return {name: Input(dtype, host_applied=True) for op, _ in a.recipe.pixel_operations()
                 for name, dtype in op.inputs.items()}
 
     def draw(self, d: Draw, sent: dict[str, np.ndarray]) -> None:
@@ -193,8 +216,8 @@ def draw_inputs(d: Draw) -> dict[str, np.ndarray]:
 
 
 def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: int, size: int,
-                 samples: np.ndarray, keys: np.ndarray, objects: StoreObjects | None = None,
-                 iou: DrawnWindows | None = None) -> dict[str, np.ndarray]:
+                 samples: np.ndarray, keys: np.ndarray,
+                 objects: StoreObjects | None = None) -> dict[str, np.ndarray]:
     """``draw_inputs`` for ``samples`` (at ``keys``) of ``epoch`` at ``size``: what a batch
     carries to the graph beside its pixels, by name.
 
@@ -210,12 +233,10 @@ def graph_inputs(boxes: np.ndarray | MixedArray, a: Augment, seed: int, epoch: i
         The batch's samples and their positions in the epoch (of one store, the samples).
     objects : tuple of numpy.ndarray, optional
         The store's object offsets and rows, for a recipe's ``crop="iou"``.
-    iou : DrawnWindows, optional
-        The IoU crop's windows already drawn.
 
     Returns
     -------
     dict of str to numpy.ndarray
         Each input by name.
     """
-    return draw_inputs(Draw(boxes, a, seed, epoch, size, samples, keys, objects, iou))
+    return draw_inputs(Draw(boxes, a, seed, epoch, size, samples, keys, objects))

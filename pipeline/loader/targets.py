@@ -1,12 +1,13 @@
 """A batch's boxes and masks, made as the batch is handed over.
 
 The targets follow the pixels: each sample's framing (its crop window, the resize to the output
-side, its flips; in evaluation the resize and centre crop) is worked out again from the same
-draws that gave the graph its inputs (``operations.graph_inputs``: a plain function of the seed, the
-epoch and the sample), and the store's boxes and mask tiles go through it
-(``pipeline.targets``). Nothing about targets passes through the DALI graph, so a batch's
-targets are exactly as deterministic as its crops: a resumed epoch, on any world size, gives
-them bit for bit.
+side, its flips; in evaluation the resize and centre crop) comes from the very inputs its
+operations drew for the graph (``operations.graph_inputs``: a plain function of the seed, the
+epoch and the sample, carried with the batch, drawn here for a batch that carries none), and the
+store's boxes and mask tiles go through it (``pipeline.targets``); an IoU crop's ``keep``, drawn
+with its windows and carried beside them, says which boxes it leaves. Nothing about targets
+passes through the DALI graph, so a batch's targets are exactly as deterministic as its crops:
+a resumed epoch, on any world size, gives them bit for bit.
 
 This runs on the Loader's feeding thread, beside the recipe's per-batch operations, so its time
 overlaps the training step. The boxes are worked out on the host (a few numbers an object); the
@@ -32,10 +33,10 @@ import numpy as np
 import torch
 
 from tilefeed.pipeline.engine.augment import Augment
-from tilefeed.pipeline.engine.crops import StoreObjects, iou_windows
+from tilefeed.pipeline.engine.crops import StoreObjects
 from tilefeed.pipeline.engine.operations import graph_inputs
 from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS
-from tilefeed.pipeline.recipe.recipe import Crop, Recipe
+from tilefeed.pipeline.recipe.recipe import Recipe
 from tilefeed.pipeline.reading.protocol import Reader
 from tilefeed.pipeline.reading.mixed_targets import MixedTargets
 from tilefeed.pipeline.targets.affine import Affines
@@ -277,8 +278,9 @@ class BatchTargets:
         device : torch.device, optional
             Where the masks are made (a CUDA device: on its current stream); default the host.
         inputs : mapping of str to numpy.ndarray, optional
-            What the batch's operations drew for the graph (``operations.graph_inputs``), carried
-            with the batch to its hand-over; drawn here where not given.
+            What the batch's operations drew (``operations.graph_inputs``: its windows and
+            flips, an IoU crop's ``keep`` of its objects), carried with the batch to its
+            hand-over; drawn here, once, where not given.
 
         Returns
         -------
@@ -290,20 +292,17 @@ class BatchTargets:
         store = reader.targets
         samples = np.asarray(samples, dtype=np.int64)
         stored = None if store.offsets is None or store.objects is None else (store.offsets, store.objects)
-        crop = self.augment.recipe.crop if self.augment.train and self.augment.recipe is not None else None
-        # SSD's crop: its keep marks the boxes; its windows frame the pixels, from the same draw
-        drawn = (iou_windows(self.seed, self.epoch, samples, keys, reader.boxes[samples], stored,
-                             zoom=crop is Crop.ZOOM_IOU)
-                 if crop is not None and crop.against_boxes else None)
         if not inputs:
             inputs = graph_inputs(reader.boxes, self.augment, self.seed, self.epoch, self.size, samples, keys,
-                                  stored if drawn is not None else None, drawn)
+                                  stored)
         framing = _framing(self.augment, inputs, self.size, len(samples))
         objects = None
         if Targets.BOXES in self.asked and stored is not None:
             objects = Objects.gather(stored[0], stored[1], samples)
-            if drawn is not None:  # the boxes whose centres the crop leaves out go, as RandomIoUCrop marks them
-                objects = objects.select(drawn.keep)
+            # SSD's crop: the boxes whose centres it leaves out go, as RandomIoUCrop marks them
+            # (its keep, drawn with the windows that frame the pixels)
+            if "keep" in inputs:
+                objects = objects.select(inputs["keep"])
         masks = None
         if Targets.MASKS in self.asked:
             masks = self._read_masks(store, samples, device)

@@ -43,8 +43,10 @@ from tilefeed.pipeline.recipe.policy_tables import GEOMETRIC, OPS, RANDOM_FILTER
 from tilefeed.pipeline.recipe.pixel_ops import PIXEL_OPERATIONS
 from tilefeed.pipeline.recipe.recipe import JITTER_ADJUSTMENTS, Recipe
 
-# the per-sample inputs (``draws.input_names``) these kernels take: on the host-resize path the
-# batch source applies them and the graph declares none of them
+# the per-sample inputs (a recipe's draws but its filter, a policy's, the pixel operations') these
+# kernels take, which ``sample`` picks out of a batch's inputs; the operations that send them
+# declare them applied on the host (``Input.host_applied``), so on the host-resize path the graph
+# is not fed them
 INPUTS: tuple[str, ...] = (*(name for name in draws.INPUTS if name != "interp"), *policies.INPUTS,
                            *(name for op in PIXEL_OPERATIONS for name in op.inputs))
 SOLARIZE_ADD_BELOW = 128  # timm's solarize_add threshold: only pixels below it are raised

@@ -480,7 +480,6 @@ def test_a_batchs_iou_crop_is_drawn_once_for_its_windows_and_its_boxes(
     import threading
 
     from tilefeed.pipeline.engine import crops
-    from tilefeed.pipeline.loader import targets as loader_targets
     from tilefeed.pipeline.loader.targets import BatchTargets
     from tilefeed.pipeline.options import Targets, TargetsLayout
 
@@ -498,9 +497,8 @@ def test_a_batchs_iou_crop_is_drawn_once_for_its_windows_and_its_boxes(
                 calls.append(args[2])
             return real(*args, **kwargs)
 
-        # both names the crop is drawn by: the window inputs' and the batch targets' own
+        # the one name the crop is drawn by: the window inputs' (the targets read its keep mask)
         monkeypatch.setattr(crops, "iou_windows", counted)
-        monkeypatch.setattr(loader_targets, "iou_windows", counted)
         samples = np.array(sorted(handed)[:4], dtype=np.int64)
         framed = made.framed(samples, samples).as_dicts(torch.device("cpu"))
     assert len(calls) == 1
