@@ -25,8 +25,10 @@ import os
 import time
 import uuid
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -80,23 +82,25 @@ class Ledger:
     """The writer side: one per Loader; ``record`` rewrites this rank's file for an epoch."""
 
     def __init__(self, root: str | Path, *, rank: int, population: np.ndarray | None, samples: int,
-                 mixture: dict[str, Any] | None = None) -> None:
-        """``mixture``: a mixture's sources and their blocks of the epoch's ``samples`` positions,
-        which the records then hold (one position, one entry of the planned multiset)."""
+                 sources: Mapping[str, Any] = MappingProxyType({})) -> None:
+        """``sources``: what the Loader's sources say of the epoch's ``samples`` positions
+        (``Sources.describe``): of a mixture, its sources and their blocks of positions, which the
+        records then hold (one position, one entry of the planned multiset); of one store,
+        nothing (its positions are its samples)."""
         self.root = Path(root)
         self.rank = rank
         self.run = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.root.mkdir(parents=True, exist_ok=True)
         if not (self.root / POPULATION).exists() and not (self.root / COUNT).exists():
             if population is None:
-                described = {"samples": int(samples)} | ({} if mixture is None else {"mixture": mixture})
+                described = {"samples": int(samples), **sources}
                 atomic_write(self.root / COUNT, json.dumps(described).encode())
             else:
                 atomic_write(self.root / POPULATION, _pack(population))
         else:  # a folder kept from an earlier run: its records must count the same population
             held = _population(self.root)
             same = (held.size == (samples if population is None else len(population))
-                    and held.mixture == mixture
+                    and held.blocks == _blocks(sources, samples, self.root)
                     and (held.ids is None) == (population is None)
                     and (population is None or np.array_equal(held.ids, population)))  # type: ignore[arg-type]
             if not same:
@@ -159,7 +163,7 @@ class EpochAudit:
     ok: bool
     examples_twice: list[int]
     examples_never: list[int]
-    sources: dict[str, dict[str, int]] | None = None  # a mixture's: per source, as above
+    sources: dict[str, dict[str, int]] | None = None  # a mixture's: per source, as above (null of one store)
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,8 @@ class _Population:
 
     size: int
     ids: np.ndarray | None
-    mixture: dict[str, Any] | None = None  # sources and their blocks of positions (Loader of a Mix)
+    # a mixture's sources and their blocks of positions, as (name, start, quota); none of one store
+    blocks: tuple[tuple[str, int, int], ...] = ()
 
     def places(self, ids: np.ndarray, path: Path) -> np.ndarray:
         """Where each of a record's ``ids`` stands in the population; LedgerError for an id
@@ -210,15 +215,18 @@ def _population(root: Path) -> _Population:
     samples = meta.get("samples")
     if not isinstance(samples, int) or isinstance(samples, bool) or not 0 <= samples <= MAX_SAMPLES:
         raise LedgerError(f"{count_file}: damaged (not a sample count)")
-    return _Population(samples, None, _mixture(meta.get("mixture"), samples, count_file))
+    return _Population(samples, None, _blocks(meta, samples, count_file))
 
 
-def _mixture(described: Any, samples: int, path: Path) -> dict[str, Any] | None:
-    """A mixture ledger's sources, checked: blocks of positions that tile 0..samples-1."""
-    if described is None:
-        return None
+def _blocks(described: Mapping[str, Any], samples: int, path: Path) -> tuple[tuple[str, int, int], ...]:
+    """The sources and their blocks of positions a count file (or a Loader's ``Sources.describe``)
+    names under ``mixture``, checked: blocks that tile 0..samples-1; none for one store's, whose
+    positions are its samples."""
+    mixture = described.get("mixture")
+    if mixture is None:
+        return ()
     try:
-        names, starts, quotas = described["names"], described["starts"], described["quotas"]
+        names, starts, quotas = mixture["names"], mixture["starts"], mixture["quotas"]
         ok = (all(isinstance(v, list) for v in (names, starts, quotas))
               and len(names) == len(starts) == len(quotas) == len(set(names))
               and all(isinstance(n, str) and n for n in names)
@@ -228,7 +236,7 @@ def _mixture(described: Any, samples: int, path: Path) -> dict[str, Any] | None:
         ok = False
     if not ok:
         raise LedgerError(f"{path}: damaged (the mixture's sources do not tile its {samples} positions)")
-    return {"names": names, "starts": starts, "quotas": quotas}
+    return tuple(zip(names, starts, quotas, strict=True))
 
 
 _POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
@@ -392,16 +400,14 @@ def audit(root: str | Path) -> list[EpochAudit]:
             complete=complete, allowed_twice=allowed_twice, allowed_never=allowed_never, runs=len(runs),
             ok=ok, examples_twice=population.samples(tally.examples_twice()),
             examples_never=population.samples(tally.examples_never()),
-            sources=_per_source(tally, population.mixture),
+            sources=_per_source(tally, population.blocks) or None,
         ))
     return out
 
 
-def _per_source(tally: _Tally, mixture: dict[str, Any] | None) -> dict[str, dict[str, int]] | None:
-    if mixture is None:
-        return None
+def _per_source(tally: _Tally, blocks: tuple[tuple[str, int, int], ...]) -> dict[str, dict[str, int]]:
     out = {}
-    for name, start, quota in zip(mixture["names"], mixture["starts"], mixture["quotas"], strict=True):
+    for name, start, quota in blocks:
         seen, again = tally.within(start, start + quota)
         out[name] = {"planned": quota, "once": seen - again, "twice": again, "never": quota - seen}
     return out

@@ -336,7 +336,7 @@ class Loader:
         self._stats: Recorder | None = None  # made with the graph: it knows the reader threads
         self.epochs = EpochState(Shares(s, self.reader.shard_size, self.sources), schedule)
         self.ledger = (Ledger(s.ledger, rank=s.rank, population=self.subset, samples=self.sources.positions,
-                              mixture=self.sources.describe())
+                              sources=self.sources.describe())
                        if s.ledger is not None else None)
         self._graph: Graph | None = None  # the DALI graph, taken from the pool when made
         self._graph_key: Any = None

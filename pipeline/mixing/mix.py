@@ -187,9 +187,10 @@ class Mixture:
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
-        """The sources and their blocks of an epoch's positions (for the ledger's audit)."""
-        return {"names": list(self.mix.names), "starts": list(self.plan.starts),
-                "quotas": list(self.plan.quotas)}
+        """What the ledger records beside the epoch's positions: the sources and their blocks
+        of them, for its audit per source."""
+        return {"mixture": {"names": list(self.mix.names), "starts": list(self.plan.starts),
+                            "quotas": list(self.plan.quotas)}}
 
     def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
         """The store names and sample indices of ``with_index`` ids (a tensor on any device, or numbers)."""
@@ -246,9 +247,10 @@ class OneStore:
         more (the state names no mixture)."""
         return None
 
-    def describe(self) -> None:
-        """A ledger of one store records samples: no sources and blocks to describe."""
-        return None
+    def describe(self) -> dict[str, Any]:
+        """What the ledger records beside the epoch's positions: nothing, since one store's
+        positions are its samples (no sources and blocks to audit apart)."""
+        return {}
 
     def source_of(self, ids: Any) -> tuple[list[str], np.ndarray]:
         """The store's location and the sample indices of ``with_index`` ids."""
