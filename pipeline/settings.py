@@ -90,9 +90,9 @@ def _dataloader_only(dataloader_options: dict[str, Any]) -> None:
 
 def _targets_with(recipe: Recipe) -> None:
     """Refuse, in one line, a recipe's operation that boxes and masks have no meaning of."""
-    if recipe.mix is not None:
+    if recipe.batch_mix is not None:
         raise ConfigError("targets: mixup/cutmix mix image labels into soft targets, which boxes and "
-                          "masks have no meaning of; train with targets without mix")
+                          "masks have no meaning of; train with targets without batch_mix")
 
 
 def process_group() -> bool:

@@ -8,6 +8,7 @@ members and a misspelt value fails at once, naming the option and the values it 
 from __future__ import annotations
 
 from enum import StrEnum
+from collections.abc import Iterable
 from typing import TypeVar
 
 from tilefeed.store.errors import ConfigError
@@ -15,7 +16,7 @@ from tilefeed.store.errors import ConfigError
 E = TypeVar("E", bound=StrEnum)
 
 
-def choice(kind: type[E], value: object, name: str) -> E:
+def choice(kind: type[E], value: object, name: str, among: Iterable[E] | None = None) -> E:
     """``value`` as a member of ``kind``: a member as it is, a string by its value.
 
     Parameters
@@ -26,6 +27,9 @@ def choice(kind: type[E], value: object, name: str) -> E:
         What the caller gave.
     name : str
         The option's name, for the error.
+    among : iterable of members of ``kind``, optional
+        The members this option takes, where it takes only some (a script's flag that has no
+        counterpart of the others); default all of them.
 
     Returns
     -------
@@ -35,12 +39,13 @@ def choice(kind: type[E], value: object, name: str) -> E:
     Raises
     ------
     ConfigError
-        ``value`` names no member: the message lists the values ``kind`` takes.
+        ``value`` names no member it takes: the message lists the values it takes.
     """
-    if isinstance(value, kind):
+    members = tuple(kind) if among is None else tuple(among)
+    if isinstance(value, kind) and value in members:
         return value
     if isinstance(value, str):
-        for member in kind:
+        for member in members:
             if member.value == value:
                 return member
-    raise ConfigError(f"{name} must be one of {', '.join(m.value for m in kind)}, got {value!r}")
+    raise ConfigError(f"{name} must be one of {', '.join(m.value for m in members)}, got {value!r}")

@@ -123,9 +123,20 @@ class Scenario:
     adapter: bool = False
 
 
+# fields renamed since: (name now, name before), each given by the name the side's Recipe takes
+RENAMED = (("batch_mix", "mix"),)
+
+
 def _recipe(**fields: Any) -> Options:
-    """Options of a training Loader with ``Recipe(**fields)``, the fields built from tilefeed."""
-    return lambda tf: {"train": True, "recipe": tf.Recipe(**fields)}
+    """Options of a training Loader with ``Recipe(**fields)``, the fields built from tilefeed
+    (a renamed field given under the name the side's Recipe has: ``RENAMED``)."""
+    def options(tf: ModuleType) -> dict[str, Any]:
+        given = dict(fields)
+        for now, before in RENAMED:
+            if now in given and now not in tf.Recipe.__dataclass_fields__:
+                given[before] = given.pop(now)
+        return {"train": True, "recipe": tf.Recipe(**given)}
+    return options
 
 
 def _mix(**fields: Any) -> Callable[[ModuleType], Any]:
@@ -213,11 +224,11 @@ BASE_SCENARIOS: tuple[Scenario, ...] = (
                  "originalr-mstd0.5", {"interpolation": "bilinear", "img_mean": (124, 116, 104)}))(tf)),
     Scenario("erasing_mixup_timm", "plain",
              lambda tf: _recipe(erasing=tf.RandomErasing(p=0.6, value="random"),
-                                mix=tf.BatchMix(num_classes=5, **MIXING))(tf)),
+                                batch_mix=tf.BatchMix(num_classes=5, **MIXING))(tf)),
     Scenario("erasing_cutmix_torchvision", "plain",
              lambda tf: {**_recipe(
                  erasing=tf.RandomErasing.from_timm(probability=0.7, mode="rand", max_count=3),
-                 mix=tf.BatchMix.from_torchvision(5, mixup_alpha=0.2, cutmix_alpha=1.0))(tf),
+                 batch_mix=tf.BatchMix.from_torchvision(5, mixup_alpha=0.2, cutmix_alpha=1.0))(tf),
                  "layout": "channels_last"}),
     Scenario("crop_none", "plain", _recipe(crop="none")),
     # epochs, subsets, ranks
@@ -261,7 +272,7 @@ BASE_SCENARIOS: tuple[Scenario, ...] = (
     # refusals: the error's type and message are the output
     Scenario("error_iou_without_boxes", "plain", _recipe(crop="iou")),
     Scenario("error_mixing_uint8", "plain",
-             lambda tf: {**_recipe(mix=tf.BatchMix(num_classes=5))(tf), "dtype": _torch().uint8}),
+             lambda tf: {**_recipe(batch_mix=tf.BatchMix(num_classes=5))(tf), "dtype": _torch().uint8}),
     Scenario("error_seed_none", "plain", lambda tf: {"seed": None}),
     Scenario("error_batch_size_none", "plain", lambda tf: {"batch_size": None}),
     Scenario("error_layout", "plain", lambda tf: {"layout": "CHW"}),
@@ -447,7 +458,9 @@ def plain(value: Any) -> Any:
     if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
         # a field left None reads as one absent: a record that gains an optional field (off by
         # default) holds what it held before, as its identity() says too
-        return {name: plain(getattr(value, name)) for name in value.__dataclass_fields__
+        # a renamed field reads under its name now (``RENAMED``)
+        before = {old: now for now, old in RENAMED if now not in value.__dataclass_fields__}
+        return {before.get(name, name): plain(getattr(value, name)) for name in value.__dataclass_fields__
                 if not name.startswith("_") and getattr(value, name) is not None}
     if isinstance(value, enum.Enum):
         return plain(value.value)

@@ -51,8 +51,8 @@ RECIPES: dict[str, Callable[[int], Recipe | None]] = {
     "lsj": lambda classes: Recipe(crop=Crop.LSJ, fill=FILL),
     "zoom_iou": lambda classes: Recipe(crop=Crop.ZOOM_IOU, fill=FILL),
     "erasing": lambda classes: Recipe(erasing=RandomErasing(p=0.5, value="random")),
-    "mixup_cutmix": lambda classes: Recipe(mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0,
-                                                                  num_classes=classes)),
+    "mixup_cutmix": lambda classes: Recipe(batch_mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0,
+                                                                        num_classes=classes)),
 }
 # The largest mean difference (levels) a recipe's cell may show between the shapes, and what binds it:
 TOLERANCE: dict[str, tuple[float, str]] = {

@@ -437,12 +437,12 @@ class Loader:
         ``--mixup-off-epoch`` on, at the start of an epoch; an iteration under way keeps the
         setting it began with). False without one. Not part of the resume state: a script
         sets it again, from the epoch, when it resumes."""
-        return self.recipe is not None and self.recipe.mix is not None and not self._mixing_off
+        return self.recipe is not None and self.recipe.batch_mix is not None and not self._mixing_off
 
     @mixup_enabled.setter
     def mixup_enabled(self, enabled: bool) -> None:
-        if enabled and (self.recipe is None or self.recipe.mix is None):
-            raise ConfigError("mixup_enabled=True needs a recipe with mixup or cutmix (Recipe(mix=...))")
+        if enabled and (self.recipe is None or self.recipe.batch_mix is None):
+            raise ConfigError("mixup_enabled=True needs a recipe with mixup or cutmix (Recipe(batch_mix=...))")
         self._mixing_off = not enabled
 
     def __getattr__(self, name: str) -> Any:
@@ -630,7 +630,7 @@ class Loader:
             return None
         # in place: the handed-over batch is fresh and the caller's
         erasing = None if recipe.erasing is None else replace(recipe.erasing, inplace=True)
-        batch_mix = recipe.mix if self.mixup_enabled else None  # mixup/cutmix, not the mixing of stores
+        batch_mix = recipe.batch_mix if self.mixup_enabled else None  # mixup/cutmix, not the mixing of stores
         if erasing is None and batch_mix is None:
             return None
         return BatchOps(erasing, batch_mix, self.seed, plan.epoch, self.batch_size, self.rank, self.world_size,

@@ -30,6 +30,7 @@ from tilefeed.pipeline.recipe.erasing import RandomErasing
 from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.policy_tables import PolicyInterpolation
 from tilefeed.pipeline.recipe.recipe import ColorJitter, Crop, Interpolation, PhotometricDistort, Recipe
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
 
@@ -73,10 +74,25 @@ class Flag:
 H, R = Verdict.HONOURED, Verdict.REFUSED
 
 
+# torchvision's modes are one filter each: timm's ``random`` (a draw per sample, or per policy
+# op slot) is not among them
+ONE_FILTER = tuple(m for m in Interpolation if m is not Interpolation.RANDOM)
+ONE_POLICY_FILTER = tuple(m for m in PolicyInterpolation if m is not PolicyInterpolation.RANDOM)
+
+
 def _timm_train_interpolation(args: Any, data_config: Mapping[str, Any]) -> str:
     """The training interpolation timm's ``train.py`` passes to ``create_loader``."""
+    return _timm_train_flag(args, data_config)[0]
+
+
+def _timm_train_flag(args: Any, data_config: Mapping[str, Any]) -> tuple[str, str]:
+    """The training interpolation timm's ``train.py`` passes to ``create_loader``, and the flag it
+    comes from: ``--train-interpolation``, else (with ``--no-aug``, or none given) the
+    evaluation's, ``--interpolation`` or the model's default."""
     chosen = getattr(args, "train_interpolation", "random")
-    return str(data_config["interpolation"] if getattr(args, "no_aug", False) or not chosen else chosen)
+    if getattr(args, "no_aug", False) or not chosen:
+        return str(data_config["interpolation"]), "--interpolation"
+    return str(chosen), "--train-interpolation"
 
 
 def _timm_colour_jitter(args: Any, data_config: Mapping[str, Any], train: bool) -> bool:
@@ -157,7 +173,7 @@ TIMM_FLAGS: dict[str, Flag] = {
     "aug_repeats": Flag("--aug-repeats", R, "repeated-augmentation sampler",
                         lambda a, c, t: t and float(getattr(a, "aug_repeats", 0)) > 0),
     "mixup": Flag("--mixup/--cutmix/--cutmix-minmax/--mixup-*/--smoothing", H,
-                  "mixup and cutmix with timm's soft targets: Recipe.mix under the prefetcher (the "
+                  "mixup and cutmix with timm's soft targets: Recipe.batch_mix under the prefetcher (the "
                   "default; --mixup-off-epoch sets loader.mixup_enabled), the script's own Mixup "
                   "with --no-prefetcher"),
     "train_img_sizes": Flag("--train-img-sizes/--train-batch-sizes/--train-size-*", R,
@@ -239,21 +255,19 @@ def timm_options(args: Any, data_config: Mapping[str, Any], *, train: bool) -> d
         options["recipe"] = _timm_recipe(args, data_config)
     else:
         options["crop_pct"] = float(data_config["crop_pct"])
-        chosen = _timm_filter(str(data_config["interpolation"]))
+        chosen = _timm_filter(str(data_config["interpolation"]), "--interpolation")
         options["recipe"] = None if chosen is Interpolation.BILINEAR else Recipe(interpolation=chosen)
     return options
 
 
-def _timm_filter(name: str) -> Interpolation:
-    if name not in set(Interpolation):
-        raise ConfigError(f"timm train.py interpolation {name!r}: the Loader resizes with "
-                          f"{', '.join(i.value for i in Interpolation)}")
-    return Interpolation(name)
+def _timm_filter(value: str, flag: str) -> Interpolation:
+    """timm's filter ``value`` as the Loader's ``Interpolation``, refused naming the script's ``flag``."""
+    return choice(Interpolation, value, f"timm train.py {flag}")
 
 
 def _timm_recipe(args: Any, data_config: Mapping[str, Any]) -> Recipe:
     """The training recipe ``create_loader(is_training=True)`` builds from timm's flags."""
-    interpolation = _timm_train_interpolation(args, data_config)
+    interpolation, flag = _timm_train_flag(args, data_config)
     jitter = None
     if _timm_colour_jitter(args, data_config, True):
         values = args.color_jitter if isinstance(args.color_jitter, (list, tuple)) else [args.color_jitter] * 3
@@ -275,17 +289,17 @@ def _timm_recipe(args: Any, data_config: Mapping[str, Any]) -> Recipe:
     if float(getattr(args, "reprob", 0.0)) > 0:
         erasing = RandomErasing.from_timm(probability=float(args.reprob), mode=getattr(args, "remode", "pixel"),
                                           max_count=int(getattr(args, "recount", 1)))
-    mix = None
+    batch_mix = None
     mixing = float(args.mixup) > 0 or float(args.cutmix) > 0 or args.cutmix_minmax is not None
     if mixing and not getattr(args, "no_prefetcher", False):  # else the script's own Mixup mixes
-        mix = BatchMix.from_timm(
+        batch_mix = BatchMix.from_timm(
             mixup_alpha=float(args.mixup), cutmix_alpha=float(args.cutmix), cutmix_minmax=args.cutmix_minmax,
             prob=float(args.mixup_prob), switch_prob=float(args.mixup_switch_prob), mode=args.mixup_mode,
             label_smoothing=float(args.smoothing), num_classes=int(args.num_classes))
-    return Recipe(interpolation=_timm_filter(interpolation), hflip=float(getattr(args, "hflip", 0.5)),
-                  vflip=float(getattr(args, "vflip", 0.0)),
+    return Recipe(interpolation=_timm_filter(interpolation, flag),
+                  hflip=float(getattr(args, "hflip", 0.5)), vflip=float(getattr(args, "vflip", 0.0)),
                   grayscale=float(getattr(args, "grayscale_prob", 0.0) or 0.0),
-                  color_jitter=jitter, auto_augment=policy, erasing=erasing, mix=mix)
+                  color_jitter=jitter, auto_augment=policy, erasing=erasing, batch_mix=batch_mix)
 
 
 def _tv(test: Callable[[Any], bool], train_only: bool = True) -> Active:
@@ -314,7 +328,7 @@ TORCHVISION_FLAGS: dict[str, Flag] = {
                    _tv(lambda a: getattr(a, "auto_augment", None) in ("augmix", "cifar10", "svhn"))),
     "random_erase": Flag("--random-erase", H, "RandomErasing(p) after normalisation: Recipe.erasing"),
     "mixup_alpha": Flag("--mixup-alpha/--cutmix-alpha", H, "the collate function's RandomChoice of MixUp and "
-                        "CutMix: Recipe.mix (soft targets; --label-smoothing stays in the loss)"),
+                        "CutMix: Recipe.batch_mix (soft targets; --label-smoothing stays in the loss)"),
     "ra_sampler": Flag("--ra-sampler/--ra-reps", R,
                        "repeated-augmentation sampler (the script uses it only when distributed)",
                        _tv(lambda a: bool(getattr(a, "ra_sampler", False))
@@ -367,17 +381,16 @@ def torchvision_options(args: Any, *, train: bool, num_classes: int | None = Non
         "num_workers": max(1, int(args.workers)), "pin_memory": True, "device": getattr(args, "device", None),
         "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),  # the presets' defaults
     }
-    interpolation = str(getattr(args, "interpolation", "bilinear"))
-    if interpolation not in set(Interpolation) or interpolation == Interpolation.RANDOM:
-        raise ConfigError(f"torchvision train.py --interpolation {interpolation}: the Loader resizes with "
-                          "nearest, bilinear, bicubic or lanczos")
+    # random is timm's draw per sample: torchvision's InterpolationMode has no such mode
+    interpolation = choice(Interpolation, str(getattr(args, "interpolation", "bilinear")),
+                           "torchvision train.py --interpolation", among=ONE_FILTER)
     if train:
         options["size"] = int(args.train_crop_size)
         options["scale"], options["ratio"] = (0.08, 1.0), (3 / 4, 4 / 3)  # RandomResizedCrop's defaults
-        options["recipe"] = _torchvision_recipe(args, Interpolation(interpolation), num_classes)
+        options["recipe"] = _torchvision_recipe(args, interpolation, num_classes)
     else:
-        filtered = Interpolation(interpolation)
-        options["recipe"] = None if filtered is Interpolation.BILINEAR else Recipe(interpolation=filtered)
+        options["recipe"] = (None if interpolation is Interpolation.BILINEAR
+                             else Recipe(interpolation=interpolation))
         crop, resize = int(args.val_crop_size), int(args.val_resize_size)
         if not 0 < crop <= resize:
             raise ConfigError(f"torchvision train.py --val-crop-size {crop} with --val-resize-size {resize}: "
@@ -393,22 +406,21 @@ def _torchvision_recipe(args: Any, interpolation: Interpolation, num_classes: in
     if chosen:
         policy = AutoAugment.parse(str(chosen))
         # presets.py hands the policy the script's --interpolation (the class default is nearest)
-        if interpolation.value not in set(PolicyInterpolation):
-            raise ConfigError(f"torchvision train.py --interpolation {interpolation.value} with --auto-augment"
-                              ": the policy's geometric ops resize nearest, bilinear or bicubic here")
-        policy = replace(policy, interpolation=PolicyInterpolation(interpolation.value))
+        filtered = choice(PolicyInterpolation, interpolation.value,
+                          "torchvision train.py --interpolation with --auto-augment", among=ONE_POLICY_FILTER)
+        policy = replace(policy, interpolation=filtered)
         if chosen == "ra":
             policy = replace(policy, magnitude=int(getattr(args, "ra_magnitude", 9)))
     erase = float(getattr(args, "random_erase", 0.0))
     mixup, cutmix = float(getattr(args, "mixup_alpha", 0.0)), float(getattr(args, "cutmix_alpha", 0.0))
-    mix = None
+    batch_mix = None
     if mixup > 0 or cutmix > 0:
         if num_classes is None:
             raise ConfigError("torchvision train.py --mixup-alpha/--cutmix-alpha: give torchvision_options "
                               "num_classes= (the script's num_classes) for the soft targets")
-        mix = BatchMix.from_torchvision(num_classes, mixup_alpha=mixup, cutmix_alpha=cutmix)
+        batch_mix = BatchMix.from_torchvision(num_classes, mixup_alpha=mixup, cutmix_alpha=cutmix)
     return Recipe(interpolation=interpolation, auto_augment=policy,
-                  erasing=RandomErasing(p=erase) if erase > 0 else None, mix=mix)
+                  erasing=RandomErasing(p=erase) if erase > 0 else None, batch_mix=batch_mix)
 
 
 # torchvision references/detection/train.py: every flag that reaches its datasets (get_coco and

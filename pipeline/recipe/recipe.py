@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field, fields
 from enum import StrEnum
 from enum import Enum
 from typing import Any
@@ -88,6 +89,12 @@ INTERP_CODES = {Interpolation.NEAREST: 0, Interpolation.BILINEAR: 1, Interpolati
 RANDOM_CHOICES = (Interpolation.BILINEAR, Interpolation.BICUBIC)  # timm's _RANDOM_INTERPOLATION
 
 Range = tuple[float, float]
+
+
+class _Unset(Enum):
+    """The default of a deprecated keyword: left out, as against given (even as None)."""
+
+    UNSET = "unset"
 
 
 def _jitter_range(name: str, value: Any, center: float, bound: Range, clip_first_on_zero: bool) -> Range | None:
@@ -245,10 +252,10 @@ class Recipe:
     erasing : RandomErasing, optional
         Random erasing of each normalised sample (``pipeline.recipe.erasing``); needs a float
         output dtype.
-    mix : BatchMix, optional
+    batch_mix : BatchMix, optional
         Mixup or cutmix of each batch (``pipeline.recipe.batch_mix``); the Loader then yields
         float32 soft targets (batch x ``num_classes``) in place of the labels. Needs a float
-        output dtype.
+        output dtype. Not the mixing of stores, which is ``Mix``'s.
     crop : Crop or str, default "random_resized"
         The training crop (see ``Crop``): torchvision's random-resized crop, or ``"none"``, the
         whole tile resized to the output size (the flips still drawn as with the crop), or
@@ -264,6 +271,15 @@ class Recipe:
         torchvision v2's ``RandomSolarize(threshold, p)`` (``pipeline.recipe.solarize``): each
         sample's values at or above ``threshold`` inverted, with probability ``p``; the last
         pixel operation.
+    mix : BatchMix, optional
+        Deprecated, keyword only: ``batch_mix``'s former name, taken with a
+        ``DeprecationWarning`` (and read as ``recipe.mix``, with one); giving both is refused.
+
+    Raises
+    ------
+    ConfigError
+        A value out of its range or of the wrong type, a crop that pads with a vertical flip or
+        a policy, or both ``batch_mix`` and ``mix``, in one line.
 
     Notes
     -----
@@ -289,13 +305,24 @@ class Recipe:
     color_jitter: ColorJitter | None = field(default=None)
     auto_augment: AutoAugment | None = None
     erasing: RandomErasing | None = None
-    mix: BatchMix | None = None
+    batch_mix: BatchMix | None = None
     crop: Crop = Crop.RANDOM_RESIZED
     fill: tuple[int, int, int] = (0, 0, 0)
     photometric: PhotometricDistort | None = None
     solarize: RandomSolarize | None = None
+    # batch_mix's former name, for a release: keyword only, so positional callers see the fields
+    # above unchanged; its default tells "left out" from a caller's explicit mix=None
+    mix: InitVar[BatchMix | None | _Unset] = field(default=_Unset.UNSET, kw_only=True)
 
-    def __post_init__(self) -> None:
+    # mix's default here too: a dataclass made from Recipe inherits no InitVar (see below)
+    def __post_init__(self, mix: BatchMix | None | _Unset = _Unset.UNSET) -> None:
+        if mix is not _Unset.UNSET:
+            if self.batch_mix is not None:
+                raise ConfigError("Recipe takes batch_mix= or its deprecated name mix=, not both")
+            # stacklevel 3: past __post_init__ and the dataclass's __init__, to the caller
+            warnings.warn("Recipe(mix=...) is deprecated: the field is batch_mix (mixup/cutmix; Mix mixes "
+                          "stores): give Recipe(batch_mix=...)", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "batch_mix", mix)
         object.__setattr__(self, "interpolation", choice(Interpolation, self.interpolation, "interpolation"))
         object.__setattr__(self, "crop", choice(Crop, self.crop, "crop"))
         object.__setattr__(self, "fill", _fill(self.fill))
@@ -307,7 +334,7 @@ class Recipe:
             raise ConfigError(f"photometric must be a PhotometricDistort or None, got {self.photometric!r}")
         if isinstance(self.auto_augment, str):
             object.__setattr__(self, "auto_augment", AutoAugment.parse(self.auto_augment))
-        for name, kind in (("auto_augment", AutoAugment), ("erasing", RandomErasing), ("mix", BatchMix),
+        for name, kind in (("auto_augment", AutoAugment), ("erasing", RandomErasing), ("batch_mix", BatchMix),
                            ("solarize", RandomSolarize)):
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
@@ -320,8 +347,8 @@ class Recipe:
 
     @property
     def per_batch(self) -> bool:
-        """Some operation acts on the normalised batch after the graph (erasing, mixing)."""
-        return self.erasing is not None or self.mix is not None
+        """Some operation acts on the normalised batch after the graph (erasing, mixup/cutmix)."""
+        return self.erasing is not None or self.batch_mix is not None
 
     @property
     def jitter(self) -> ColorJitter | None:
@@ -341,6 +368,10 @@ class Recipe:
         """The recipe as plain JSON-able values: what a resumed run must agree on."""
         plain = _plain(self)
         assert isinstance(plain, dict)
+        # batch_mix keeps the key of its former name, "mix", in its place: the Loader's saved
+        # states (pipeline.loader.resume) compare this dict key by key, so a state saved before
+        # the rename still loads and one saved now is what it was
+        plain = {("mix" if name == "batch_mix" else name): value for name, value in plain.items()}
         # an operation added after the first saved states, while off, leaves the recipe reading
         # as it did before its field
         for name in ("photometric", *(op.field for op in PIXEL_OPERATIONS)):
@@ -351,6 +382,22 @@ class Recipe:
     def pixel_operations(self) -> list[tuple[PixelOperation, Any]]:
         """The registered pixel operations this recipe applies, each with its settings, in order."""
         return [(op, getattr(self, op.field)) for op in PIXEL_OPERATIONS if getattr(self, op.field) is not None]
+
+
+def _deprecated_mix(self: Recipe) -> BatchMix | None:
+    """Deprecated: ``batch_mix``, read by its former name with a ``DeprecationWarning``."""
+    warnings.warn("Recipe.mix is deprecated: read Recipe.batch_mix (mixup/cutmix; Mix mixes stores)",
+                  DeprecationWarning, stacklevel=2)
+    return self.batch_mix
+
+
+# Made after the dataclass: the InitVar's default stays behind as a class attribute, which a read
+# of recipe.mix would otherwise return (the default, never the recipe's batch_mix).
+Recipe.mix = property(_deprecated_mix)  # type: ignore[attr-defined]
+# An InitVar with a default is one dataclasses.replace() reads back with getattr and passes on:
+# that would read the property (a warning) and hand batch_mix over twice. Out of the fields'
+# table, replace() and every walk of the fields see batch_mix alone; __init__ keeps the keyword.
+del Recipe.__dataclass_fields__["mix"]
 
 
 def _fill(value: Any) -> tuple[int, int, int]:
@@ -367,8 +414,7 @@ def _plain(value: Any) -> Any:
     """``value`` as JSON would give it back: dataclasses as dicts of their fields (private
     ones left out), enums as their values, tuples as lists, infinities as strings."""
     if hasattr(value, "__dataclass_fields__"):
-        return {name: _plain(getattr(value, name)) for name in value.__dataclass_fields__
-                if not name.startswith("_")}
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if not f.name.startswith("_")}
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (tuple, list)):

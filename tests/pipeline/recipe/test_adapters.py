@@ -121,15 +121,16 @@ def test_timm_recipe_flags_become_the_recipe_as_timm_applies_them() -> None:
     assert timm_options(timm_args(aa="rand-m9", train_interpolation=None), timm_config(interpolation="bicubic"),
                         train=True)["recipe"].auto_augment.interpolation == "bicubic"
     assert recipe.erasing.p == 0.25 and recipe.erasing.value is Fill.RANDOM  # --remode pixel
-    mix = recipe.mix
-    assert (mix.mixup_alpha, mix.cutmix_alpha, mix.label_smoothing, mix.num_classes) == (0.8, 1.0, 0.1, 10)
-    assert mix.style is MixStyle.TIMM
+    batch_mix = recipe.batch_mix
+    assert (batch_mix.mixup_alpha, batch_mix.cutmix_alpha, batch_mix.label_smoothing,
+            batch_mix.num_classes) == (0.8, 1.0, 0.1, 10)
+    assert batch_mix.style is MixStyle.TIMM
     jitter = timm_options(timm_args(color_jitter=0.4, color_jitter_prob=0.8), timm_config(),
                           train=True)["recipe"].color_jitter
     assert jitter.brightness == (0.6, 1.4) and jitter.hue is None and jitter.p == 0.8
     # without the prefetcher the script mixes with its own Mixup: the Loader must not mix again
     unfetched = timm_options(timm_args(mixup=0.8, no_prefetcher=True), timm_config(), train=True)
-    assert unfetched["recipe"].mix is None
+    assert unfetched["recipe"].batch_mix is None
     evaluation = timm_options(timm_args(), timm_config(interpolation="bicubic"), train=False)
     assert evaluation["recipe"].interpolation == "bicubic"
 
@@ -170,8 +171,8 @@ def test_torchvision_recipe_flags_become_the_recipe_as_presets_apply_them() -> N
     assert recipe.auto_augment.policy is Policy.TRIVIAL_WIDE
     assert recipe.auto_augment.interpolation == "bilinear"  # presets pass --interpolation to the policy
     assert recipe.erasing.p == 0.1 and recipe.erasing.value == 0.0
-    assert recipe.mix.style is MixStyle.TORCHVISION and recipe.mix.num_classes == 7
-    assert recipe.mix.label_smoothing == 0.0  # torchvision smooths in the loss
+    assert recipe.batch_mix.style is MixStyle.TORCHVISION and recipe.batch_mix.num_classes == 7
+    assert recipe.batch_mix.label_smoothing == 0.0  # torchvision smooths in the loss
     ra = torchvision_options(tv_args(auto_augment="ra", ra_magnitude=5), train=True)["recipe"].auto_augment
     assert ra.policy is Policy.RAND and ra.magnitude == 5
     # presets.py: TrivialAugmentWide(interpolation=InterpolationMode.BICUBIC) under --interpolation bicubic
@@ -198,6 +199,42 @@ def test_a_refused_torchvision_flag_is_named_in_one_line(changes: dict[str, Any]
     assert named in str(caught.value) and "\n" not in str(caught.value)
     if train:  # the evaluation loader applies no training augmentation
         torchvision_options(tv_args(**changes), train=False)
+
+
+FILTERS = "bilinear, bicubic, lanczos, nearest, random"  # Interpolation's values, as choice lists them
+ONE_FILTER = "bilinear, bicubic, lanczos, nearest"  # torchvision's: random is timm's
+
+
+@pytest.mark.parametrize("options, said", [
+    (lambda: timm_options(timm_args(train_interpolation="box"), timm_config(), train=True),
+     f"timm train.py --train-interpolation must be one of {FILTERS}, got 'box'"),
+    (lambda: timm_options(timm_args(), timm_config(interpolation="hamming"), train=False),
+     f"timm train.py --interpolation must be one of {FILTERS}, got 'hamming'"),
+    (lambda: torchvision_options(tv_args(interpolation="box"), train=True),
+     f"torchvision train.py --interpolation must be one of {ONE_FILTER}, got 'box'"),
+    (lambda: torchvision_options(tv_args(interpolation="nearest-exact"), train=False),
+     f"torchvision train.py --interpolation must be one of {ONE_FILTER}, got 'nearest-exact'"),
+    # with no --train-interpolation the training filter is the evaluation's, and the message names its flag
+    (lambda: timm_options(timm_args(train_interpolation=None), timm_config(interpolation="box"), train=True),
+     f"timm train.py --interpolation must be one of {FILTERS}, got 'box'"),
+    # presets.py hands the policy --interpolation: its geometric ops take PolicyInterpolation's values
+    (lambda: torchvision_options(tv_args(auto_augment="ta_wide", interpolation="lanczos"), train=True),
+     "torchvision train.py --interpolation with --auto-augment must be one of nearest, bilinear, bicubic, "
+     "got 'lanczos'"),
+])
+def test_a_filter_the_loader_lacks_is_refused_naming_the_flag_and_the_values(options: Any, said: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        options()
+    assert str(caught.value) == said
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_torchvision_refuses_timms_random_filter_in_one_line(train: bool) -> None:
+    """``random`` is an ``Interpolation`` (timm's per-sample draw), not one of torchvision's modes."""
+    with pytest.raises(ConfigError) as caught:
+        torchvision_options(tv_args(interpolation="random"), train=train)
+    said = f"torchvision train.py --interpolation must be one of {ONE_FILTER}, got 'random'"
+    assert str(caught.value) == said
 
 
 def test_every_row_says_honoured_or_refused_and_refused_rows_can_fire() -> None:

@@ -155,7 +155,7 @@ def test_mixing_repeats_on_the_same_settings_and_gives_soft_targets_on_others(st
     another batch size composes new batches, still mixed into targets that sum to one."""
     with StoreReader(store) as reader:
         classes = int(np.max(reader.labels[:])) + 1
-    recipe = Recipe(mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes))
+    recipe = Recipe(batch_mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes))
     opts = dict(FLOAT, with_index=False)
     with Loader(store, 4, recipe=recipe, **opts) as loader:
         once = [tuple(t.clone() for t in b) for b in loader]
@@ -179,7 +179,7 @@ def test_mixing_turned_off_between_epochs_drops_the_batches_mixed_ahead(store: P
     with StoreReader(store) as reader:
         classes = int(np.max(reader.labels[:])) + 1
     recipe = Recipe(erasing=RandomErasing(p=0.5),
-                    mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes))
+                    batch_mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes))
     opts = dict(FLOAT, with_index=False, prefetch=4)
     with Loader(store, 4, recipe=recipe, **opts) as loader:
         assert all(t.dtype == torch.float32 for _, t in loader)  # the feed runs on into epoch 1

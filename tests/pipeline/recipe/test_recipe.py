@@ -3,6 +3,7 @@ today's crops and flips untouched, the resize filters against PIL's, and the Loa
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,60 @@ def test_colour_jitter_ranges_are_torchvisions() -> None:
         ours, theirs = ColorJitter(**kwargs), v2.ColorJitter(**kwargs)
         for name, span in ours.ranges().items():
             assert span == (None if getattr(theirs, name) is None else tuple(getattr(theirs, name)))
+
+
+def test_batch_mix_is_taken_by_its_former_name_mix_with_a_deprecation_warning() -> None:
+    """``Recipe(mix=...)`` and ``recipe.mix`` still work for a release, each warning with the new
+    name; both names at once are refused in one line; positional order is unchanged."""
+    import dataclasses
+
+    from tilefeed.pipeline.recipe.batch_mix import BatchMix
+    from tilefeed.pipeline.recipe.erasing import RandomErasing
+
+    batch_mix = BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=10)
+    recipe = Recipe(batch_mix=batch_mix)
+    with pytest.warns(DeprecationWarning, match="batch_mix") as caught:
+        old = Recipe(mix=batch_mix)
+    assert caught[0].filename == __file__  # the warning points at the caller
+    assert old == recipe and old.batch_mix is batch_mix and old.identity() == recipe.identity()
+    with pytest.warns(DeprecationWarning, match="batch_mix"):
+        assert Recipe(mix=None) == Recipe()
+    with pytest.warns(DeprecationWarning, match="batch_mix"):
+        assert recipe.mix is batch_mix
+    with pytest.warns(DeprecationWarning):
+        assert Recipe().mix is None  # the property, not the keyword's default left on the class
+    with pytest.raises(ConfigError, match="not both") as e:
+        Recipe(batch_mix=batch_mix, mix=batch_mix)
+    assert "\n" not in str(e.value)
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="batch_mix must be a BatchMix"):
+        Recipe(mix="mixup")
+    erasing = RandomErasing(p=0.25)
+    assert Recipe("bicubic", 0.5, 0.0, 0.0, None, None, erasing, batch_mix) == Recipe(
+        interpolation="bicubic", erasing=erasing, batch_mix=batch_mix)
+    assert [f.name for f in dataclasses.fields(Recipe)][6:9] == ["erasing", "batch_mix", "crop"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither replace() nor identity() reads the old name
+        assert dataclasses.replace(recipe, hflip=0.25).batch_mix is batch_mix
+        assert dataclasses.replace(recipe, batch_mix=None) == Recipe()
+        identity = recipe.identity()
+    # the saved states' key for this field stays "mix", in its place, so they load as before
+    assert "batch_mix" not in identity and list(identity)[6:9] == ["erasing", "mix", "crop"]
+    assert identity["mix"]["num_classes"] == 10 and Recipe().identity()["mix"] is None
+
+
+def test_a_dataclass_made_from_recipe_builds() -> None:
+    """A subclass made with ``@dataclass`` inherits no InitVar: its ``__post_init__`` call passes
+    no ``mix``, which Recipe's then takes as left out."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Tagged(Recipe):
+        tag: str = "run"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tagged = Tagged(hflip=0.25, tag="a")
+    assert tagged.hflip == 0.25 and tagged.batch_mix is None and tagged.tag == "a"
 
 
 def test_interp_codes_are_dalis() -> None:

@@ -62,7 +62,7 @@ def test_erasing_and_mixing_on_the_device_repeat_and_give_soft_targets(store: Pa
     from tilefeed.pipeline.recipe.recipe import Recipe
 
     recipe = Recipe(auto_augment="ta_wide", erasing=RandomErasing(p=0.5, value="random"),
-                    mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=16))
+                    batch_mix=BatchMix.from_timm(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=16))
     passes = []
     for _ in range(2):
         with on_side(side) as device, Loader(store, 8, device=device, train=True, seed=4, size=32,
