@@ -11,6 +11,7 @@ Loader's signature, the one place a caller reads them.
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import os
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import fields as table
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 import torch
@@ -45,6 +46,8 @@ from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError, DaliMissingError
 from tilefeed.store.host import usable_cores
 
+T = TypeVar("T")
+C = TypeVar("C", bound=type)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
 DEVICE_KINDS = ("cpu", "cuda")
 # DataLoader's names for two options, beside tilefeed's older ones: either may be given, not both
@@ -367,6 +370,53 @@ class LoaderSettings:
     def subset(self, samples: int) -> np.ndarray | None:
         """``indices`` checked against a store of ``samples`` samples, in store order."""
         return None if self.indices is None else store_subset(self.indices, samples)
+
+
+class Setting(Generic[T]):
+    """A Loader attribute read from its checked settings, the one copy of them; fixed once the
+    Loader is made (as DataLoader refuses a new ``batch_size`` after it is made). Made by
+    ``read_back``, never written by hand."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, owner_instance: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, owner_instance: object, owner: type) -> T: ...
+
+    def __get__(self, owner_instance: object | None, owner: type) -> Setting[T] | T:
+        if owner_instance is None:
+            return self
+        value: T = getattr(owner_instance.settings, self.name)  # type: ignore[attr-defined]
+        return value
+
+    def __set__(self, owner_instance: object, value: object) -> None:
+        raise AttributeError(f"{self.name} is fixed when the Loader is made: make another Loader")
+
+
+def read_back(cls: C) -> C:
+    """``cls``'s annotated attributes read from its ``settings`` (a ``LoaderSettings``): each
+    annotation names an option of the table and says its type, for type checkers; the type must
+    be the table's, so the two cannot drift apart. The attributes are ``Setting`` descriptors,
+    made here from the table."""
+    options = {f.name: f for f in table(LoaderSettings)}
+    # as written: this module's and the Loader's (``from __future__ import annotations``) are strings
+    annotations = inspect.get_annotations(cls)
+    if not annotations:
+        raise TypeError(f"{cls.__name__} annotates no option to read back")
+    for name, annotation in annotations.items():
+        if name not in options:
+            raise TypeError(f"{cls.__name__}.{name} is annotated, but LoaderSettings has no option {name}")
+        if options[name].metadata["check"] is None:
+            raise TypeError(f"{cls.__name__}.{name} is annotated, but LoaderSettings settles {name} from the "
+                            "options: it is none")
+        if annotation != options[name].type:
+            raise TypeError(f"{cls.__name__}.{name} is annotated {annotation}, "
+                            f"but its option in LoaderSettings is {options[name].type}")
+        setattr(cls, name, Setting(name))
+    return cls
 
 
 def _alias(new: str, new_value: Any, old: str, old_value: Any) -> Any:

@@ -2,7 +2,7 @@
 
 The task of ``tilefeed bench aspect`` (a mark near the border of 4:3 pictures, aspect-true
 tiles): one network, from the same seeds, trained two ways for the same time on this machine:
-at the full size every epoch, and with FFCV's ramp (``tilefeed.pipeline.ramp``) from a low size up
+at the full size every epoch, and with FFCV's ramp (``tilefeed.ramp``) from a low size up
 to the full one over the run. Low-resolution epochs cost less, so the ramp fits more epochs in
 the time. Both are scored on the same whole validation pictures at the full size. The network
 is wider than aspect's, so that more of an epoch's time follows the pixels.

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from tilefeed.pipeline.loader.pairs import FIELDS, TEXTS, BatchPairs, PairColumn
 from tilefeed.pipeline.reading.mixed import MixedReader
 from tilefeed.pipeline.options import (DATALOADER_ONLY, IMAGENET_MEAN, IMAGENET_STD, Layout, Shuffle,
                                       TargetsLayout)
-from tilefeed.pipeline.settings import LoaderSettings, check_alone, check_int, require_dali
+from tilefeed.pipeline.settings import LoaderSettings, check_alone, check_int, read_back, require_dali
 from tilefeed.pipeline.planning.order import batches_per_rank
 from tilefeed.pipeline.reading.reader import StoreReader
 from tilefeed.pipeline.loader.resume import identity, load, saved
@@ -49,32 +49,8 @@ from tilefeed.pipeline.device import dali_device_id, device_graph
 from tilefeed.pipeline.stats import LoaderStats, Recorder
 from tilefeed.store.errors import ConfigError
 
-T = TypeVar("T")
 
-
-class Setting(Generic[T]):
-    """A Loader attribute read from its checked settings, the one copy of them; fixed once the
-    Loader is made (as DataLoader refuses a new ``batch_size`` after it is made)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, loader: None, owner: type) -> Setting[T]: ...
-
-    @overload
-    def __get__(self, loader: Loader, owner: type) -> T: ...
-
-    def __get__(self, loader: Loader | None, owner: type) -> Setting[T] | T:
-        if loader is None:
-            return self
-        value: T = getattr(loader.settings, self.name)
-        return value
-
-    def __set__(self, loader: Loader, value: object) -> None:
-        raise AttributeError(f"{self.name} is fixed when the Loader is made: make another Loader")
-
-
+@read_back
 class Loader:
     """Batches of ``(images, labels)`` torch tensors on the training device, epoch after epoch.
 
@@ -89,7 +65,7 @@ class Loader:
     ----------
     store : str, Path, StoreReader or Mix
         A tilefeed store. A ``StoreReader`` the caller passes stays the caller's: ``close()``
-        does not close it. A ``Mix`` (``pipeline.mixing``) reads several stores by weight.
+        does not close it. A ``Mix`` (``tilefeed.Mix``) reads several stores by weight.
     batch_size : int
         Samples per batch on each rank.
     shuffle : bool or {"global", "shard", "none"}, default True
@@ -115,7 +91,7 @@ class Loader:
     size : int or callable, optional
         Output side. Default: the tile side. In evaluation, a ``size`` other than the tile side
         resizes the tile to ``size / crop_pct`` and centre-crops ``size``, as torchvision's presets.
-        A callable ``epoch -> int`` is a schedule (progressive resizing; ``pipeline.planning.sizes.ramp``
+        A callable ``epoch -> int`` is a schedule (progressive resizing; ``tilefeed.ramp``
         is FFCV's), asked once per epoch: the size is fixed for a whole epoch and reaches the
         graph per sample, so changing it never rebuilds the graph. ``set_size`` overrides it.
     crop_pct : float, optional
@@ -228,7 +204,7 @@ class Loader:
         and order, sharding, the ledger and resume hold over them (a state saved under another
         filter is refused).
     recipe : Recipe, optional
-        A training recipe (``pipeline.recipe.Recipe``): the resize filter, horizontal and vertical
+        A training recipe (``tilefeed.Recipe``): the resize filter, horizontal and vertical
         flip probabilities, auto-augment policy, colour jitter, random grayscale and random
         erasing, with torchvision v2's and timm's meanings, each drawn per sample from the seed
         as the crops are; and mixup/cutmix per batch, drawn from the batch's position in the
@@ -238,22 +214,23 @@ class Loader:
         state's identity.
     """
 
-    batch_size: Setting[int] = Setting()
-    shuffle: Setting[Shuffle] = Setting()
-    seed: Setting[int] = Setting()
-    drop_last: Setting[bool] = Setting()
-    rank: Setting[int] = Setting()
-    world_size: Setting[int] = Setting()
-    device: Setting[torch.device] = Setting()
-    dtype: Setting[torch.dtype] = Setting()
-    layout: Setting[Layout] = Setting()
-    with_index: Setting[bool] = Setting()
-    workers: Setting[int] = Setting()
-    prefetch: Setting[int] = Setting()
-    shuffle_window: Setting[int] = Setting()
-    pin_memory: Setting[bool] = Setting()
-    persistent_workers: Setting[bool] = Setting()
-    recipe: Setting[Recipe | None] = Setting()
+    # options read back from the settings (``settings.read_back``): read-only, typed as the table types them
+    batch_size: int
+    shuffle: Shuffle
+    seed: int
+    drop_last: bool
+    rank: int
+    world_size: int
+    device: torch.device
+    dtype: torch.dtype
+    layout: Layout
+    with_index: bool
+    workers: int
+    prefetch: int
+    shuffle_window: int
+    pin_memory: bool
+    persistent_workers: bool
+    recipe: Recipe | None
 
     def __init__(  # one keyword a line: DataLoader's options, then tilefeed's
         self,

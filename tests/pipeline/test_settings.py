@@ -4,6 +4,7 @@ its attributes and the checks all follow it, and enum options take their strings
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -12,13 +13,13 @@ import pytest
 import torch
 
 from tilefeed.pipeline import ConfigError, Loader
-from tilefeed.pipeline.loader.loader import Setting
 from tilefeed.pipeline.options import DATALOADER_ONLY, Layout, Shuffle, TargetsLayout
 from tilefeed.pipeline.recipe.batch_mix import BatchMix, MixStyle
 from tilefeed.pipeline.recipe.policies import AutoAugment
 from tilefeed.pipeline.recipe.policy_tables import Family, Policy, PolicyInterpolation, Table
 from tilefeed.pipeline.recipe.recipe import Crop, Interpolation, Recipe
-from tilefeed.pipeline.settings import ALIASES, LoaderSettings
+from tilefeed.store.choices import choice
+from tilefeed.pipeline.settings import ALIASES, LoaderSettings, Setting, read_back
 
 
 def options() -> list[str]:
@@ -35,6 +36,34 @@ def test_the_loader_signature_is_the_option_table_in_its_order() -> None:
     assert keywords == expected
 
 
+def test_a_choice_takes_only_the_members_its_option_names() -> None:
+    assert choice(Layout, "NHWC", "layout", among=(Layout.NHWC,)) is Layout.NHWC
+    for value in ("NCHW", Layout.NCHW):
+        with pytest.raises(ConfigError, match="^layout must be one of NHWC, got "):
+            choice(Layout, value, "layout", among=(Layout.NHWC,))
+
+
+def test_every_option_has_its_entry_in_the_loader_docstring() -> None:
+    """The docstring is where each option's trade-off is read: a keyword without an entry is a
+    defect (an alias is named in its DataLoader name's entry)."""
+    documented: dict[str, str] = {}
+    entry = ""
+    for line in (inspect.getdoc(Loader) or "").split("Parameters\n----------\n")[1].splitlines():
+        head = re.match(r"^([a-z_][a-z_0-9, ]*) :", line)
+        if head:
+            entry = head.group(1)
+            documented.update((name.strip(), "") for name in entry.split(","))
+        elif entry:
+            documented[entry.split(",")[0].strip()] += line
+    keywords = [name for name in inspect.signature(Loader.__init__).parameters
+                if name not in ("self", "dataloader_options")]
+    for name in keywords:
+        if name in ALIASES:
+            assert f"``{name}``" in documented[ALIASES[name]], name
+        else:
+            assert name in documented, name
+
+
 def test_every_loader_attribute_reads_its_setting(store: Path) -> None:
     faces = {name for name, value in vars(Loader).items() if isinstance(value, Setting)}
     assert faces and faces <= set(options())
@@ -43,7 +72,26 @@ def test_every_loader_attribute_reads_its_setting(store: Path) -> None:
             assert getattr(loader, name) is getattr(loader.settings, name)
         assert loader.shuffle is Shuffle.SHARD and loader.layout is Layout.CHANNELS_LAST
         with pytest.raises(AttributeError, match="^batch_size is fixed when the Loader is made"):
-            loader.batch_size = 4  # type: ignore[misc]
+            loader.batch_size = 4
+
+
+def test_an_attribute_is_read_back_only_as_its_option_is_typed() -> None:
+    class Typed:
+        seed: int
+    assert isinstance(vars(read_back(Typed))["seed"], Setting)
+    with pytest.raises(TypeError, match="^Mistyped.seed is annotated float, but its option in LoaderSettings"):
+        @read_back
+        class Mistyped:
+            seed: float
+    with pytest.raises(TypeError, match="^Unknown.sead is annotated, but LoaderSettings has no option sead"):
+        @read_back
+        class Unknown:
+            sead: int
+    with pytest.raises(TypeError, match="^Settled.alone is annotated, but LoaderSettings settles alone "
+                                        "from the options: it is none"):
+        @read_back
+        class Settled:
+            alone: bool
 
 
 def test_an_alias_and_its_option_are_one_setting(store: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tilefeed.pipeline import Loader
-from tilefeed.pipeline.loader.loader import Setting
+from tilefeed.pipeline.settings import Setting
 
 
 def test_the_epoch_state_follows_iteration_set_epoch_and_a_loaded_state(store: Path) -> None:
@@ -46,5 +46,5 @@ def test_the_settings_are_read_from_one_copy_and_refuse_a_change(store: Path) ->
         assert (loader.batch_size, loader.shuffle, loader.drop_last, loader.workers) == (8, "shard", True, 1)
         assert isinstance(vars(Loader)["batch_size"], Setting)  # read from the settings, not copied
         with pytest.raises(AttributeError, match="batch_size is fixed when the Loader is made"):
-            loader.batch_size = 16  # type: ignore[misc]
+            loader.batch_size = 16
         assert loader.batch_size == 8 and len(next(iter(loader))[0]) == 8
