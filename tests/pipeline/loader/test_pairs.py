@@ -355,3 +355,27 @@ def test_a_weighted_mix_with_tokens_resumes_on_another_world_size_exactly_once(s
     rest = [(i, int(t)) for _, tokens, ids in resumed for i, t in zip(ids.tolist(), tokens[:, 0].tolist(),
                                                                        strict=True)]
     assert sorted(done + rest) == whole  # each position once, with the caption drawn for it
+
+
+def test_the_front_door_refusals_hold_for_image_text_batches(store: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Loader of captions meets accelerate's ``skip_first_batches`` and a launcher's world size
+    as an image Loader does: refused (the reason on the error's last line), never raw tiles or
+    every sample on every rank; then it runs, every caption with its picture."""
+    from accelerate.data_loader import skip_first_batches
+
+    from tilefeed.pipeline.loader.dataloader_face import ITEMS_REFUSED
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with Loader(store, 8, text="caption", with_index=True, workers=1) as loader:
+        with pytest.raises(ConfigError) as caught:
+            next(iter(skip_first_batches(loader, 1)))
+        assert str(caught.value).splitlines()[-1].endswith(ITEMS_REFUSED)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(ConfigError, match="the job runs 2 processes"):
+            next(iter(loader))
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        batches = list(loader)
+    ids = torch.cat([b[-1] for b in batches])
+    assert sorted(ids.tolist()) == list(range(SAMPLES))
+    assert [caption_of(k) for k in keys_of(store, ids)] == [t for b in batches for t in b[1]]
