@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,16 +39,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="module", autouse=True)
-def fresh_forkserver_per_module() -> Iterator[None]:
+def fresh_forkserver_per_module(request: pytest.FixtureRequest) -> Iterator[None]:
     """A forkserver keeps the environment it started with, and its children inherit that one:
     a module that points the environment at its own S3 server must not leave the next module's
     workers with it (or without the next one's). Stopped after each module, started on demand."""
     yield
-    from multiprocessing import forkserver
+    _stop_forkserver(request.module.__name__)
 
-    stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is not None:
-        stop()
+
+def _stop_forkserver(module: str, wait: float = 10.0) -> None:
+    """``ForkServer._stop`` with a bound: the server exits once the last copy of its alive pipe
+    closes, and a child forked from this process (a DataLoader worker a test left running)
+    holds a copy, so ``_stop`` would wait on it for ever and every later module would fail on
+    the half-stopped server. Past ``wait`` seconds the server is killed, and the module that
+    leaked the child is named."""
+    import signal
+    import time
+    import warnings
+    from multiprocessing import forkserver, util
+
+    server = forkserver._forkserver
+    with server._lock:  # type: ignore[attr-defined]
+        pid = server._forkserver_pid  # type: ignore[attr-defined]
+        if pid is None:
+            return
+        os.close(server._forkserver_alive_fd)  # type: ignore[attr-defined]
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+        deadline = time.monotonic() + wait
+        while os.waitpid(pid, os.WNOHANG)[0] == 0:
+            if time.monotonic() > deadline:
+                warnings.warn(f"{module}: a forked child outlived the module's tests and held the forkserver "
+                              "open: the server was killed", stacklevel=1)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.02)
+        server._forkserver_pid = None  # type: ignore[attr-defined]
+        address = server._forkserver_address  # type: ignore[attr-defined]
+        if address is not None and not util.is_abstract_socket_namespace(address):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(address)
+        server._forkserver_address = None  # type: ignore[attr-defined]
 
 
 @pytest.fixture(params=["host", "device"])
