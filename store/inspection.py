@@ -108,12 +108,18 @@ RECORDED = ("samples", "sources", "accepted", "rejected", "classes", "tile", "co
             "shard_size", "shards", "made", "rejects")
 
 
+def bytes_on_disk(path: Path) -> int:
+    """The bytes of a file, or of every file under a folder (links neither followed nor counted)."""
+    if path.is_file() and not path.is_symlink():
+        return path.lstat().st_size
+    return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
 def info(store: str | Path, storage_options: dict[str, Any] | None = None) -> StoreInfo:
     """The store's description (``tilefeed info``), from its attributes as recorded."""
     root, name, remote = _open(store, storage_options)
     attrs = load_attrs(root)
-    on_disk = (remote.bytes if remote is not None
-               else sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink()))
+    on_disk = remote.bytes if remote is not None else bytes_on_disk(root)
     return StoreInfo(path=name, format=f"{attrs['format']} v{attrs['version']}", bytes=on_disk,
                      targets=attrs.get("targets"), texts=list(attrs.get("texts", [])),
                      fields=list(attrs.get("fields", [])), labelled=attrs.get("labelled", True),

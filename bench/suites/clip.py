@@ -52,6 +52,7 @@ from tilefeed.pipeline.recipe.open_clip_adapter import open_clip_options
 from tilefeed.preprocess import StoreSettings, TileSettings, preprocess
 from tilefeed.preprocess.sources.scanning import PairOptions, SourceKind
 from tilefeed.store.format import Codec
+from tilefeed.store.inspection import bytes_on_disk
 from tilefeed.store.host import usable_cores
 
 JPEG_TILES, LZ4_TILES = "tilefeed, JPEG tiles", "tilefeed, lz4 tiles"
@@ -150,13 +151,6 @@ def count_pairs(tars: Iterable[Path]) -> int:
                     kinds.setdefault(key, set()).add(ext.lower())
         total += sum(1 for exts in kinds.values() if "txt" in exts and exts & set(IMAGE_EXTENSIONS))
     return total
-
-
-def disk_bytes(path: Path) -> int:
-    """The bytes of a file, or of every file under a folder."""
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 @dataclass
@@ -279,7 +273,7 @@ def bench_clip(shards: Path, work: Path, *, batch_size: int = 64, workers: int =
     """
     tars = tar_paths(shards)
     samples = count_pairs(tars)
-    tar_bytes = sum(disk_bytes(p) for p in tars)
+    tar_bytes = sum(bytes_on_disk(p) for p in tars)
     tokenizer, tokenizer_source = clip_tokenizer()
     device = default_device()
     tile = max(size, round(size * 8 / 7))  # 256 for 224: preprocessing's default tile
@@ -309,7 +303,7 @@ def bench_clip(shards: Path, work: Path, *, batch_size: int = 64, workers: int =
             made = time.perf_counter() - began
             if codec is Codec.JPEG:
                 quality = q
-            if codec is not Codec.JPEG or disk_bytes(out) <= tar_bytes:
+            if codec is not Codec.JPEG or bytes_on_disk(out) <= tar_bytes:
                 break
         chosen = chosen or codec is Codec.JPEG
         return out, made
@@ -353,7 +347,7 @@ def bench_clip(shards: Path, work: Path, *, batch_size: int = 64, workers: int =
             shutil.rmtree(out, ignore_errors=True)
             source, made = convert(row, out)
             seconds[row].append(made)
-            size_on_disk[row].append(float(tar_bytes if row == WEBDATASET else disk_bytes(source)))
+            size_on_disk[row].append(float(tar_bytes if row == WEBDATASET else bytes_on_disk(source)))
             try:
                 for ms in (0.0, step_ms):
                     result, batches = run(row, source, ms)

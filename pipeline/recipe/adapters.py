@@ -80,11 +80,6 @@ ONE_FILTER = tuple(m for m in Interpolation if m is not Interpolation.RANDOM)
 ONE_POLICY_FILTER = tuple(m for m in PolicyInterpolation if m is not PolicyInterpolation.RANDOM)
 
 
-def _timm_train_interpolation(args: Any, data_config: Mapping[str, Any]) -> str:
-    """The training interpolation timm's ``train.py`` passes to ``create_loader``."""
-    return _timm_train_flag(args, data_config)[0]
-
-
 def _timm_train_flag(args: Any, data_config: Mapping[str, Any]) -> tuple[str, str]:
     """The training interpolation timm's ``train.py`` passes to ``create_loader``, and the flag it
     comes from: ``--train-interpolation``, else (with ``--no-aug``, or none given) the
@@ -114,7 +109,7 @@ def _timm_policy_filter_refused(args: Any, data_config: Mapping[str, Any], train
     geometric ops call, takes no other than nearest, bilinear and bicubic (timm fails there)."""
     if not train or getattr(args, "no_aug", False) or not getattr(args, "aa", None):
         return False
-    return _timm_train_interpolation(args, data_config) not in set(PolicyInterpolation)
+    return _timm_train_flag(args, data_config)[0] not in set(PolicyInterpolation)
 
 
 def _train_aug(test: Callable[[Any], bool]) -> Active:
