@@ -15,6 +15,7 @@ import torch
 
 from tilefeed.pipeline.recipe.adapters import H, R, Flag, refuse
 from tilefeed.pipeline.recipe.recipe import ColorJitter, Interpolation, Recipe
+from tilefeed.store.choices import choice
 from tilefeed.store.errors import ConfigError
 
 # open_clip's trainer (open_clip_train 3.3.0, the one the open_clip_torch wheel ships): every flag
@@ -37,6 +38,10 @@ def _side(config: Mapping[str, Any]) -> tuple[int, int]:
 
 def _sources(value: str | None) -> list[str]:
     return [part for part in (value or "").split("::") if part]
+
+
+# the filters open_clip's image transform takes (``--image-interpolation``)
+OPEN_CLIP_FILTERS = (Interpolation.BICUBIC, Interpolation.BILINEAR, Interpolation.RANDOM)
 
 
 OPEN_CLIP_FLAGS: dict[str, Flag] = {
@@ -164,10 +169,10 @@ def open_clip_options(args: Any, preprocess_cfg: Mapping[str, Any], *, train: bo
         options["recipe"] = _open_clip_recipe(args)
     else:  # the script evaluates on its master alone, the whole set: one rank of one
         options["rank"], options["world_size"], options["crop_pct"] = 0, 1, 1.0
-        chosen = str(preprocess_cfg.get("interpolation") or "bicubic")
-        if chosen not in ("bicubic", "bilinear", "random"):  # open_clip asserts the same three
-            raise ConfigError(f"open_clip_train interpolation {chosen!r}: bicubic, bilinear or random")
-        filtered = Interpolation.BILINEAR if chosen == "bilinear" else Interpolation.BICUBIC
+        # open_clip asserts the same three; its random is bicubic in evaluation
+        chosen = choice(Interpolation, str(preprocess_cfg.get("interpolation") or "bicubic"),
+                        "open_clip_train --image-interpolation", among=OPEN_CLIP_FILTERS)
+        filtered = Interpolation.BILINEAR if chosen is Interpolation.BILINEAR else Interpolation.BICUBIC
         options["recipe"] = Recipe(interpolation=filtered)
     return options
 

@@ -312,6 +312,15 @@ def test_open_clip_options_follow_its_train_and_eval_transforms() -> None:
     assert val["store"] == "stores/val" and (val["rank"], val["world_size"]) == (0, 1)
     assert val["crop_pct"] == 1.0 and val["recipe"].interpolation is Interpolation.BILINEAR
     assert not val["shuffle"] and not val["drop_last"] and val["tokenizer"] is tokens
+    for given, filtered in (("random", Interpolation.BICUBIC), (None, Interpolation.BICUBIC)):
+        chosen = open_clip_options(open_clip_args(), {**OPEN_CLIP_CONFIG, "interpolation": given}, train=False,
+                                   tokenizer=None)
+        assert chosen["recipe"].interpolation is filtered  # open_clip's random evaluates bicubic
+    with pytest.raises(ConfigError) as caught:  # open_clip's transform asserts these three alone
+        open_clip_options(open_clip_args(), {**OPEN_CLIP_CONFIG, "interpolation": "lanczos"}, train=False,
+                          tokenizer=None)
+    assert str(caught.value) == ("open_clip_train --image-interpolation must be one of bicubic, bilinear, "
+                                 "random, got 'lanczos'")
     jitter = oc_options(aug_cfg={"scale": (0.5, 1.0), "color_jitter": (0.4, 0.4, 0.4, 0.1),
                                  "color_jitter_prob": 0.8, "gray_scale_prob": 0.2})
     assert jitter["scale"] == (0.5, 1.0) and jitter["recipe"].grayscale == 0.2
