@@ -429,7 +429,7 @@ def test_no_crop_trains_on_the_whole_letterbox_with_the_flips(coco_store: tuple[
 
 
 def test_ssds_iou_crop_keeps_the_boxes_whose_centres_it_holds(coco_store: tuple[Path, ...],
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path, shape: str) -> None:
     """``Recipe(crop="iou")``: each window is RandomIoUCrop's rule's against the sample's stored
     boxes; the boxes whose centres lie in it go through torchvision's resized crop and flip, the
     rest are dropped; a store without boxes is refused for it."""
